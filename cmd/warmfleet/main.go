@@ -1,0 +1,19 @@
+// Command warmfleet keeps a GPU inference fleet warm: one binary for the node
+// daemon, its client commands, the prefix-aware router and the benchmarks.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/warmfleet/warmfleet/internal/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := cli.Run(ctx, os.Args[1:], cli.StdEnv())
+	stop()
+	os.Exit(code)
+}
