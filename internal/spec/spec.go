@@ -1,0 +1,162 @@
+// Package spec defines what the fleet is asked to cache: model weight caches
+// and container image caches, with the nodes that must hold each. Specs come
+// from outside (CLI, API bodies, gossip), so Validate is strict.
+package spec
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// Kind tells what a spec caches.
+type Kind string
+
+// The kinds of cache.
+const (
+	KindModel Kind = "model"
+	KindImage Kind = "image"
+)
+
+// Targets says which nodes must hold a cache. The zero value means every node.
+type Targets struct {
+	// Selector keeps only nodes whose labels include every pair.
+	Selector map[string]string `json:"selector,omitempty"`
+	// Nodes, when > 0, keeps only that many of the eligible nodes, chosen by
+	// rendezvous hashing so every node agrees without coordination.
+	Nodes int `json:"nodes,omitempty"`
+}
+
+// Spec is one desired cache.
+type Spec struct {
+	Kind Kind `json:"kind"`
+	// Name is the model name (for example "llama-3-8b" or "meta/llama-3-8b")
+	// or the image reference.
+	Name string `json:"name"`
+	// Source is the S3 URL of a model's files: s3://bucket/prefix/.
+	Source string `json:"source,omitempty"`
+	// Revision is an optional user label for a model revision.
+	Revision string `json:"revision,omitempty"`
+	// Owner names the deployment that wants an image; several owners share it.
+	Owner   string  `json:"owner,omitempty"`
+	Targets Targets `json:"targets,omitzero"`
+}
+
+// Key identifies a spec in the desired state: one model cache per name, one
+// image claim per (reference, owner).
+func (s Spec) Key() string {
+	if s.Kind == KindImage {
+		return "image/" + s.Name + "#" + s.Owner
+	}
+	return string(s.Kind) + "/" + s.Name
+}
+
+// Equal reports whether two specs ask for the same thing.
+func (s Spec) Equal(o Spec) bool {
+	return s.Kind == o.Kind && s.Name == o.Name && s.Source == o.Source && s.Revision == o.Revision &&
+		s.Owner == o.Owner && s.Targets.Nodes == o.Targets.Nodes && maps.Equal(s.Targets.Selector, o.Targets.Selector)
+}
+
+var (
+	modelNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(/[A-Za-z0-9][A-Za-z0-9._-]{0,99})?$`)
+	revisionRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	ownerRE     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`)
+	labelKeyRE  = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
+	labelValRE  = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$`)
+	imageRefRE  = regexp.MustCompile(`^[a-z0-9]([a-z0-9._:/@-]{0,510}[A-Za-z0-9_])?$`)
+)
+
+// MaxSelectorLabels bounds a selector so a spec stays small on the wire.
+const MaxSelectorLabels = 8
+
+// Validate reports every problem with the spec.
+func (s Spec) Validate() error {
+	var errs []error
+	switch s.Kind {
+	case KindModel:
+		if !modelNameRE.MatchString(s.Name) || strings.Contains(s.Name, "..") {
+			errs = append(errs, fmt.Errorf("model name %q: want letters, digits, '.', '_', '-', at most one '/', no '..'", s.Name))
+		}
+		if s.Source == "" {
+			errs = append(errs, errors.New("model source is required (s3://bucket/prefix/)"))
+		} else if _, err := ParseS3URL(s.Source); err != nil {
+			errs = append(errs, err)
+		}
+		if s.Revision != "" && !revisionRE.MatchString(s.Revision) {
+			errs = append(errs, fmt.Errorf("revision %q: want letters, digits, '.', '_', '-' (at most 64)", s.Revision))
+		}
+		if s.Owner != "" {
+			errs = append(errs, errors.New("owner applies to images only"))
+		}
+	case KindImage:
+		if !imageRefRE.MatchString(s.Name) {
+			errs = append(errs, fmt.Errorf("image reference %q is not valid", s.Name))
+		}
+		if !ownerRE.MatchString(s.Owner) {
+			errs = append(errs, fmt.Errorf("owner %q: want letters, digits, '.', '_', '/', '-'", s.Owner))
+		}
+		if s.Source != "" || s.Revision != "" {
+			errs = append(errs, errors.New("source and revision apply to models only"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("kind %q: want %q or %q", s.Kind, KindModel, KindImage))
+	}
+	errs = append(errs, s.Targets.validate())
+	return errors.Join(errs...)
+}
+
+func (t Targets) validate() error {
+	var errs []error
+	if t.Nodes < 0 {
+		errs = append(errs, fmt.Errorf("nodes %d: want >= 0 (0 means all eligible nodes)", t.Nodes))
+	}
+	if len(t.Selector) > MaxSelectorLabels {
+		errs = append(errs, fmt.Errorf("selector has %d labels, at most %d", len(t.Selector), MaxSelectorLabels))
+	}
+	for _, k := range slices.Sorted(maps.Keys(t.Selector)) {
+		if err := ValidateLabel(k, t.Selector[k]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ValidateLabel checks one node label or selector pair.
+func ValidateLabel(k, v string) error {
+	if !labelKeyRE.MatchString(k) {
+		return fmt.Errorf("label key %q: want letters, digits, '.', '_', '/', '-' (at most 64)", k)
+	}
+	if !labelValRE.MatchString(v) {
+		return fmt.Errorf("label %q value %q: want letters, digits, '.', '_', '-' (at most 63)", k, v)
+	}
+	return nil
+}
+
+// ParseLabels parses "k=v" pairs (from repeated --label or --selector flags).
+func ParseLabels(pairs []string) (map[string]string, error) {
+	out := make(map[string]string, len(pairs))
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok {
+			return nil, fmt.Errorf("label %q: want key=value", p)
+		}
+		if err := ValidateLabel(k, v); err != nil {
+			return nil, err
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// Matches reports whether labels satisfy the selector.
+func (t Targets) Matches(labels map[string]string) bool {
+	for k, v := range t.Selector {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
