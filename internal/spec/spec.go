@@ -77,8 +77,8 @@ func (s Spec) Validate() error {
 	var errs []error
 	switch s.Kind {
 	case KindModel:
-		if !modelNameRE.MatchString(s.Name) || strings.Contains(s.Name, "..") {
-			errs = append(errs, fmt.Errorf("model name %q: want letters, digits, '.', '_', '-', at most one '/', no '..'", s.Name))
+		if !modelNameRE.MatchString(s.Name) || strings.Contains(s.Name, "..") || strings.Contains(s.Name, "--") {
+			errs = append(errs, fmt.Errorf("model name %q: want letters, digits, '.', '_', '-', at most one '/', no '..' or '--'", s.Name))
 		}
 		if s.Source == "" {
 			errs = append(errs, errors.New("model source is required (s3://bucket/prefix/)"))

@@ -1,0 +1,121 @@
+package spec
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		spec Spec
+		want string // substring of the error; "" means valid
+	}{
+		{"model", Spec{Kind: KindModel, Name: "llama-3-8b", Source: "s3://models/llama/"}, ""},
+		{"org model", Spec{Kind: KindModel, Name: "meta/llama", Source: "s3://models/llama", Revision: "v1"}, ""},
+		{"model selector", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Targets: Targets{Selector: map[string]string{"gpu": "h100"}, Nodes: 3}}, ""},
+		{"image", Spec{Kind: KindImage, Name: "registry.local:5000/vllm/vllm:v0.6@sha256:abc", Owner: "team-a/deploy"}, ""},
+		{"no kind", Spec{Name: "m"}, "kind"},
+		{"traversal name", Spec{Kind: KindModel, Name: "../x", Source: "s3://bkt/p/"}, "model name"},
+		{"double dash", Spec{Kind: KindModel, Name: "a--b", Source: "s3://bkt/p/"}, "model name"},
+		{"three segments", Spec{Kind: KindModel, Name: "a/b/c", Source: "s3://bkt/p/"}, "model name"},
+		{"no source", Spec{Kind: KindModel, Name: "m"}, "source is required"},
+		{"bad source", Spec{Kind: KindModel, Name: "m", Source: "http://x/y"}, "s3://"},
+		{"bad revision", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Revision: "../r"}, "revision"},
+		{"model owner", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Owner: "x"}, "owner"},
+		{"image no owner", Spec{Kind: KindImage, Name: "nginx:1"}, "owner"},
+		{"image upper", Spec{Kind: KindImage, Name: "Nginx", Owner: "o"}, "image reference"},
+		{"negative nodes", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Targets: Targets{Nodes: -1}}, "nodes"},
+		{"bad label", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Targets: Targets{Selector: map[string]string{"a b": "c"}}}, "label key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.spec.Validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("Validate() = %v, want nil", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("Validate() = %v, want error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestKeyAndEqual(t *testing.T) {
+	a := Spec{Kind: KindImage, Name: "nginx:1", Owner: "a"}
+	b := Spec{Kind: KindImage, Name: "nginx:1", Owner: "b"}
+	if a.Key() == b.Key() {
+		t.Fatal("owners of one image must have distinct keys")
+	}
+	m := Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Targets: Targets{Selector: map[string]string{"a": "1"}}}
+	m2 := m
+	m2.Targets.Selector = map[string]string{"a": "2"}
+	if !m.Equal(m) || m.Equal(m2) {
+		t.Fatal("Equal must compare selectors")
+	}
+	if m.Key() != "model/m" {
+		t.Fatalf("Key = %q", m.Key())
+	}
+}
+
+func TestParseS3URL(t *testing.T) {
+	tests := []struct {
+		in, bucket, prefix string
+		ok                 bool
+	}{
+		{"s3://models/llama/", "models", "llama/", true},
+		{"s3://models/llama", "models", "llama/", true},
+		{"s3://models", "models", "", true},
+		{"s3://models/", "models", "", true},
+		{"s3://my.bucket-1/a/b/c/", "my.bucket-1", "a/b/c/", true},
+		{"http://models/llama/", "", "", false},
+		{"s3://", "", "", false},
+		{"s3://UPPER/x", "", "", false},
+		{"s3://ab/x", "", "", false},
+		{"s3://models//x", "", "", false},
+		{"s3://models/../x", "", "", false},
+		{"s3://models/a\x00b", "", "", false},
+		{"s3://a..b/x", "", "", false},
+	}
+	for _, tt := range tests {
+		u, err := ParseS3URL(tt.in)
+		if (err == nil) != tt.ok {
+			t.Errorf("ParseS3URL(%q) = %v, want ok=%v", tt.in, err, tt.ok)
+			continue
+		}
+		if tt.ok && (u.Bucket != tt.bucket || u.Prefix != tt.prefix) {
+			t.Errorf("ParseS3URL(%q) = %+v, want %s %s", tt.in, u, tt.bucket, tt.prefix)
+		}
+	}
+}
+
+func FuzzParseS3URL(f *testing.F) {
+	for _, s := range []string{"s3://models/llama/", "s3://b/../x", "s3://bkt", "s3:///x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		u, err := ParseS3URL(in)
+		if err != nil {
+			return
+		}
+		again, err := ParseS3URL(u.String())
+		if err != nil || again != u {
+			t.Fatalf("round trip of %q: %+v, %v (first %+v)", in, again, err, u)
+		}
+		if u.Prefix != "" && !strings.HasSuffix(u.Prefix, "/") {
+			t.Fatalf("prefix %q does not end in /", u.Prefix)
+		}
+	})
+}
+
+func TestParseLabels(t *testing.T) {
+	got, err := ParseLabels([]string{"gpu=h100", "zone=us-east-1a", "empty="})
+	if err != nil || got["gpu"] != "h100" || got["zone"] != "us-east-1a" || got["empty"] != "" {
+		t.Fatalf("ParseLabels = %v, %v", got, err)
+	}
+	for _, bad := range []string{"novalue", "=x", "a=b c", "k=" + strings.Repeat("v", 64)} {
+		if _, err := ParseLabels([]string{bad}); err == nil {
+			t.Errorf("ParseLabels(%q) accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,73 @@
+package nvme
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// Space is a file system's size and free space, in bytes.
+type Space struct {
+	Total int64 `json:"total_bytes"`
+	Free  int64 `json:"free_bytes"`
+}
+
+func statFS(path string) (Space, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return Space{}, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	return Space{Total: int64(st.Blocks) * st.Bsize, Free: int64(st.Bavail) * st.Bsize}, nil
+}
+
+// Space reports the data directory's file system.
+func (s *Store) Space() (Space, error) { return s.statFS(s.dir) }
+
+// Reserve is the number of bytes the store leaves free on a file system.
+func (s *Store) Reserve(sp Space) int64 {
+	return max(s.opts.ReserveBytes, int64(float64(sp.Total)*s.opts.ReserveFraction))
+}
+
+// Available is what the cache may still use: free space less the reserve.
+func (s *Store) Available() (int64, error) {
+	sp, err := s.Space()
+	if err != nil {
+		return 0, err
+	}
+	return max(0, sp.Free-s.Reserve(sp)), nil
+}
+
+// CheckFits fails with ErrNoSpace when need more bytes do not fit.
+func (s *Store) CheckFits(need int64) error {
+	if need <= 0 {
+		return nil
+	}
+	sp, err := s.Space()
+	if err != nil {
+		return err
+	}
+	return Fits(need, sp, s.Reserve(sp))
+}
+
+// Fits decides whether need bytes fit in sp while keeping reserve free.
+func Fits(need int64, sp Space, reserve int64) error {
+	if avail := sp.Free - reserve; need > avail {
+		return fmt.Errorf("%w: need %s, %s free with %s kept in reserve", ErrNoSpace,
+			FormatBytes(need), FormatBytes(sp.Free), FormatBytes(reserve))
+	}
+	return nil
+}
+
+// FormatBytes prints a byte count in binary units.
+func FormatBytes(n int64) string {
+	const unit = 1024
+	if n < unit && n > -unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit || m <= -unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,259 @@
+// Package nvme is the node-local cache store: where cached model revisions
+// live on disk, how a download is staged and atomically published, and how
+// much space the cache may use.
+//
+// Layout under the data directory, stable for serving frameworks to point at:
+//
+//	models/<name>/<revision>/<files as below the S3 prefix>   published, complete, verified
+//	models/<name>/current -> <revision>                        symlink to the ready revision
+//	partial/<name>/<revision>/...                              downloads in progress
+//
+// where <name> is the model name with the '/' of "org/model" written "--".
+//
+// A revision appears under models/ only through a rename of its complete,
+// verified staging directory, so a reader can never see a partial revision.
+// Every path below the root is opened through an os.Root, so no object key
+// and no planted symlink can reach outside the data directory.
+package nvme
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+const (
+	modelsDir  = "models"
+	partialDir = "partial"
+	// CurrentLink is the name of the symlink to a model's ready revision.
+	CurrentLink = "current"
+)
+
+// ErrNoSpace reports that a cache does not fit in the space the store may use.
+var ErrNoSpace = errors.New("not enough space")
+
+// ErrNotFound reports a model or revision that is not in the store.
+var ErrNotFound = errors.New("not in the cache")
+
+// Options tune a Store.
+type Options struct {
+	// ReserveBytes is kept free on the file system for everybody else.
+	ReserveBytes int64
+	// ReserveFraction of the file system's size is kept free too; the larger
+	// of the two reserves applies.
+	ReserveFraction float64
+	// StatFS reports the file system's space; nil means statfs(2).
+	StatFS func(path string) (Space, error)
+}
+
+// Store is the cache directory of one node.
+type Store struct {
+	dir    string
+	root   *os.Root
+	opts   Options
+	statFS func(string) (Space, error)
+}
+
+// Open opens (creating if needed) the store rooted at dir.
+func Open(dir string, opts Options) (*Store, error) {
+	if opts.ReserveBytes < 0 || opts.ReserveFraction < 0 || opts.ReserveFraction >= 1 {
+		return nil, fmt.Errorf("nvme: reserve must be >= 0 bytes and a fraction in [0, 1)")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("nvme: data dir %q: %w", dir, err)
+	}
+	for _, d := range []string{abs, filepath.Join(abs, modelsDir), filepath.Join(abs, partialDir)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("nvme: %w", err)
+		}
+	}
+	root, err := os.OpenRoot(abs)
+	if err != nil {
+		return nil, fmt.Errorf("nvme: %w", err)
+	}
+	s := &Store{dir: abs, root: root, opts: opts, statFS: opts.StatFS}
+	if s.statFS == nil {
+		s.statFS = statFS
+	}
+	return s, nil
+}
+
+// Close releases the store's directory handle.
+func (s *Store) Close() error { return s.root.Close() }
+
+// Dir is the absolute data directory.
+func (s *Store) Dir() string { return s.dir }
+
+// ModelDir is where a model's revisions and current link live.
+func (s *Store) ModelDir(name string) string { return filepath.Join(s.dir, modelsDir, dirName(name)) }
+
+// RevisionDir is where a published revision lives.
+func (s *Store) RevisionDir(name, revision string) string {
+	return filepath.Join(s.dir, modelsDir, dirName(name), revision)
+}
+
+// Current returns the revision the model's current link points at.
+func (s *Store) Current(name string) (string, error) {
+	if err := CheckName(name); err != nil {
+		return "", err
+	}
+	target, err := s.root.Readlink(filepath.Join(modelsDir, dirName(name), CurrentLink))
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("model %q: %w", name, ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("nvme: %w", err)
+	}
+	if CheckSegment(target) != nil {
+		return "", fmt.Errorf("nvme: model %q: current link points outside the model (%q)", name, target)
+	}
+	return target, nil
+}
+
+// Published reports whether a revision is published.
+func (s *Store) Published(name, revision string) bool {
+	st, err := s.root.Stat(filepath.Join(modelsDir, dirName(name), revision))
+	return err == nil && st.IsDir()
+}
+
+// Stage opens the staging area of a revision, creating it if needed; what an
+// earlier, interrupted download left there is kept so it can resume.
+func (s *Store) Stage(name, revision string) (*Staging, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	if err := CheckSegment(revision); err != nil {
+		return nil, fmt.Errorf("revision: %w", err)
+	}
+	rel := filepath.Join(partialDir, dirName(name), revision)
+	if err := s.root.MkdirAll(rel, 0o755); err != nil {
+		return nil, fmt.Errorf("nvme: staging %s: %w", rel, err)
+	}
+	sub, err := s.root.OpenRoot(rel)
+	if err != nil {
+		return nil, fmt.Errorf("nvme: staging %s: %w", rel, err)
+	}
+	return &Staging{store: s, name: name, revision: revision, rel: rel, root: sub}, nil
+}
+
+// Publish makes a staged revision the model's current one: the staging
+// directory is renamed into models/ (atomic on one file system) and the
+// current link is swapped by renaming a new link over it. Call it only when
+// every file is complete and verified.
+func (s *Store) Publish(st *Staging) (string, error) {
+	if err := st.syncAll(); err != nil {
+		return "", err
+	}
+	if err := st.root.Close(); err != nil {
+		return "", fmt.Errorf("nvme: %w", err)
+	}
+	modelRel := filepath.Join(modelsDir, dirName(st.name))
+	if err := s.root.MkdirAll(modelRel, 0o755); err != nil {
+		return "", fmt.Errorf("nvme: %w", err)
+	}
+	final := filepath.Join(modelRel, st.revision)
+	if s.Published(st.name, st.revision) {
+		// The same content was published before (the revision names its
+		// content): keep the published copy and drop the staged one.
+		if err := s.root.RemoveAll(st.rel); err != nil {
+			return "", fmt.Errorf("nvme: %w", err)
+		}
+	} else if err := s.root.Rename(st.rel, final); err != nil {
+		return "", fmt.Errorf("nvme: publish %s: %w", final, err)
+	}
+	tmpLink := filepath.Join(modelRel, ".current.tmp")
+	_ = s.root.Remove(tmpLink)
+	if err := s.root.Symlink(st.revision, tmpLink); err != nil {
+		return "", fmt.Errorf("nvme: %w", err)
+	}
+	if err := s.root.Rename(tmpLink, filepath.Join(modelRel, CurrentLink)); err != nil {
+		return "", fmt.Errorf("nvme: swap current link: %w", err)
+	}
+	if err := syncDir(filepath.Join(s.dir, modelRel)); err != nil {
+		return "", err
+	}
+	return filepath.Join(s.dir, final), nil
+}
+
+// Remove deletes a model: its current link, every revision and any staged
+// download, freeing the space.
+func (s *Store) Remove(name string) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	var errs []error
+	for _, base := range []string{modelsDir, partialDir} {
+		if err := s.root.RemoveAll(filepath.Join(base, dirName(name))); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("nvme: remove %s: %w", name, err)
+	}
+	return nil
+}
+
+// PruneRevisions deletes every published or staged revision of a model other
+// than keep (old revisions after an update, abandoned downloads).
+func (s *Store) PruneRevisions(name, keep string) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	var errs []error
+	for _, base := range []string{modelsDir, partialDir} {
+		entries, err := fs.ReadDir(s.root.FS(), filepath.Join(base, dirName(name)))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, e := range entries {
+			if e.Name() == keep || e.Name() == CurrentLink || !e.IsDir() {
+				continue
+			}
+			if err := s.root.RemoveAll(filepath.Join(base, dirName(name), e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("nvme: prune %s: %w", name, err)
+	}
+	return nil
+}
+
+// Models lists the published models (those with a current link).
+func (s *Store) Models() ([]string, error) {
+	entries, err := fs.ReadDir(s.root.FS(), modelsDir)
+	if err != nil {
+		return nil, fmt.Errorf("nvme: list: %w", err)
+	}
+	var names []string
+	for _, e := range entries {
+		name := nameOfDir(e.Name())
+		if !e.IsDir() || CheckName(name) != nil {
+			continue
+		}
+		if _, err := s.root.Lstat(filepath.Join(modelsDir, e.Name(), CurrentLink)); err == nil {
+			names = append(names, name)
+		}
+	}
+	return names, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("nvme: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("nvme: sync %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,284 @@
+package nvme
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestCheckRelPath(t *testing.T) {
+	tests := []struct {
+		path string
+		ok   bool
+	}{
+		{"model.safetensors", true},
+		{"sub/dir/tokenizer.json", true},
+		{"..hidden", true},
+		{"", false},
+		{"../x", false},
+		{"a/../../x", false},
+		{"/etc/passwd", false},
+		{"a//b", false},
+		{"a/./b", false},
+		{"a/", false},
+		{"a\x00b", false},
+		{"a\\..\\b", false},
+		{"line\nbreak", false},
+		{strings.Repeat("a", 256), false},
+		{strings.Repeat("a/", 600) + "x", false},
+	}
+	for _, tt := range tests {
+		err := CheckRelPath(tt.path)
+		if (err == nil) != tt.ok {
+			t.Errorf("CheckRelPath(%q) = %v, want ok=%v", tt.path, err, tt.ok)
+		}
+	}
+}
+
+func TestCheckName(t *testing.T) {
+	tests := []struct {
+		name string
+		ok   bool
+	}{
+		{"llama-3-8b", true},
+		{"meta/llama-3-8b", true},
+		{"a/b/c", false},
+		{"../x", false},
+		{"a--b", false},
+		{".hidden", false},
+		{"", false},
+		{"/abs", false},
+	}
+	for _, tt := range tests {
+		if err := CheckName(tt.name); (err == nil) != tt.ok {
+			t.Errorf("CheckName(%q) = %v, want ok=%v", tt.name, err, tt.ok)
+		}
+	}
+}
+
+func FuzzCheckRelPath(f *testing.F) {
+	for _, s := range []string{"a/b", "../x", "/abs", "a\x00", "a//b", "x/./y"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		if CheckRelPath(p) != nil {
+			return
+		}
+		// An accepted path must stay below any base it is joined to.
+		base := "/data/partial/m/r"
+		joined := filepath.Join(base, p)
+		if !strings.HasPrefix(joined, base+"/") {
+			t.Fatalf("accepted %q escapes to %q", p, joined)
+		}
+		if filepath.Clean(p) != p {
+			t.Fatalf("accepted non-canonical %q", p)
+		}
+	})
+}
+
+func openStore(t *testing.T, opts Options) *Store {
+	t.Helper()
+	s, err := Open(t.TempDir(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func stageFile(t *testing.T, st *Staging, rel, content string) {
+	t.Helper()
+	f, err := st.OpenFile(rel, int64(len(content)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(content), 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStagePublishLayout(t *testing.T) {
+	s := openStore(t, Options{})
+	st, err := s.Stage("meta/llama", "rev1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stageFile(t, st, "model.safetensors", "weights")
+	stageFile(t, st, "sub/config.json", "{}")
+	if s.Published("meta/llama", "rev1") {
+		t.Fatal("revision visible before publish")
+	}
+	if _, err := s.Current("meta/llama"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Current before publish = %v, want ErrNotFound", err)
+	}
+	dir, err := s.Publish(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(s.Dir(), "models", "meta--llama", "rev1")
+	if dir != want {
+		t.Fatalf("published at %s, want %s", dir, want)
+	}
+	got, err := os.ReadFile(filepath.Join(s.ModelDir("meta/llama"), CurrentLink, "sub", "config.json"))
+	if err != nil || string(got) != "{}" {
+		t.Fatalf("read through current link: %q, %v", got, err)
+	}
+	if _, err := os.Stat(st.Dir()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("staging dir left behind: %v", err)
+	}
+	models, err := s.Models()
+	if err != nil || len(models) != 1 || models[0] != "meta/llama" {
+		t.Fatalf("Models() = %v, %v", models, err)
+	}
+
+	// A second revision replaces the current link atomically; prune drops the old one.
+	st2, err := s.Stage("meta/llama", "rev2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stageFile(t, st2, "model.safetensors", "weights v2")
+	if _, err := s.Publish(st2); err != nil {
+		t.Fatal(err)
+	}
+	if cur, err := s.Current("meta/llama"); err != nil || cur != "rev2" {
+		t.Fatalf("Current = %q, %v; want rev2", cur, err)
+	}
+	if err := s.PruneRevisions("meta/llama", "rev2"); err != nil {
+		t.Fatal(err)
+	}
+	if s.Published("meta/llama", "rev1") {
+		t.Fatal("old revision survived prune")
+	}
+	if err := s.Remove("meta/llama"); err != nil {
+		t.Fatal(err)
+	}
+	if models, _ := s.Models(); len(models) != 0 {
+		t.Fatalf("Models() after Remove = %v", models)
+	}
+}
+
+func TestResumeKeepsStagedContent(t *testing.T) {
+	s := openStore(t, Options{})
+	st, err := s.Stage("m", "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stageFile(t, st, "f", "half")
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err = s.Stage("m", "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	f, err := st.OpenFile("f", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if _, err := f.ReadAt(buf, 0); err != nil || string(buf) != "half" {
+		t.Fatalf("resumed content %q, %v", buf, err)
+	}
+}
+
+func TestHostilePathsStayInside(t *testing.T) {
+	s := openStore(t, Options{})
+	st, err := s.Stage("m", "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, p := range []string{"../x", "../../../../tmp/x", "/etc/x", "a/../../x", "a\x00b"} {
+		if _, err := st.OpenFile(p, 1); err == nil {
+			t.Errorf("OpenFile(%q) succeeded", p)
+		}
+	}
+	// A symlink planted in the staging area must not be followed outside.
+	outside := t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(st.Dir(), "link")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.OpenFile("link/escape", 1); err == nil {
+		t.Error("OpenFile through a symlink to outside succeeded")
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Fatalf("wrote outside the data dir: %v", entries)
+	}
+	if _, err := s.Stage("../evil", "r"); err == nil {
+		t.Error("Stage accepted a hostile model name")
+	}
+	if _, err := s.Stage("m", ".."); err == nil {
+		t.Error("Stage accepted a hostile revision")
+	}
+}
+
+func TestFits(t *testing.T) {
+	tests := []struct {
+		need, free, reserve int64
+		ok                  bool
+	}{
+		{10, 100, 0, true},
+		{100, 100, 0, true},
+		{101, 100, 0, false},
+		{50, 100, 60, false},
+		{40, 100, 60, true},
+	}
+	for _, tt := range tests {
+		err := Fits(tt.need, Space{Total: 1000, Free: tt.free}, tt.reserve)
+		if (err == nil) != tt.ok || (err != nil && !errors.Is(err, ErrNoSpace)) {
+			t.Errorf("Fits(%d, free %d, reserve %d) = %v, want ok=%v", tt.need, tt.free, tt.reserve, err, tt.ok)
+		}
+	}
+}
+
+func TestReserveUsesLargerOfBytesAndFraction(t *testing.T) {
+	s := openStore(t, Options{ReserveBytes: 100, ReserveFraction: 0.2, StatFS: func(string) (Space, error) {
+		return Space{Total: 1000, Free: 500}, nil
+	}})
+	if got := s.Reserve(Space{Total: 1000}); got != 200 {
+		t.Fatalf("Reserve = %d, want 200", got)
+	}
+	if err := s.CheckFits(301); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("CheckFits(301) = %v, want ErrNoSpace", err)
+	}
+	if avail, _ := s.Available(); avail != 300 {
+		t.Fatalf("Available = %d, want 300", avail)
+	}
+}
+
+// TestFullDiskFailsAtPreallocation needs root to mount a small tmpfs.
+func TestFullDiskFailsAtPreallocation(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	s, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	st, err := s.Stage("m", "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.OpenFile("big", 64<<20); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("OpenFile(64 MiB) on a 4 MiB disk = %v, want ErrNoSpace", err)
+	}
+}
+
+func TestFormatBytes(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 3 << 30: "3.0 GiB"} {
+		if got := FormatBytes(n); got != want {
+			t.Errorf("FormatBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
