@@ -115,6 +115,8 @@ func subcommand(ctx context.Context, e *Env, group string, args []string, subs m
 }
 
 // newFlagSet returns a flag set that reports errors instead of exiting.
+type flagSet = flag.FlagSet
+
 func newFlagSet(e *Env, name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("warmfleet "+name, flag.ContinueOnError)
 	fs.SetOutput(e.Stderr)
@@ -134,6 +136,11 @@ func parseFlags(fs *flag.FlagSet, e *Env, args []string, file map[string]string)
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var errs []error
+	for k := range file {
+		if fs.Lookup(k) == nil || k == "config" {
+			errs = append(errs, fmt.Errorf("config key %q is not a flag of this command", k))
+		}
+	}
 	fs.VisitAll(func(f *flag.Flag) {
 		if set[f.Name] {
 			return

@@ -1,0 +1,56 @@
+# warmfleet build and test entry points. `make test` is what CI runs.
+SHELL := /bin/bash
+GO ?= go
+BIN := $(CURDIR)/bin
+VERSITYGW_VERSION := v1.8.0
+# Debian packages the tests run for real: containerd + runc (image cache), a
+# registry and skopeo/umoci (test images), rclone (S3 baseline), iproute2
+# (network namespaces and tc for the multi-host harness).
+DEB_PACKAGES := containerd runc docker-registry skopeo umoci rclone iproute2
+DEB_BINARIES := containerd runc docker-registry skopeo umoci rclone ip tc
+TEST_TIMEOUT ?= 25m
+
+.PHONY: all build test deps lint fmt vet bench-s3 clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/warmfleet ./cmd/warmfleet
+
+# deps installs what the tests need and is missing: Debian packages when
+# root (skipped otherwise: the tests that need them skip, except in CI), and
+# versitygw into the project-local bin/.
+deps:
+	@missing=""; for b in $(DEB_BINARIES); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			echo "installing Debian packages (missing:$$missing)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEB_PACKAGES) >/dev/null; \
+		else \
+			echo "not root: cannot install$$missing; tests that need them will skip"; \
+		fi; \
+	fi
+	@if [ ! -x $(BIN)/versitygw ]; then \
+		echo "installing versitygw $(VERSITYGW_VERSION) into $(BIN)"; \
+		GOBIN=$(BIN) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION); \
+	fi
+
+# test runs every test with the race detector. The tests start the real
+# services they use themselves (versitygw S3 servers, containerd daemons, a
+# registry, network namespaces) and stop them when they end.
+test: deps
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+lint: vet
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@latest ./...
+
+vet:
+	$(GO) vet ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,160 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Client talks to a daemon's API.
+type Client struct {
+	addr  Addr
+	token string
+	http  *http.Client
+	base  string
+}
+
+// NewClient returns a client for addr; token, when set, is sent as a bearer
+// token (required by daemons that listen on TCP).
+func NewClient(addr string, token string) (*Client, error) {
+	a, err := ParseAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	tr := &http.Transport{MaxIdleConns: 4, IdleConnTimeout: 30 * time.Second}
+	base := "http://" + a.Address
+	if a.Network == "unix" {
+		base = "http://warmfleet"
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", a.Address)
+		}
+	}
+	return &Client{addr: a, token: token, http: &http.Client{Transport: tr}, base: base}, nil
+}
+
+// StatusError is a non-2xx answer from the daemon.
+type StatusError struct {
+	Code    int
+	Message string
+}
+
+func (e *StatusError) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Code) }
+
+// IsNotFound reports whether err is a 404 from the daemon.
+func IsNotFound(err error) bool {
+	var se *StatusError
+	return errors.As(err, &se) && se.Code == http.StatusNotFound
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("daemon at %s: %w", c.addr, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("daemon at %s: %w", c.addr, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e Error
+		if json.Unmarshal(data, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(data))
+		}
+		return &StatusError{Code: resp.StatusCode, Message: e.Error}
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("daemon at %s: bad answer: %w", c.addr, err)
+	}
+	return nil
+}
+
+// AddCache asks the daemon (and through it the fleet) to cache a model.
+func (c *Client) AddCache(ctx context.Context, req AddCacheRequest) (CacheStatus, error) {
+	var st CacheStatus
+	err := c.do(ctx, http.MethodPost, "/v1/caches", req, &st)
+	return st, err
+}
+
+// Caches lists the model caches.
+func (c *Client) Caches(ctx context.Context) ([]CacheStatus, error) {
+	var st []CacheStatus
+	err := c.do(ctx, http.MethodGet, "/v1/caches", nil, &st)
+	return st, err
+}
+
+// Cache returns one model cache.
+func (c *Client) Cache(ctx context.Context, name string) (CacheStatus, error) {
+	var st CacheStatus
+	err := c.do(ctx, http.MethodGet, "/v1/caches/"+escapeName(name), nil, &st)
+	return st, err
+}
+
+// RemoveCache removes a model cache fleet-wide.
+func (c *Client) RemoveCache(ctx context.Context, name string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/caches/"+escapeName(name), nil, nil)
+}
+
+// Node describes the daemon.
+func (c *Client) Node(ctx context.Context) (NodeInfo, error) {
+	var n NodeInfo
+	err := c.do(ctx, http.MethodGet, "/v1/node", nil, &n)
+	return n, err
+}
+
+// Metrics returns the Prometheus text exposition.
+func (c *Client) Metrics(ctx context.Context) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("daemon at %s: %w", c.addr, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// escapeName keeps the one '/' of "org/model" as a path separator.
+func escapeName(name string) string {
+	org, model, ok := strings.Cut(name, "/")
+	if !ok {
+		return url.PathEscape(name)
+	}
+	return url.PathEscape(org) + "/" + url.PathEscape(model)
+}

@@ -1,0 +1,86 @@
+// Package api is the daemon's local HTTP/JSON API: the wire types, the
+// address syntax (unix:///path/to.sock or host:port) and a client for the CLI
+// and for tests.
+package api
+
+import (
+	"time"
+
+	"github.com/warmfleet/warmfleet/internal/spec"
+)
+
+// Cache states, in the order a healthy cache passes through them.
+const (
+	StatePending     = "pending"
+	StateDownloading = "downloading"
+	StateVerifying   = "verifying"
+	StateReady       = "ready"
+	StateFailed      = "failed"
+)
+
+// CacheStatus is one model cache on one node.
+type CacheStatus struct {
+	Name     string `json:"name"`
+	Source   string `json:"source"`
+	Revision string `json:"revision,omitempty"`
+	// RevisionID names the cached content: the user's revision label (if
+	// any) and a digest of every object's key, size, ETag and version.
+	RevisionID string `json:"revision_id,omitempty"`
+	State      string `json:"state"`
+	// Ready is true only when every file of the revision is complete,
+	// verified and published; Path is then its local directory.
+	Ready      bool      `json:"ready"`
+	Path       string    `json:"path,omitempty"`
+	Files      int       `json:"files"`
+	BytesDone  int64     `json:"bytes_done"`
+	BytesTotal int64     `json:"bytes_total"`
+	Error      string    `json:"error,omitempty"`
+	Attempts   int       `json:"attempts,omitempty"`
+	UpdatedAt  time.Time `json:"updated_at"`
+	ReadyAt    time.Time `json:"ready_at,omitzero"`
+	// Targets is what the spec asks of the fleet.
+	Targets spec.Targets `json:"targets,omitzero"`
+	// Nodes holds the fleet-wide view, one entry per node, when the daemon
+	// is in a gossip cluster.
+	Nodes []NodeCacheStatus `json:"nodes,omitempty"`
+}
+
+// NodeCacheStatus is a cache's state on one fleet member.
+type NodeCacheStatus struct {
+	Node       string `json:"node"`
+	State      string `json:"state"`
+	Ready      bool   `json:"ready"`
+	RevisionID string `json:"revision_id,omitempty"`
+	BytesDone  int64  `json:"bytes_done"`
+	BytesTotal int64  `json:"bytes_total"`
+}
+
+// AddCacheRequest asks for a model cache (POST /v1/caches).
+type AddCacheRequest struct {
+	Name     string       `json:"name"`
+	Source   string       `json:"source"`
+	Revision string       `json:"revision,omitempty"`
+	Targets  spec.Targets `json:"targets,omitzero"`
+}
+
+// Spec converts the request to a desired-state spec.
+func (r AddCacheRequest) Spec() spec.Spec {
+	return spec.Spec{Kind: spec.KindModel, Name: r.Name, Source: r.Source, Revision: r.Revision, Targets: r.Targets}
+}
+
+// NodeInfo describes the daemon (GET /v1/node).
+type NodeInfo struct {
+	Name       string            `json:"name"`
+	Version    string            `json:"version"`
+	DataDir    string            `json:"data_dir"`
+	Labels     map[string]string `json:"labels,omitempty"`
+	TotalBytes int64             `json:"total_bytes"`
+	FreeBytes  int64             `json:"free_bytes"`
+	// AvailableBytes is what the cache may still use (free less reserve).
+	AvailableBytes int64 `json:"available_bytes"`
+}
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Error string `json:"error"`
+}

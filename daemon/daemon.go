@@ -1,0 +1,371 @@
+// Package daemon wires a node's warmfleet daemon: the desired caches, the
+// reconcile loop that moves the node's NVMe cache toward them, the durable
+// state (bbolt; schema in state.go) and the local HTTP/JSON API.
+//
+// The reconcile loop decides in a pure function (plan) and acts at the
+// edges: each model cache is fetched by its own goroutine, which lists the
+// source, downloads only missing parts (recording each finished part so a
+// restart resumes), verifies every file against what S3 offers and publishes
+// the revision atomically. A cache is reported ready only after that.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/nvme"
+)
+
+// Config is a daemon's configuration, validated by New.
+type Config struct {
+	NodeName string
+	DataDir  string
+	Labels   map[string]string
+	// PartSize is the unit of resume: the download part size of the origin.
+	PartSize int64
+	// FileConcurrency is how many files of one model download at once.
+	FileConcurrency int
+	ReserveBytes    int64
+	ReserveFraction float64
+	// ResyncInterval is how often a ready cache re-lists its source; 0 = never.
+	ResyncInterval time.Duration
+	// ReconcileInterval bounds how long a change may wait for the loop.
+	ReconcileInterval time.Duration
+	Version           string
+	Logger            *slog.Logger
+	// Clock is the time source; nil means time.Now.
+	Clock func() time.Time
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("data dir is required"))
+	}
+	if c.PartSize <= 0 {
+		errs = append(errs, fmt.Errorf("part size %d: want > 0", c.PartSize))
+	}
+	if c.ResyncInterval < 0 || c.ReconcileInterval < 0 {
+		errs = append(errs, errors.New("intervals must not be negative"))
+	}
+	for k, v := range c.Labels {
+		errs = append(errs, spec.ValidateLabel(k, v))
+	}
+	return errors.Join(errs...)
+}
+
+// Daemon is one node's daemon.
+type Daemon struct {
+	cfg     Config
+	log     *slog.Logger
+	clock   func() time.Time
+	state   *state
+	store   *nvme.Store
+	origin  Origin
+	metrics *metrics
+	kick    chan struct{}
+
+	mu      sync.Mutex
+	fetches map[string]*fetch
+	wg      sync.WaitGroup
+}
+
+// New opens the daemon's store and state. origin fetches model files.
+func New(cfg Config, org Origin) (*Daemon, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("daemon config: %w", err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.ReconcileInterval == 0 {
+		cfg.ReconcileInterval = 10 * time.Second
+	}
+	if cfg.FileConcurrency == 0 {
+		cfg.FileConcurrency = 2
+	}
+	store, err := nvme.Open(cfg.DataDir, nvme.Options{ReserveBytes: cfg.ReserveBytes, ReserveFraction: cfg.ReserveFraction})
+	if err != nil {
+		return nil, err
+	}
+	st, err := openState(filepath.Join(store.Dir(), "state.db"))
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	d := &Daemon{
+		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, state: st, store: store, origin: org,
+		metrics: newMetrics(), kick: make(chan struct{}, 1), fetches: map[string]*fetch{},
+	}
+	if err := d.restoreMetrics(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Daemon) restoreMetrics() error {
+	recs, err := d.state.records()
+	if err != nil {
+		return err
+	}
+	for name, rec := range recs {
+		d.metrics.setState(name, rec.State)
+		d.metrics.cacheTotal.WithLabelValues(name).Set(float64(rec.BytesTotal))
+		if rec.State == api.StateReady {
+			d.metrics.cacheBytes.WithLabelValues(name).Set(float64(rec.BytesTotal))
+		}
+	}
+	return nil
+}
+
+// Close stops every fetch and closes the state and store.
+func (d *Daemon) Close() error {
+	d.mu.Lock()
+	for _, f := range d.fetches {
+		f.cancel()
+	}
+	d.mu.Unlock()
+	d.wg.Wait()
+	return errors.Join(d.state.close(), d.store.Close())
+}
+
+// Run reconciles until ctx ends, then stops every fetch (progress is kept).
+func (d *Daemon) Run(ctx context.Context) error {
+	ticker := time.NewTicker(d.cfg.ReconcileInterval)
+	defer ticker.Stop()
+	for {
+		if err := d.reconcile(ctx); err != nil {
+			d.log.Error("reconcile", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			d.mu.Lock()
+			for _, f := range d.fetches {
+				f.cancel()
+			}
+			d.mu.Unlock()
+			d.wg.Wait()
+			return nil
+		case <-ticker.C:
+		case <-d.kick:
+		}
+	}
+}
+
+// Kick asks the loop to reconcile now.
+func (d *Daemon) Kick() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// targetsThisNode reports whether a spec's targets include this node. Without
+// a fleet, the node is the only member: a selector must match its labels.
+func (d *Daemon) targetsThisNode(s spec.Spec) bool {
+	return s.Targets.Matches(d.cfg.Labels)
+}
+
+func (d *Daemon) reconcile(ctx context.Context) error {
+	desired, err := d.state.desired()
+	if err != nil {
+		return err
+	}
+	recs, err := d.state.records()
+	if err != nil {
+		return err
+	}
+	w := world{records: recs, running: map[string]spec.Spec{}, now: d.now(), resync: d.cfg.ResyncInterval}
+	for _, s := range desired {
+		if s.Kind == spec.KindModel && d.targetsThisNode(s) {
+			w.desired = append(w.desired, s)
+		}
+	}
+	d.mu.Lock()
+	for name, f := range d.fetches {
+		w.running[name] = f.spec
+	}
+	d.mu.Unlock()
+	if avail, err := d.store.Available(); err == nil {
+		d.metrics.available.Set(float64(avail))
+	}
+	var errs []error
+	for _, act := range plan(w) {
+		switch act.kind {
+		case actFetch:
+			d.startFetch(ctx, act.spec)
+		case actCancel:
+			d.stopFetch(act.name, errors.New("spec changed"))
+		case actRemove:
+			errs = append(errs, d.removeCache(act.name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (d *Daemon) startFetch(ctx context.Context, s spec.Spec) {
+	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	f := &fetch{d: d, spec: s, log: d.log.With("model", s.Name), cancel: cancel, exited: make(chan struct{})}
+	d.mu.Lock()
+	d.fetches[s.Name] = f
+	d.mu.Unlock()
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		f.run(fctx)
+		cancel()
+		d.mu.Lock()
+		if d.fetches[s.Name] == f {
+			delete(d.fetches, s.Name)
+		}
+		d.mu.Unlock()
+		d.Kick()
+	}()
+}
+
+// stopFetch cancels a fetch and waits until it has let go of its files.
+func (d *Daemon) stopFetch(name string, why error) {
+	d.mu.Lock()
+	f := d.fetches[name]
+	d.mu.Unlock()
+	if f == nil {
+		return
+	}
+	f.log.Info("stopping fetch", "reason", why)
+	f.cancel()
+	<-f.exited
+}
+
+func (d *Daemon) removeCache(name string) error {
+	d.stopFetch(name, errors.New("cache removed"))
+	if err := d.store.Remove(name); err != nil {
+		return err
+	}
+	if err := d.state.deleteRecord(name); err != nil {
+		return err
+	}
+	d.metrics.forget(name)
+	d.log.Info("cache removed", "model", name)
+	return nil
+}
+
+// AddCache records a model spec in the desired state.
+func (d *Daemon) AddCache(_ context.Context, s spec.Spec) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	if err := d.state.putDesired(s); err != nil {
+		return err
+	}
+	d.Kick()
+	return nil
+}
+
+// RemoveCache drops a model from the desired state; the loop frees its space.
+func (d *Daemon) RemoveCache(_ context.Context, name string) (bool, error) {
+	found, err := d.state.deleteDesired(spec.Spec{Kind: spec.KindModel, Name: name}.Key())
+	if err != nil {
+		return false, err
+	}
+	d.Kick()
+	return found, nil
+}
+
+// Caches reports every desired or cached model on this node.
+func (d *Daemon) Caches() ([]api.CacheStatus, error) {
+	desired, err := d.state.desired()
+	if err != nil {
+		return nil, err
+	}
+	recs, err := d.state.records()
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]api.CacheStatus{}
+	for _, s := range desired {
+		if s.Kind != spec.KindModel {
+			continue
+		}
+		rec, ok := recs[s.Name]
+		if !ok || !rec.Spec.Equal(s) && rec.State != api.StateReady {
+			rec = cacheRecord{Spec: s, State: api.StatePending}
+		}
+		byName[s.Name] = d.status(s, rec)
+	}
+	for name, rec := range recs {
+		if _, ok := byName[name]; !ok {
+			byName[name] = d.status(rec.Spec, rec)
+		}
+	}
+	out := make([]api.CacheStatus, 0, len(byName))
+	for _, name := range slices.Sorted(maps.Keys(byName)) {
+		out = append(out, byName[name])
+	}
+	return out, nil
+}
+
+// Cache reports one model; found is false when it is neither desired nor cached.
+func (d *Daemon) Cache(name string) (api.CacheStatus, bool, error) {
+	all, err := d.Caches()
+	if err != nil {
+		return api.CacheStatus{}, false, err
+	}
+	for _, c := range all {
+		if c.Name == name {
+			return c, true, nil
+		}
+	}
+	return api.CacheStatus{}, false, nil
+}
+
+func (d *Daemon) status(s spec.Spec, rec cacheRecord) api.CacheStatus {
+	st := api.CacheStatus{
+		Name: s.Name, Source: s.Source, Revision: s.Revision, RevisionID: rec.RevisionID, State: rec.State,
+		Files: len(rec.Files), BytesDone: rec.BytesDone, BytesTotal: rec.BytesTotal, Error: rec.Error,
+		Attempts: rec.Attempts, UpdatedAt: rec.UpdatedAt, ReadyAt: rec.ReadyAt, Targets: s.Targets,
+	}
+	d.mu.Lock()
+	f := d.fetches[s.Name]
+	d.mu.Unlock()
+	if f != nil && rec.State != api.StateReady {
+		st.BytesDone = f.progress()
+	}
+	if rec.State == api.StateReady && rec.Path != "" {
+		st.Ready, st.Path = true, rec.Path
+		if st.BytesDone < st.BytesTotal && f == nil {
+			st.BytesDone = st.BytesTotal
+		}
+	}
+	if !d.targetsThisNode(s) && rec.State == "" {
+		st.State = "not-targeted"
+	}
+	return st
+}
+
+// Node describes this node.
+func (d *Daemon) Node() (api.NodeInfo, error) {
+	sp, err := d.store.Space()
+	if err != nil {
+		return api.NodeInfo{}, err
+	}
+	return api.NodeInfo{
+		Name: d.cfg.NodeName, Version: d.cfg.Version, DataDir: d.store.Dir(), Labels: d.cfg.Labels,
+		TotalBytes: sp.Total, FreeBytes: sp.Free, AvailableBytes: max(0, sp.Free-d.store.Reserve(sp)),
+	}, nil
+}
+
+// AddS3Bytes counts bytes read from S3 (the origin's OnBytes hook).
+func (d *Daemon) AddS3Bytes(n int) { d.metrics.s3Bytes.Add(float64(n)) }

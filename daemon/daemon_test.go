@@ -1,0 +1,374 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/s3origin"
+	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/internal/testenv"
+)
+
+const testPartSize = 1 << 20
+
+// fixture is a real S3 server holding one model, and a way to build daemons
+// against it.
+type fixture struct {
+	s3     *testenv.S3
+	bucket string
+	files  map[string][]byte
+}
+
+func newFixture(t *testing.T, files map[string]int) *fixture {
+	t.Helper()
+	s := testenv.StartS3(t)
+	fx := &fixture{s3: s, bucket: "models", files: map[string][]byte{}}
+	s.CreateBucket(t, fx.bucket)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for name, size := range files {
+		data := make([]byte, size)
+		for i := range data {
+			data[i] = byte(rng.Uint32())
+		}
+		fx.put(t, "llama/"+name, data)
+	}
+	return fx
+}
+
+func (fx *fixture) put(t *testing.T, key string, data []byte) {
+	t.Helper()
+	fx.s3.PutObject(t, fx.bucket, key, bytes.NewReader(data), int64(len(data)))
+	fx.files[strings.TrimPrefix(key, "llama/")] = data
+}
+
+func (fx *fixture) origin(t *testing.T, onBytes func(int)) *s3origin.Client {
+	t.Helper()
+	c, err := s3origin.New(t.Context(), s3origin.Options{
+		Endpoint: fx.s3.Endpoint, Region: fx.s3.Region, PartSize: testPartSize, Concurrency: 4,
+		Credentials: credentials.NewStaticCredentialsProvider(fx.s3.AccessKey, fx.s3.SecretKey, ""),
+		OnBytes:     onBytes, RetryBackoff: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (fx *fixture) spec() spec.Spec {
+	return spec.Spec{Kind: spec.KindModel, Name: "meta/llama", Source: "s3://" + fx.bucket + "/llama/"}
+}
+
+func newDaemon(t *testing.T, dir string, org Origin) *Daemon {
+	t.Helper()
+	return newDaemonResync(t, dir, org, 0)
+}
+
+func newDaemonResync(t *testing.T, dir string, org Origin, resync time.Duration) *Daemon {
+	t.Helper()
+	d, err := New(Config{
+		NodeName: "n1", DataDir: dir, PartSize: testPartSize, ReconcileInterval: 50 * time.Millisecond,
+		ResyncInterval: resync, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}, org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// run starts the daemon's loop; the returned func stops it and closes it.
+func run(t *testing.T, d *Daemon) func() {
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	var once atomic.Bool
+	stop := func() {
+		if once.Swap(true) {
+			return
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		if err := d.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// waitFor polls cond until it holds; the bound only keeps a broken build
+// from hanging CI, it measures nothing.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func status(t *testing.T, d *Daemon, name string) api.CacheStatus {
+	t.Helper()
+	st, _, err := d.Cache(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func checkFiles(t *testing.T, dir string, want map[string][]byte) {
+	t.Helper()
+	for name, data := range want {
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatalf("%s differs from the source: got %d bytes %q..., want %d bytes", name, len(got), got[:min(len(got), 40)], len(data))
+		}
+	}
+}
+
+func TestCacheFromS3(t *testing.T) {
+	fx := newFixture(t, map[string]int{"model-00001.safetensors": 3<<20 + 17, "sub/config.json": 300, "empty.txt": 0})
+	var s3Bytes atomic.Int64
+	dir := t.TempDir()
+	d := newDaemonResync(t, dir, fx.origin(t, func(n int) { s3Bytes.Add(int64(n)) }), 100*time.Millisecond)
+	run(t, d)
+	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
+	st := status(t, d, "meta/llama")
+	if st.State != api.StateReady || st.BytesDone != st.BytesTotal || st.Files != 3 {
+		t.Fatalf("status %+v", st)
+	}
+	if want := filepath.Join(dir, "models", "meta--llama", st.RevisionID); st.Path != want {
+		t.Fatalf("path %s, want %s", st.Path, want)
+	}
+	checkFiles(t, st.Path, fx.files)
+	checkFiles(t, filepath.Join(dir, "models", "meta--llama", "current"), fx.files)
+	if got := s3Bytes.Load(); got != st.BytesTotal {
+		t.Fatalf("read %d bytes from S3 for a %d-byte model", got, st.BytesTotal)
+	}
+	if got := testutil.ToFloat64(d.metrics.cacheState.WithLabelValues("meta/llama", api.StateReady)); got != 1 {
+		t.Fatalf("ready gauge = %v", got)
+	}
+
+	// A changed object gets a new revision; the old one is pruned.
+	fx.put(t, "llama/sub/config.json", []byte(`{"changed":true}`))
+	waitFor(t, "new revision", func() bool {
+		s := status(t, d, "meta/llama")
+		return s.Ready && s.RevisionID != st.RevisionID
+	})
+	st2 := status(t, d, "meta/llama")
+	checkFiles(t, st2.Path, fx.files)
+	waitFor(t, "old revision pruned", func() bool {
+		_, err := os.Stat(st.Path)
+		return errors.Is(err, os.ErrNotExist)
+	})
+
+	// Removing frees the space and forgets the cache.
+	if _, err := d.RemoveCache(t.Context(), "meta/llama"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "removal", func() bool {
+		_, found, _ := d.Cache("meta/llama")
+		return !found
+	})
+	if _, err := os.Stat(filepath.Join(dir, "models", "meta--llama")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("model dir still there: %v", err)
+	}
+}
+
+// stopAfter wraps an origin so that a download dies after n parts, as if the
+// daemon were killed.
+type stopAfter struct {
+	Origin
+	n      int64
+	parts  atomic.Int64
+	cancel context.CancelFunc
+}
+
+func (s *stopAfter) Download(ctx context.Context, obj s3origin.Object, dst s3origin.File, plan s3origin.Plan) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	inner := plan.OnPart
+	plan.OnPart = func(part int, n int64) {
+		inner(part, n)
+		if s.parts.Add(1) >= s.n {
+			cancel()
+			s.cancel()
+		}
+	}
+	return s.Origin.Download(ctx, obj, dst, plan)
+}
+
+func TestRestartResumesWithoutRefetching(t *testing.T) {
+	const size = 12 << 20
+	fx := newFixture(t, map[string]int{"model.safetensors": size})
+	dir := t.TempDir()
+
+	var first atomic.Int64
+	killed := make(chan struct{})
+	var once atomic.Bool
+	org := &stopAfter{Origin: fx.origin(t, func(n int) { first.Add(int64(n)) }), n: 4, cancel: func() {
+		if !once.Swap(true) {
+			close(killed)
+		}
+	}}
+	d := newDaemon(t, dir, org)
+	stop := run(t, d)
+	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
+		t.Fatal(err)
+	}
+	<-killed
+	stop()
+
+	var second atomic.Int64
+	d2 := newDaemon(t, dir, fx.origin(t, func(n int) { second.Add(int64(n)) }))
+	if st := status(t, d2, "meta/llama"); st.Ready {
+		t.Fatalf("partial download reported ready after restart: %+v", st)
+	}
+	run(t, d2)
+	waitFor(t, "ready after restart", func() bool { return status(t, d2, "meta/llama").Ready })
+	checkFiles(t, status(t, d2, "meta/llama").Path, fx.files)
+	if got, max := second.Load(), int64(size-4*testPartSize); got > max {
+		t.Fatalf("after restart read %d bytes from S3, want at most %d (finished parts fetched again)", got, max)
+	}
+	t.Logf("first run read %d bytes, second %d of %d", first.Load(), second.Load(), size)
+}
+
+func TestFailuresAreReportedNotReady(t *testing.T) {
+	fx := newFixture(t, map[string]int{"model.safetensors": 1 << 20})
+	d := newDaemon(t, t.TempDir(), fx.origin(t, nil))
+	run(t, d)
+	missing := spec.Spec{Kind: spec.KindModel, Name: "missing", Source: "s3://no-such-bucket/x/"}
+	empty := spec.Spec{Kind: spec.KindModel, Name: "empty", Source: "s3://" + fx.bucket + "/nothing-here/"}
+	for _, s := range []spec.Spec{missing, empty} {
+		if err := d.AddCache(t.Context(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"missing", "empty"} {
+		waitFor(t, name+" failed", func() bool { return status(t, d, name).State == api.StateFailed })
+		st := status(t, d, name)
+		if st.Ready || st.Error == "" || st.Path != "" {
+			t.Fatalf("%s: %+v", name, st)
+		}
+		t.Logf("%s: %s", name, st.Error)
+	}
+	if st := status(t, d, "missing"); !strings.Contains(st.Error, "bucket") {
+		t.Fatalf("missing bucket error does not say so: %q", st.Error)
+	}
+}
+
+func TestAPI(t *testing.T) {
+	d := newDaemon(t, t.TempDir(), nil)
+	t.Cleanup(func() { d.Close() })
+	srv := httptest.NewServer(d.Handler("secret-token-123456"))
+	defer srv.Close()
+	do := func(method, path, body string, auth bool) (int, string) {
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		if auth {
+			req.Header.Set("Authorization", "Bearer secret-token-123456")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	tests := []struct {
+		name, method, path, body string
+		auth                     bool
+		code                     int
+		contains                 string
+	}{
+		{"no token", "GET", "/v1/caches", "", false, 401, "bearer token"},
+		{"list empty", "GET", "/v1/caches", "", true, 200, "[]"},
+		{"bad json", "POST", "/v1/caches", "{", true, 400, "bad JSON"},
+		{"unknown field", "POST", "/v1/caches", `{"name":"m","source":"s3://bkt/p/","evil":1}`, true, 400, "unknown field"},
+		{"two values", "POST", "/v1/caches", `{"name":"m","source":"s3://bkt/p/"}{}`, true, 400, "more than one"},
+		{"oversize", "POST", "/v1/caches", `{"name":"` + strings.Repeat("a", maxBodyBytes) + `"}`, true, 400, "larger than"},
+		{"bad source", "POST", "/v1/caches", `{"name":"m","source":"ftp://x"}`, true, 400, "s3://"},
+		{"hostile name", "POST", "/v1/caches", `{"name":"../etc","source":"s3://bkt/p/"}`, true, 400, "model name"},
+		{"add", "POST", "/v1/caches", `{"name":"org/m","source":"s3://bkt/p/"}`, true, 202, `"state": "pending"`},
+		{"get org name", "GET", "/v1/caches/org/m", "", true, 200, `"ready": false`},
+		{"get missing", "GET", "/v1/caches/nope", "", true, 404, "not in the cache"},
+		{"rm missing", "DELETE", "/v1/caches/nope", "", true, 404, "not a desired cache"},
+		{"rm", "DELETE", "/v1/caches/org/m", "", true, 204, ""},
+		{"node", "GET", "/v1/node", "", true, 200, `"data_dir"`},
+		{"metrics", "GET", "/metrics", "", true, 200, "warmfleet_s3_bytes_total"},
+		{"healthz", "GET", "/healthz", "", true, 200, "ok"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, body := do(tt.method, tt.path, tt.body, tt.auth)
+			if code != tt.code || !strings.Contains(body, tt.contains) {
+				t.Fatalf("%s %s = %d %q, want %d containing %q", tt.method, tt.path, code, body, tt.code, tt.contains)
+			}
+		})
+	}
+}
+
+func TestStateSchema(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	st, err := openState(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bm := bitmap(nil).with(0).with(9)
+	if err := st.putParts("m", "r1", "f", bm); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.putParts("m", "r2", "f", bm); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.deleteParts("m", "r2"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := st.parts("m", "r1", "f"); got.count() != 0 {
+		t.Fatal("other revision's parts survived")
+	}
+	if got, _ := st.parts("m", "r2", "f"); !got.has(0) || !got.has(9) || got.has(1) || got.count() != 2 {
+		t.Fatalf("kept parts = %v", got)
+	}
+	st.close()
+	// Reopening is idempotent; a newer schema is refused.
+	st, err = openState(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keySchema, []byte{0, 0, 0, 0, 0, 0, 0, 99})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	st.close()
+	if _, err := openState(path); err == nil || !strings.Contains(err.Error(), "newer") {
+		t.Fatalf("open newer schema = %v", err)
+	}
+}

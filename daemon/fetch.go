@@ -1,0 +1,290 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/s3origin"
+	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/nvme"
+)
+
+// Origin is what the daemon needs from where a model's files come from.
+type Origin interface {
+	List(ctx context.Context, src spec.S3URL) ([]s3origin.Object, error)
+	Download(ctx context.Context, obj s3origin.Object, dst s3origin.File, plan s3origin.Plan) error
+}
+
+// RevisionID names a revision's content: the user's label, if any, and a
+// digest of every object's path, size, ETag and version, so a changed source
+// gets a new directory and never serves stale weights.
+func RevisionID(label string, objs []s3origin.Object) string {
+	sorted := append([]s3origin.Object(nil), objs...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Path < sorted[j].Path })
+	h := sha256.New()
+	for _, o := range sorted {
+		fmt.Fprintf(h, "%s\x00%d\x00%s\x00%s\n", o.Path, o.Size, o.ETag, o.VersionID)
+	}
+	id := hex.EncodeToString(h.Sum(nil))[:16]
+	if label != "" {
+		return label + "-" + id
+	}
+	return id
+}
+
+// fetch is one run of caching a model: list, compare, download what is
+// missing, verify, publish.
+type fetch struct {
+	d      *Daemon
+	spec   spec.Spec
+	log    *slog.Logger
+	done   atomic.Int64 // bytes complete, for live progress
+	cancel context.CancelFunc
+	exited chan struct{}
+}
+
+// progress reports live bytes done.
+func (f *fetch) progress() int64 { return f.done.Load() }
+
+func (f *fetch) run(ctx context.Context) {
+	defer close(f.exited)
+	start := f.d.now()
+	result, err := f.cache(ctx)
+	elapsed := f.d.now().Sub(start).Seconds()
+	switch {
+	case err == nil:
+		f.d.metrics.fetches.WithLabelValues(result).Inc()
+		if result == "ready" {
+			f.d.metrics.downloadTime.WithLabelValues("ready").Observe(elapsed)
+		}
+	case ctx.Err() != nil:
+		f.d.metrics.fetches.WithLabelValues("canceled").Inc()
+		f.log.Info("fetch stopped", "reason", context.Cause(ctx))
+	default:
+		f.d.metrics.fetches.WithLabelValues("failed").Inc()
+		f.d.metrics.downloadTime.WithLabelValues("failed").Observe(elapsed)
+		f.fail(err)
+	}
+}
+
+func (f *fetch) fail(cause error) {
+	rec, _, err := f.d.state.record(f.spec.Name)
+	if err != nil {
+		f.log.Error("read state", "err", err)
+		return
+	}
+	rec.Spec = f.spec
+	rec.State = api.StateFailed
+	rec.Error = cause.Error()
+	rec.Attempts++
+	rec.NextTry = f.d.now().Add(retryDelay(rec.Attempts))
+	rec.UpdatedAt = f.d.now()
+	if err := f.d.state.putRecord(rec); err != nil {
+		f.log.Error("write state", "err", err)
+	}
+	f.d.metrics.setState(f.spec.Name, api.StateFailed)
+	f.log.Warn("fetch failed", "err", cause, "attempts", rec.Attempts, "retry_at", rec.NextTry)
+}
+
+// cache returns "ready" after publishing a new revision or "unchanged" when
+// the published one still matches the source.
+func (f *fetch) cache(ctx context.Context) (string, error) {
+	src, err := spec.ParseS3URL(f.spec.Source)
+	if err != nil {
+		return "", err
+	}
+	objs, err := f.d.origin.List(ctx, src)
+	if err != nil {
+		return "", fmt.Errorf("list %s: %w", src, err)
+	}
+	for _, o := range objs {
+		if err := nvme.CheckRelPath(o.Path); err != nil {
+			return "", fmt.Errorf("object %q cannot be cached: %w", o.Key, err)
+		}
+	}
+	revision := RevisionID(f.spec.Revision, objs)
+	rec, _, err := f.d.state.record(f.spec.Name)
+	if err != nil {
+		return "", err
+	}
+	now := f.d.now()
+	if rec.State == api.StateReady && rec.RevisionID == revision && rec.Spec.Equal(f.spec) && f.d.store.Published(f.spec.Name, revision) {
+		rec.CheckedAt = now
+		return "unchanged", f.d.state.putRecord(rec)
+	}
+
+	files := make([]fileRecord, len(objs))
+	var total int64
+	for i, o := range objs {
+		files[i] = fileRecord{Key: o.Key, Path: o.Path, Size: o.Size, ETag: o.ETag, VersionID: o.VersionID}
+		total += o.Size
+	}
+	if rec.PartSize != f.d.cfg.PartSize || rec.fetching() != revision {
+		// Part bitmaps only mean something for the same revision and part size.
+		if err := f.d.state.deleteParts(f.spec.Name, ""); err != nil {
+			return "", err
+		}
+	}
+	next := cacheRecord{
+		Spec: f.spec, RevisionID: revision, State: api.StateDownloading, Files: files,
+		PartSize: f.d.cfg.PartSize, BytesTotal: total, Attempts: rec.Attempts, UpdatedAt: now,
+	}
+	// A ready revision stays ready, and its path served, while a new one
+	// downloads: the record keeps describing it until the new one is ready.
+	keepReady := rec.State == api.StateReady && f.d.store.Published(f.spec.Name, rec.RevisionID)
+	if keepReady {
+		rec.Updating, rec.PartSize, rec.UpdatedAt = revision, f.d.cfg.PartSize, now
+		if err := f.d.state.putRecord(rec); err != nil {
+			return "", err
+		}
+	} else {
+		if err := f.d.state.putRecord(next); err != nil {
+			return "", err
+		}
+		f.d.metrics.setState(f.spec.Name, api.StateDownloading)
+	}
+	f.d.metrics.cacheTotal.WithLabelValues(f.spec.Name).Set(float64(total))
+
+	if f.d.store.Published(f.spec.Name, revision) {
+		// Content already on disk (an earlier revision came back): only the
+		// current link moves.
+		return f.publishExisting(revision, next)
+	}
+
+	stage, err := f.d.store.Stage(f.spec.Name, revision)
+	if err != nil {
+		return "", err
+	}
+	defer stage.Close()
+	allocated, err := stage.Allocated()
+	if err != nil {
+		return "", err
+	}
+	if err := f.d.store.CheckFits(total - allocated); err != nil {
+		return "", fmt.Errorf("model %s (%s): %w", f.spec.Name, nvme.FormatBytes(total), err)
+	}
+	f.log.Info("fetching", "revision", revision, "files", len(files), "bytes", total)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(1, f.d.cfg.FileConcurrency))
+	for i, o := range objs {
+		g.Go(func() error { return f.fetchFile(gctx, stage, revision, o, files[i]) })
+	}
+	if err := g.Wait(); err != nil {
+		return "", err
+	}
+
+	if !keepReady {
+		f.d.metrics.setState(f.spec.Name, api.StateVerifying)
+	}
+	path, err := f.d.store.Publish(stage)
+	if err != nil {
+		return "", err
+	}
+	return "ready", f.markReady(revision, next, path)
+}
+
+func (f *fetch) publishExisting(revision string, rec cacheRecord) (string, error) {
+	stage, err := f.d.store.Stage(f.spec.Name, revision)
+	if err != nil {
+		return "", err
+	}
+	path, err := f.d.store.Publish(stage)
+	if err != nil {
+		return "", err
+	}
+	f.done.Store(rec.BytesTotal)
+	return "ready", f.markReady(revision, rec, path)
+}
+
+func (f *fetch) markReady(revision string, rec cacheRecord, path string) error {
+	now := f.d.now()
+	rec.State, rec.Path, rec.Error, rec.Attempts, rec.Updating = api.StateReady, path, "", 0, ""
+	rec.BytesDone, rec.ReadyAt, rec.CheckedAt, rec.UpdatedAt = rec.BytesTotal, now, now, now
+	if err := f.d.state.putRecord(rec); err != nil {
+		return err
+	}
+	if err := f.d.state.deleteParts(f.spec.Name, ""); err != nil {
+		return err
+	}
+	if err := f.d.store.PruneRevisions(f.spec.Name, revision); err != nil {
+		f.log.Warn("prune old revisions", "err", err)
+	}
+	f.d.metrics.setState(f.spec.Name, api.StateReady)
+	f.d.metrics.cacheBytes.WithLabelValues(f.spec.Name).Set(float64(rec.BytesTotal))
+	f.log.Info("ready", "revision", revision, "path", path, "bytes", rec.BytesTotal)
+	return nil
+}
+
+// fetchFile downloads the parts of one object that no earlier run finished,
+// recording each finished part so a restart resumes after it.
+func (f *fetch) fetchFile(ctx context.Context, stage *nvme.Staging, revision string, obj s3origin.Object, fr fileRecord) error {
+	file, err := stage.OpenFile(fr.Path, fr.Size)
+	if err != nil {
+		return err
+	}
+	done, err := f.d.state.parts(f.spec.Name, revision, fr.Path)
+	if err != nil {
+		return err
+	}
+	partSize := f.d.cfg.PartSize
+	for i := range s3origin.Parts(fr.Size, partSize) {
+		if done.has(i) {
+			f.done.Add(min(partSize, fr.Size-int64(i)*partSize))
+		}
+	}
+	var mu sync.Mutex
+	var persistErr error
+	plan := s3origin.Plan{
+		Done: done.has,
+		OnPart: func(part int, n int64) {
+			f.done.Add(n)
+			f.d.metrics.cacheBytes.WithLabelValues(f.spec.Name).Set(float64(f.done.Load()))
+			mu.Lock()
+			defer mu.Unlock()
+			done = done.with(part)
+			if err := f.d.state.putParts(f.spec.Name, revision, fr.Path, done); err != nil && persistErr == nil {
+				persistErr = err
+			}
+		},
+	}
+	dst := &countingFile{File: file, written: f.d.metrics.written.Add}
+	if err := f.d.origin.Download(ctx, obj, dst, plan); err != nil {
+		if errors.Is(err, s3origin.ErrCorrupt) {
+			// The bytes on disk do not match the source: start this file over.
+			if derr := f.d.state.putParts(f.spec.Name, revision, fr.Path, nil); derr != nil {
+				err = errors.Join(err, derr)
+			}
+		}
+		return fmt.Errorf("%s: %w", fr.Path, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return persistErr
+}
+
+// countingFile counts the bytes written through it.
+type countingFile struct {
+	s3origin.File
+	written func(float64)
+}
+
+func (c *countingFile) WriteAt(p []byte, off int64) (int, error) {
+	n, err := c.File.WriteAt(p, off)
+	c.written(float64(n))
+	return n, err
+}
+
+// now is the daemon's clock, injectable for tests.
+func (d *Daemon) now() time.Time { return d.clock() }

@@ -1,0 +1,85 @@
+package daemon
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
+)
+
+// metrics are the daemon's Prometheus series, registered on its own registry
+// (no globals), served at /metrics.
+type metrics struct {
+	reg          *prometheus.Registry
+	s3Bytes      prometheus.Counter
+	written      prometheus.Counter
+	cacheState   *prometheus.GaugeVec
+	cacheBytes   *prometheus.GaugeVec
+	cacheTotal   *prometheus.GaugeVec
+	downloadTime *prometheus.HistogramVec
+	fetches      *prometheus.CounterVec
+	available    prometheus.Gauge
+}
+
+var cacheStates = []string{api.StatePending, api.StateDownloading, api.StateVerifying, api.StateReady, api.StateFailed}
+
+func newMetrics() *metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	m := &metrics{
+		reg: reg,
+		s3Bytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmfleet_s3_bytes_total", Help: "Bytes read from S3 object bodies.",
+		}),
+		written: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmfleet_cache_written_bytes_total", Help: "Bytes written into the local cache.",
+		}),
+		cacheState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "warmfleet_cache_state", Help: "1 for the state each model cache is in, 0 for the others.",
+		}, []string{"model", "state"}),
+		cacheBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "warmfleet_cache_bytes", Help: "Bytes of a model cache that are complete on disk.",
+		}, []string{"model"}),
+		cacheTotal: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "warmfleet_cache_size_bytes", Help: "Total bytes of a model cache's revision.",
+		}, []string{"model"}),
+		downloadTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "warmfleet_download_duration_seconds", Help: "Time from the start of a fetch to its end.",
+			Buckets: prometheus.ExponentialBuckets(0.5, 2, 14),
+		}, []string{"result"}),
+		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmfleet_fetches_total", Help: "Fetches by result: ready, unchanged, failed, canceled.",
+		}, []string{"result"}),
+		available: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "warmfleet_cache_available_bytes", Help: "Space the cache may still use (free less reserve).",
+		}),
+	}
+	f(m.s3Bytes)
+	f(m.written)
+	f(m.cacheState)
+	f(m.cacheBytes)
+	f(m.cacheTotal)
+	f(m.downloadTime)
+	f(m.fetches)
+	f(m.available)
+	return m
+}
+
+func (m *metrics) setState(model, state string) {
+	for _, s := range cacheStates {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.cacheState.WithLabelValues(model, s).Set(v)
+	}
+}
+
+func (m *metrics) forget(model string) {
+	for _, s := range cacheStates {
+		m.cacheState.DeleteLabelValues(model, s)
+	}
+	m.cacheBytes.DeleteLabelValues(model)
+	m.cacheTotal.DeleteLabelValues(model)
+}

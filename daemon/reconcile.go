@@ -1,0 +1,104 @@
+package daemon
+
+import (
+	"sort"
+	"time"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/spec"
+)
+
+type actionKind int
+
+const (
+	// actFetch lists the source and downloads, resumes or re-checks a cache.
+	actFetch actionKind = iota
+	// actCancel stops a fetch whose spec changed; the next round starts anew.
+	actCancel
+	// actRemove stops any fetch and deletes the cache from disk and state.
+	actRemove
+)
+
+func (k actionKind) String() string {
+	return [...]string{"fetch", "cancel", "remove"}[k]
+}
+
+type action struct {
+	kind actionKind
+	name string
+	spec spec.Spec
+}
+
+// world is what the reconcile decision looks at; plan is free of IO so every
+// rule is a table test.
+type world struct {
+	// desired holds the model specs that target this node.
+	desired []spec.Spec
+	records map[string]cacheRecord
+	// running maps a model name to the spec its in-flight fetch works on.
+	running map[string]spec.Spec
+	now     time.Time
+	// resync is how often a ready cache re-lists its source to notice
+	// changed objects; zero turns it off.
+	resync time.Duration
+}
+
+// plan decides what to do to move the node toward its desired caches.
+func plan(w world) []action {
+	var acts []action
+	want := make(map[string]bool, len(w.desired))
+	for _, d := range w.desired {
+		want[d.Name] = true
+		if run, ok := w.running[d.Name]; ok {
+			if !run.Equal(d) {
+				acts = append(acts, action{kind: actCancel, name: d.Name, spec: run})
+			}
+			continue
+		}
+		rec, ok := w.records[d.Name]
+		if needsFetch(rec, ok, d, w.now, w.resync) {
+			acts = append(acts, action{kind: actFetch, name: d.Name, spec: d})
+		}
+	}
+	for name, rec := range w.records {
+		if !want[name] {
+			acts = append(acts, action{kind: actRemove, name: name, spec: rec.Spec})
+		}
+	}
+	for name, run := range w.running {
+		if _, ok := w.records[name]; !ok && !want[name] {
+			acts = append(acts, action{kind: actRemove, name: name, spec: run})
+		}
+	}
+	sort.Slice(acts, func(i, j int) bool {
+		if acts[i].name != acts[j].name {
+			return acts[i].name < acts[j].name
+		}
+		return acts[i].kind < acts[j].kind
+	})
+	return acts
+}
+
+func needsFetch(rec cacheRecord, found bool, d spec.Spec, now time.Time, resync time.Duration) bool {
+	switch {
+	case !found, !rec.Spec.Equal(d):
+		return true
+	case rec.State == api.StateFailed:
+		return !now.Before(rec.NextTry)
+	case rec.State == api.StateReady:
+		return resync > 0 && now.Sub(rec.CheckedAt) >= resync
+	default: // pending, downloading or verifying with no fetch running: resume after a restart
+		return true
+	}
+}
+
+// retryDelay is the backoff after the n-th failed attempt in a row: 2s
+// doubling to at most 5 minutes, so a broken source is retried without
+// hammering S3.
+func retryDelay(attempts int) time.Duration {
+	d := 2 * time.Second
+	for i := 1; i < attempts && d < 5*time.Minute; i++ {
+		d *= 2
+	}
+	return min(d, 5*time.Minute)
+}

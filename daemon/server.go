@@ -1,0 +1,190 @@
+package daemon
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/nvme"
+)
+
+// maxBodyBytes bounds an API request body; specs are small.
+const maxBodyBytes = 64 << 10
+
+// Handler is the daemon's HTTP API. token, when set, must be sent as a
+// bearer token on every request.
+func (d *Daemon) Handler(token string) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", d.handleReady)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/node", d.handleNode)
+	mux.HandleFunc("GET /v1/caches", d.handleCaches)
+	mux.HandleFunc("POST /v1/caches", d.handleAddCache)
+	mux.HandleFunc("GET /v1/caches/{name...}", d.handleCache)
+	mux.HandleFunc("DELETE /v1/caches/{name...}", d.handleRemoveCache)
+	if token == "" {
+		return mux
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			writeError(w, http.StatusUnauthorized, errors.New("missing or wrong bearer token"))
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func (d *Daemon) handleReady(w http.ResponseWriter, _ *http.Request) {
+	if _, err := d.state.records(); err != nil {
+		writeError(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	io.WriteString(w, "ok\n")
+}
+
+func (d *Daemon) handleNode(w http.ResponseWriter, _ *http.Request) {
+	n, err := d.Node()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, n)
+}
+
+func (d *Daemon) handleCaches(w http.ResponseWriter, _ *http.Request) {
+	all, err := d.Caches()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, all)
+}
+
+func (d *Daemon) handleCache(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	st, found, err := d.Cache(name)
+	switch {
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err)
+	case !found:
+		writeError(w, http.StatusNotFound, fmt.Errorf("model %q: %w", name, nvme.ErrNotFound))
+	default:
+		writeJSON(w, http.StatusOK, st)
+	}
+}
+
+func (d *Daemon) handleAddCache(w http.ResponseWriter, r *http.Request) {
+	var req api.AddCacheRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	s := req.Spec()
+	if err := s.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	if err := d.AddCache(r.Context(), s); err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	st, _, err := d.Cache(s.Name)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, st)
+}
+
+func (d *Daemon) handleRemoveCache(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	found, err := d.RemoveCache(r.Context(), name)
+	switch {
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err)
+	case !found:
+		writeError(w, http.StatusNotFound, fmt.Errorf("model %q is not a desired cache", name))
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// decodeJSON reads one JSON object, strictly: bounded size, no unknown
+// fields, nothing after it.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		return fmt.Errorf("content type %q: want application/json", ct)
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return fmt.Errorf("request body larger than %d bytes", maxBodyBytes)
+		}
+		return fmt.Errorf("bad JSON body: %w", err)
+	}
+	if dec.More() {
+		return errors.New("bad JSON body: more than one value")
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, err error) {
+	writeJSON(w, code, api.Error{Error: err.Error()})
+}
+
+// Listen opens the API listener. A unix socket left by a dead daemon is
+// replaced; one that still answers means another daemon runs. A TCP address
+// that is not loopback requires a token.
+func Listen(ctx context.Context, addr api.Addr, token string) (net.Listener, error) {
+	if addr.Network == "tcp" {
+		if token == "" && !addr.Loopback() {
+			return nil, fmt.Errorf("api %s is reachable from other hosts: give a bearer token (--api-token-file)", addr)
+		}
+		var lc net.ListenConfig
+		return lc.Listen(ctx, "tcp", addr.Address)
+	}
+	if c, err := net.DialTimeout("unix", addr.Address, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("api socket %s is in use: is another daemon running?", addr.Address)
+	}
+	if err := os.MkdirAll(filepath.Dir(addr.Address), 0o755); err != nil {
+		return nil, fmt.Errorf("api socket: %w", err)
+	}
+	if err := os.Remove(addr.Address); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("api socket: %w", err)
+	}
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "unix", addr.Address)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(addr.Address, 0o660); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}

@@ -1,0 +1,133 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/testenv"
+)
+
+// syncBuffer is a bytes.Buffer safe for a daemon goroutine and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestDaemonAndCacheCommands runs `warmfleet daemon` and the cache client
+// commands in-process against a real S3 server, over a unix socket.
+func TestDaemonAndCacheCommands(t *testing.T) {
+	s3 := testenv.StartS3(t)
+	s3.SetEnv(t)
+	s3.CreateBucket(t, "models")
+	weights := bytes.Repeat([]byte("warmfleet"), 300_000)
+	s3.PutObject(t, "models", "tiny/model.safetensors", bytes.NewReader(weights), int64(len(weights)))
+	s3.PutObject(t, "models", "tiny/config.json", strings.NewReader("{}"), 2)
+
+	dir := t.TempDir()
+	sock := "unix://" + filepath.Join(dir, "api.sock")
+	getenv := func(k string) string { return os.Getenv(k) }
+	daemonLog := &syncBuffer{}
+	ctx, cancel := context.WithCancel(t.Context())
+	exited := make(chan int, 1)
+	go func() {
+		exited <- Run(ctx, []string{"daemon", "--data-dir", filepath.Join(dir, "data"), "--api", sock,
+			"--part-size", "1MiB", "--reserve", "0", "--reserve-fraction", "0"},
+			&Env{Stdout: daemonLog, Stderr: daemonLog, Getenv: getenv})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-exited; code != 0 {
+			t.Errorf("daemon exited %d: %s", code, daemonLog.String())
+		}
+	})
+	waitCtx, waitCancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer waitCancel()
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "api.sock")); err == nil {
+			break
+		}
+		select {
+		case <-waitCtx.Done():
+			t.Fatalf("daemon did not start: %s", daemonLog.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	cli := func(args ...string) (int, string, string) {
+		var out, errOut bytes.Buffer
+		code := Run(t.Context(), append(args, "--api", sock), &Env{Stdout: &out, Stderr: &errOut, Getenv: getenv})
+		return code, out.String(), errOut.String()
+	}
+	code, _, stderr := cli("cache", "add", "tiny", "--source", "s3://models/tiny/", "--wait", "--timeout", "60s")
+	if code != 0 {
+		t.Fatalf("cache add: %d %s\ndaemon: %s", code, stderr, daemonLog.String())
+	}
+	if !strings.Contains(stderr, "tiny ready") {
+		t.Fatalf("no ready line in %q", stderr)
+	}
+	code, stdout, stderr := cli("cache", "status", "tiny", "-o", "json")
+	if code != 0 {
+		t.Fatalf("cache status: %d %s", code, stderr)
+	}
+	var st api.CacheStatus
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
+		t.Fatalf("status JSON %q: %v", stdout, err)
+	}
+	got, err := os.ReadFile(filepath.Join(st.Path, "model.safetensors"))
+	if !st.Ready || err != nil || !bytes.Equal(got, weights) {
+		t.Fatalf("status %+v, read err %v", st, err)
+	}
+	if code, stdout, _ = cli("cache", "ls"); code != 0 || !strings.Contains(stdout, "tiny") || !strings.Contains(stdout, "ready") {
+		t.Fatalf("cache ls: %d %q", code, stdout)
+	}
+	if code, _, stderr = cli("cache", "rm", "nope"); code != 1 || !strings.Contains(stderr, "not a desired cache") {
+		t.Fatalf("cache rm nope: %d %q", code, stderr)
+	}
+	if code, stdout, _ = cli("cache", "rm", "tiny"); code != 0 || !strings.Contains(stdout, "removed") {
+		t.Fatalf("cache rm: %d %q", code, stdout)
+	}
+}
+
+func TestProgressLine(t *testing.T) {
+	st := api.CacheStatus{Name: "m", BytesDone: 512 << 20, BytesTotal: 1 << 30, State: api.StateDownloading}
+	if got, want := progressLine(st, 100<<20, 10), "m [=====     ]  50% 512.0 MiB/1.0 GiB 100.0 MiB/s downloading"; got != want {
+		t.Fatalf("progressLine = %q, want %q", got, want)
+	}
+	if got := progressLine(api.CacheStatus{Name: "m"}, 0, 0); !strings.HasPrefix(got, "m   0% 0 B/0 B") {
+		t.Fatalf("empty progressLine = %q", got)
+	}
+}
+
+func TestDemo(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := Run(t.Context(), []string{"demo", "--model-size", "6MiB", "--files", "2"},
+		&Env{Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" }})
+	if code != 0 {
+		t.Fatalf("demo exited %d: %s\n%s", code, out.String(), errOut.String())
+	}
+	for _, want := range []string{"verified", "time to ready", "bytes from S3"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("demo output lacks %q:\n%s", want, out.String())
+		}
+	}
+}

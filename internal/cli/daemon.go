@@ -1,0 +1,191 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/warmfleet/warmfleet/daemon"
+	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/s3origin"
+	"github.com/warmfleet/warmfleet/internal/spec"
+)
+
+// defaultAPI is where the daemon listens and clients look by default.
+const defaultAPI = "unix:///run/warmfleet/api.sock"
+
+// daemonFlags are the daemon's settings, from flags, env and --config.
+type daemonFlags struct {
+	nodeName        string
+	dataDir         string
+	apiAddr         string
+	apiTokenFile    string
+	labels          listFlag
+	reserve         byteSize
+	reserveFraction float64
+	partSize        byteSize
+	s3Concurrency   int
+	fileConcurrency int
+	resync          time.Duration
+	logLevel        string
+	logFormat       string
+}
+
+func (f *daemonFlags) register(fs *flagSet) {
+	host, _ := os.Hostname()
+	fs.StringVar(&f.nodeName, "node-name", host, "this node's name in the fleet")
+	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/warmfleet", "cache directory on the node's NVMe")
+	fs.StringVar(&f.apiAddr, "api", defaultAPI, "API address: unix:///path.sock or host:port")
+	fs.StringVar(&f.apiTokenFile, "api-token-file", "", "file holding the bearer token the API requires (needed for a non-loopback TCP address)")
+	fs.Var(&f.labels, "label", "node label k=v (repeatable)")
+	f.reserve = 1 << 30
+	fs.Var(&f.reserve, "reserve", "space left free on the data dir's file system, e.g. 10GiB")
+	fs.Float64Var(&f.reserveFraction, "reserve-fraction", 0.05, "fraction of the file system left free (the larger reserve applies)")
+	f.partSize = s3origin.DefaultPartSize
+	fs.Var(&f.partSize, "part-size", "S3 ranged-GET part size, the unit of resume (1MiB..1GiB)")
+	fs.IntVar(&f.s3Concurrency, "s3-concurrency", s3origin.DefaultConcurrency, "parallel ranged GETs per file")
+	fs.IntVar(&f.fileConcurrency, "file-concurrency", 2, "files of one model downloaded at once")
+	fs.DurationVar(&f.resync, "resync-interval", 10*time.Minute, "how often a ready cache re-lists its source to notice changes (0 = never)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
+}
+
+func runDaemon(ctx context.Context, e *Env, args []string) error {
+	fs := newFlagSet(e, "daemon")
+	var f daemonFlags
+	f.register(fs)
+	configPath := fs.String("config", "", "YAML file of flag names to values")
+	if err := parseWithConfig(fs, e, args, configPath); err != nil {
+		return err
+	}
+	log, err := newLogger(e, f.logLevel, f.logFormat)
+	if err != nil {
+		return err
+	}
+	labels, err := spec.ParseLabels(f.labels)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	addr, err := api.ParseAddr(f.apiAddr)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	token, err := readToken(f.apiTokenFile)
+	if err != nil {
+		return err
+	}
+	if addr.Network == "tcp" && token == "" && !addr.Loopback() {
+		return usageError("api %s is reachable from other hosts: give a bearer token (--api-token-file)", addr)
+	}
+	if f.s3Concurrency < 1 || f.fileConcurrency < 1 {
+		return usageError("--s3-concurrency and --file-concurrency must be >= 1")
+	}
+
+	return serveDaemon(ctx, log, &f, labels, addr, token, s3origin.Options{}, nil)
+}
+
+// serveDaemon runs a daemon until ctx ends. origin holds S3 settings beyond
+// the SDK's standard chain (the demo's embedded server); started, if not
+// nil, is called once the API listens.
+func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, addr api.Addr, token string, origin s3origin.Options, started func()) error {
+	var d *daemon.Daemon
+	origin.Concurrency, origin.PartSize = f.s3Concurrency, int64(f.partSize)
+	origin.Logger = log.With("component", "s3")
+	origin.OnBytes = func(n int) { d.AddS3Bytes(n) }
+	org, err := s3origin.New(ctx, origin)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	d, err = daemon.New(daemon.Config{
+		NodeName: f.nodeName, DataDir: f.dataDir, Labels: labels, PartSize: int64(f.partSize),
+		FileConcurrency: f.fileConcurrency, ReserveBytes: int64(f.reserve), ReserveFraction: f.reserveFraction,
+		ResyncInterval: f.resync, Version: Version(), Logger: log,
+	}, org)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+
+	ln, err := daemon.Listen(ctx, addr, token)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: d.Handler(token), ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("warmfleet daemon started", "node", f.nodeName, "data_dir", f.dataDir, "api", addr.String(), "version", Version())
+	if started != nil {
+		started()
+	}
+
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(runCtx) }()
+	select {
+	case err = <-serveErr:
+		err = fmt.Errorf("api server: %w", err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if serr := srv.Shutdown(shutdownCtx); serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		err = errors.Join(err, serr)
+	}
+	stopRun()
+	err = errors.Join(err, <-runErr)
+	log.Info("warmfleet daemon stopped")
+	return err
+}
+
+// parseWithConfig parses args once to find --config, then again with the
+// file's values as the lowest layer.
+func parseWithConfig(fs *flagSet, e *Env, args []string, configPath *string) error {
+	if err := parseFlags(fs, e, args, nil); err != nil {
+		return err
+	}
+	if *configPath == "" {
+		return nil
+	}
+	file, err := loadConfigFile(*configPath)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	return parseFlags(fs, e, args, file)
+}
+
+func newLogger(e *Env, level, format string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, usageError("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(e.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(e.Stderr, opts)), nil
+	default:
+		return nil, usageError("--log-format %q: want text or json", format)
+	}
+}
+
+func readToken(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("api token: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if len(tok) < 16 {
+		return "", fmt.Errorf("api token in %s: want at least 16 characters", path)
+	}
+	return tok, nil
+}

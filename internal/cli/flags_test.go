@@ -1,0 +1,131 @@
+package cli
+
+import (
+	"bytes"
+	"flag"
+	"strings"
+	"testing"
+)
+
+func TestParseBytes(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"0", 0, true},
+		{"1048576", 1 << 20, true},
+		{"16MiB", 16 << 20, true},
+		{"1.5GiB", 3 << 29, true},
+		{"10GB", 10e9, true},
+		{"512K", 512 << 10, true},
+		{" 2 TiB ", 2 << 40, true},
+		{"-1", 0, false},
+		{"abc", 0, false},
+		{"1e30", 0, false},
+		{"MiB", 0, false},
+		{"", 0, false},
+	}
+	for _, tt := range tests {
+		got, err := parseBytes(tt.in)
+		if (err == nil) != tt.ok || (tt.ok && got != tt.want) {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d ok=%v", tt.in, got, err, tt.want, tt.ok)
+		}
+	}
+}
+
+func FuzzParseBytes(f *testing.F) {
+	for _, s := range []string{"16MiB", "1.5GiB", "-3", "NaN", "Inf"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := parseBytes(s)
+		if err == nil && n < 0 {
+			t.Fatalf("parseBytes(%q) = %d", s, n)
+		}
+	})
+}
+
+func TestParseConfig(t *testing.T) {
+	got, err := parseConfig([]byte("data-dir: /nvme\nlabel:\n  - gpu=h100\n  - zone=a\nreserve: 10GiB\nresync-interval: 5m\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["data-dir"] != "/nvme" || got["label"] != "gpu=h100,zone=a" || got["reserve"] != "10GiB" {
+		t.Fatalf("parseConfig = %v", got)
+	}
+	for _, bad := range []string{"a: {b: c}", "x: [{a: b}]", "- list", ": :"} {
+		if _, err := parseConfig([]byte(bad)); err == nil {
+			t.Errorf("parseConfig(%q) accepted", bad)
+		}
+	}
+}
+
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte("data-dir: /x\nlabel: [a=b]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, _ = parseConfig(data)
+	})
+}
+
+func TestFlagLayers(t *testing.T) {
+	newFS := func() (*flag.FlagSet, *string, *listFlag) {
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		fs.SetOutput(&bytes.Buffer{})
+		dir := fs.String("data-dir", "default", "")
+		var labels listFlag
+		fs.Var(&labels, "label", "")
+		return fs, dir, &labels
+	}
+	env := func(m map[string]string) *Env {
+		return &Env{Getenv: func(k string) string { return m[k] }, Stderr: &bytes.Buffer{}}
+	}
+	file := map[string]string{"data-dir": "from-file", "label": "a=1,b=2"}
+
+	fs, dir, labels := newFS()
+	if err := parseFlags(fs, env(nil), nil, file); err != nil || *dir != "from-file" || labels.String() != "a=1,b=2" {
+		t.Fatalf("file layer: %q %v %v", *dir, labels, err)
+	}
+	fs, dir, _ = newFS()
+	if err := parseFlags(fs, env(map[string]string{"WARMFLEET_DATA_DIR": "from-env"}), nil, file); err != nil || *dir != "from-env" {
+		t.Fatalf("env layer: %q %v", *dir, err)
+	}
+	fs, dir, _ = newFS()
+	if err := parseFlags(fs, env(map[string]string{"WARMFLEET_DATA_DIR": "from-env"}), []string{"--data-dir", "from-flag"}, file); err != nil || *dir != "from-flag" {
+		t.Fatalf("flag layer: %q %v", *dir, err)
+	}
+	fs, _, _ = newFS()
+	if err := parseFlags(fs, env(nil), nil, map[string]string{"data-dri": "typo"}); err == nil || !strings.Contains(err.Error(), "data-dri") {
+		t.Fatalf("unknown config key accepted: %v", err)
+	}
+}
+
+func TestRunUsage(t *testing.T) {
+	var stderr bytes.Buffer
+	e := &Env{Stdout: &bytes.Buffer{}, Stderr: &stderr, Getenv: func(string) string { return "" }}
+	tests := []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{nil, 2, "usage"},
+		{[]string{"nope"}, 2, "unknown command"},
+		{[]string{"cache"}, 2, "needs a subcommand"},
+		{[]string{"cache", "add", "m", "--source", "http://x"}, 2, "s3://"},
+		{[]string{"cache", "add", "--source", "s3://bkt/p/"}, 2, "NAME"},
+		{[]string{"cache", "status", "m", "--api", "ftp://x"}, 2, "api address"},
+		{[]string{"cache", "ls", "-o", "yaml", "--api", "unix:///nonexistent.sock"}, 2, "-o"},
+		{[]string{"cache", "ls", "--api", "unix:///nonexistent/x.sock"}, 1, "daemon at"},
+		{[]string{"daemon", "--api", "0.0.0.0:1", "--data-dir", "/nonexistent-warmfleet-test"}, 2, "bearer token"},
+		{[]string{"daemon", "--log-level", "loud"}, 2, "log-level"},
+		{[]string{"daemon", "--reserve", "lots"}, 2, "size"},
+		{[]string{"version"}, 0, ""},
+	}
+	for _, tt := range tests {
+		stderr.Reset()
+		code := Run(t.Context(), tt.args, e)
+		if code != tt.code || !strings.Contains(stderr.String(), tt.msg) {
+			t.Errorf("Run(%q) = %d, stderr %q; want %d containing %q", tt.args, code, stderr.String(), tt.code, tt.msg)
+		}
+	}
+}

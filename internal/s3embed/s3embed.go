@@ -1,0 +1,166 @@
+// Package s3embed serves an S3-compatible API from inside the process, so
+// `warmfleet demo` can show the whole flow (list, ranged GETs, verification)
+// with no S3 account and no other program. It wraps gofakes3 with its
+// in-memory backend; the daemon talks to it through the same s3origin code
+// it uses for real S3.
+//
+// Known differences from S3, checked by this package's tests: gofakes3
+// accepts any credentials (it does not verify signatures), ignores If-Match
+// on GET (s3origin then detects a change by comparing each response's ETag
+// with the listed one), and reports no checksums (s3origin verifies by the
+// MD5 ETag). Objects live in memory, so keep demo models small.
+package s3embed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/johannesboyne/gofakes3"
+	"github.com/johannesboyne/gofakes3/backend/s3mem"
+)
+
+// Credentials clients should present. The server accepts any, but the SDK
+// refuses to sign without some.
+const (
+	AccessKey = "warmfleet-demo"
+	SecretKey = "warmfleet-demo-secret"
+	Region    = "us-east-1"
+)
+
+// Options tune Start.
+type Options struct {
+	// AllowNonLoopback permits listening on a non-loopback address. The
+	// server checks no credentials, so anyone who can reach it can read
+	// and write every object.
+	AllowNonLoopback bool
+}
+
+// Server is a running embedded S3 server.
+type Server struct {
+	ln        net.Listener
+	srv       *http.Server
+	serveDone chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+	stopWatch func() bool
+}
+
+// Start listens on addr (host:port; port 0 picks one) and serves until
+// Close or until ctx ends.
+func Start(ctx context.Context, addr string, opts Options) (*Server, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("embedded S3 address %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); !opts.AllowNonLoopback && (ip == nil || !ip.IsLoopback()) && host != "localhost" {
+		return nil, fmt.Errorf("embedded S3 address %q: not a loopback address, and the server checks no credentials", addr)
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("embedded S3: %w", err)
+	}
+	fake := gofakes3.New(s3mem.New(),
+		gofakes3.WithLogger(gofakes3.DiscardLog()),
+		// Path-style only: "bucket.127.0.0.1" cannot resolve anyway.
+		gofakes3.WithHostBucket(false),
+	)
+	s := &Server{
+		ln: ln,
+		srv: &http.Server{
+			Handler:           fake.Server(),
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          log.New(io.Discard, "", 0),
+		},
+		serveDone: make(chan struct{}),
+	}
+	go func() {
+		defer close(s.serveDone)
+		_ = s.srv.Serve(ln)
+	}()
+	s.stopWatch = context.AfterFunc(ctx, func() { _ = s.Close() })
+	return s, nil
+}
+
+// Endpoint is the server's base URL, for AWS_ENDPOINT_URL_S3 or
+// s3origin.Options.Endpoint.
+func (s *Server) Endpoint() string { return "http://" + s.ln.Addr().String() }
+
+// Credentials returns a static provider with the demo keys.
+func (s *Server) Credentials() aws.CredentialsProvider {
+	return credentials.NewStaticCredentialsProvider(AccessKey, SecretKey, "")
+}
+
+// Env returns AWS_* variables pointing a child process at the server.
+func (s *Server) Env() []string {
+	return []string{
+		"AWS_ACCESS_KEY_ID=" + AccessKey,
+		"AWS_SECRET_ACCESS_KEY=" + SecretKey,
+		"AWS_REGION=" + Region,
+		"AWS_ENDPOINT_URL_S3=" + s.Endpoint(),
+		"AWS_EC2_METADATA_DISABLED=true",
+	}
+}
+
+// Close stops the server; objects are gone.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		if s.stopWatch != nil {
+			s.stopWatch()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := s.srv.Shutdown(ctx); err != nil {
+			s.closeErr = errors.Join(err, s.srv.Close())
+		}
+		<-s.serveDone
+	})
+	return s.closeErr
+}
+
+// client is an SDK client for seeding the server over its own HTTP API.
+func (s *Server) client() *s3.Client {
+	return s3.New(s3.Options{
+		Region:                     Region,
+		BaseEndpoint:               aws.String(s.Endpoint()),
+		UsePathStyle:               true,
+		Credentials:                s.Credentials(),
+		HTTPClient:                 awshttp.NewBuildableClient(),
+		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
+	})
+}
+
+// CreateBucket creates a bucket.
+func (s *Server) CreateBucket(ctx context.Context, name string) error {
+	if _, err := s.client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
+		return fmt.Errorf("embedded S3: create bucket %s: %w", name, err)
+	}
+	return nil
+}
+
+// PutObject stores size bytes from r as bucket/key, streaming them through
+// the S3 API. It fits synthmodel's Upload.
+func (s *Server) PutObject(ctx context.Context, bucket, key string, r io.Reader, size int64) error {
+	_, err := s.client().PutObject(ctx, &s3.PutObjectInput{
+		Bucket:        aws.String(bucket),
+		Key:           aws.String(key),
+		Body:          struct{ io.Reader }{r}, // not seekable: stream it once
+		ContentLength: aws.Int64(size),
+	}, s3.WithAPIOptions(v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware))
+	if err != nil {
+		return fmt.Errorf("embedded S3: put s3://%s/%s: %w", bucket, key, err)
+	}
+	return nil
+}

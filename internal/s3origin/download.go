@@ -1,0 +1,291 @@
+package s3origin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// File is where an object is downloaded to: written at offsets by parallel
+// parts, read back for verification. *os.File is one.
+type File interface {
+	io.WriterAt
+	io.ReaderAt
+}
+
+// Plan lets the caller resume a download and learn its progress.
+type Plan struct {
+	// Done reports parts that are already durable from a previous run;
+	// they are not fetched again. Nil fetches every part.
+	Done func(part int) bool
+	// OnPart is called once a part has been written in full (not synced:
+	// sync the file before recording the part as durable). It may be
+	// called from several goroutines at once.
+	OnPart func(part int, n int64)
+	// OnVerify receives the end-to-end check's result, including when the
+	// object could not be verified (Verified false, with the reason).
+	OnVerify func(Verification)
+}
+
+// bufSize is each worker's copy buffer: memory stays Concurrency*bufSize
+// whatever the part and object sizes.
+const bufSize = 1 << 20
+
+// Parts is the number of parts of partSize bytes an object of size bytes is
+// split into (the last one may be shorter). Zero for an empty object.
+func Parts(size, partSize int64) int {
+	if size <= 0 || partSize <= 0 {
+		return 0
+	}
+	return int((size + partSize - 1) / partSize)
+}
+
+// PartRange is the offset and length of part in an object of size bytes.
+func PartRange(part int, size, partSize int64) (off, n int64) {
+	off = int64(part) * partSize
+	if part < 0 || off >= size {
+		return 0, 0
+	}
+	return off, min(partSize, size-off)
+}
+
+// Download writes obj into dst: the parts plan.Done does not claim are
+// fetched by parallel ranged GETs pinned to obj.ETag, then the whole file is
+// verified against the object. A broken connection resumes its part at the
+// byte where it stopped; throttling and server errors are retried with
+// backoff. Any failure leaves the parts already reported by OnPart valid.
+func (c *Client) Download(ctx context.Context, obj Object, dst File, plan Plan) error {
+	if obj.Size < 0 {
+		return fmt.Errorf("download %s: negative size %d", obj.URL(), obj.Size)
+	}
+	if obj.ETag == "" {
+		return fmt.Errorf("download %s: no ETag to pin the version to (take the Object from List)", obj.URL())
+	}
+	var pending []int
+	for part := range Parts(obj.Size, c.opts.PartSize) {
+		if plan.Done == nil || !plan.Done(part) {
+			pending = append(pending, part)
+		}
+	}
+	if err := c.fetchParts(ctx, obj, dst, pending, plan.OnPart); err != nil {
+		return err
+	}
+	v, err := c.Verify(ctx, obj, dst)
+	if err != nil {
+		return err
+	}
+	if plan.OnVerify != nil {
+		plan.OnVerify(v)
+	}
+	if !v.Verified {
+		c.opts.Logger.Warn("downloaded object could not be verified", "object", obj.URL(), "reason", v.Detail)
+	}
+	return nil
+}
+
+func (c *Client) fetchParts(ctx context.Context, obj Object, dst File, parts []int, onPart func(int, int64)) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range min(c.opts.Concurrency, len(parts)) {
+		wg.Go(func() {
+			buf := make([]byte, bufSize)
+			for part := range work {
+				if err := c.fetchPart(ctx, obj, part, dst, buf); err != nil {
+					cancel(err)
+					return
+				}
+				if onPart != nil {
+					_, n := PartRange(part, obj.Size, c.opts.PartSize)
+					onPart(part, n)
+				}
+			}
+		})
+	}
+feed:
+	for _, part := range parts {
+		select {
+		case work <- part:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("download %s: %w", obj.URL(), err)
+		}
+		return err
+	}
+	return nil
+}
+
+// fetchPart fetches one part, resuming from the last byte written after a
+// retryable failure. The attempt budget is for failures in a row without
+// progress, so a flaky link that keeps delivering still finishes.
+func (c *Client) fetchPart(ctx context.Context, obj Object, part int, dst File, buf []byte) error {
+	start, n := PartRange(part, obj.Size, c.opts.PartSize)
+	end := start + n
+	what := fmt.Sprintf("get %s part %d (bytes %d-%d)", obj.URL(), part, start, end-1)
+	failures := 0
+	for off := start; off < end; {
+		got, err := c.getRange(ctx, obj, off, end, dst, buf)
+		off += got
+		if err == nil {
+			continue
+		}
+		if !retryable(err) {
+			return c.explain(err, what)
+		}
+		if got > 0 {
+			failures = 0
+		}
+		failures++
+		if failures >= c.opts.MaxAttempts {
+			return c.explain(fmt.Errorf("giving up after %d attempts without progress: %w", failures, err), what)
+		}
+		delay := backoff(failures, c.opts.RetryBackoff, rand.Float64())
+		c.opts.Logger.Info("retrying S3 range", "object", obj.URL(), "part", part, "resume_at", off,
+			"attempt", failures+1, "delay", delay, "err", err)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%s: %w", what, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// backoff is the delay before retry number attempt (1-based): exponential
+// from base, capped at 64x, with "equal jitter" (half fixed, half random
+// from r in [0,1)) so a fleet of workers throttled together does not come
+// back together.
+func backoff(attempt int, base time.Duration, r float64) time.Duration {
+	d := base << min(max(attempt-1, 0), 6)
+	return d/2 + time.Duration(r*float64(d/2))
+}
+
+// localError marks a failure writing the local file: never retried.
+type localError struct{ err error }
+
+func (e localError) Error() string { return e.err.Error() }
+func (e localError) Unwrap() error { return e.err }
+
+// getRange streams bytes [off, end) of obj into dst through buf and returns
+// how many bytes it wrote, also on failure.
+func (c *Client) getRange(ctx context.Context, obj Object, off, end int64, dst File, buf []byte) (int64, error) {
+	in := &s3.GetObjectInput{
+		Bucket:  aws.String(obj.Bucket),
+		Key:     aws.String(obj.Key),
+		Range:   aws.String(fmt.Sprintf("bytes=%d-%d", off, end-1)),
+		IfMatch: aws.String(strconv.Quote(obj.ETag)),
+	}
+	if obj.VersionID != "" {
+		in.VersionId = aws.String(obj.VersionID)
+	}
+	// fetchPart retries, resuming mid-part; the SDK would restart the
+	// request from scratch and count attempts its own way.
+	out, err := c.s3.GetObject(ctx, in, func(o *s3.Options) { o.Retryer = aws.NopRetryer{} })
+	if err != nil {
+		return 0, err
+	}
+	defer out.Body.Close()
+	if err := checkRange(obj, off, end, aws.ToString(out.ETag), aws.ToString(out.ContentRange), aws.ToInt64(out.ContentLength)); err != nil {
+		return 0, err
+	}
+	var written int64
+	for written < end-off {
+		want := min(int64(len(buf)), end-off-written)
+		n, rerr := io.ReadFull(out.Body, buf[:want])
+		if n > 0 {
+			c.opts.OnBytes(n)
+			if _, werr := dst.WriteAt(buf[:n], off+written); werr != nil {
+				return written, localError{fmt.Errorf("write %s at offset %d: %w", obj.Path, off+written, werr)}
+			}
+			written += int64(n)
+		}
+		if rerr != nil {
+			if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+				rerr = fmt.Errorf("%w after %d of %d bytes", errShortBody, written, end-off)
+			}
+			return written, rerr
+		}
+	}
+	return written, nil
+}
+
+// checkRange makes sure a ranged GET answers with bytes off..end-1 of the
+// object we listed. S3 enforces If-Match itself; comparing the ETag and
+// total size here also catches servers that ignore it, and a server that
+// ignores Range would otherwise have us write the object's head at off.
+func checkRange(obj Object, off, end int64, etag, contentRange string, contentLength int64) error {
+	if got := strings.Trim(etag, `"`); got != "" && got != obj.ETag {
+		return fmt.Errorf("%w: ETag is now %q, was %q", ErrSourceChanged, got, obj.ETag)
+	}
+	if contentRange == "" {
+		if off == 0 && end == obj.Size && contentLength == obj.Size {
+			return nil // whole object asked for, whole object sent
+		}
+		return fmt.Errorf("%w: answered a GET for bytes %d-%d without Content-Range (Range ignored)", ErrServer, off, end-1)
+	}
+	first, last, total, err := parseContentRange(contentRange)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrServer, err)
+	}
+	if total >= 0 && total != obj.Size {
+		return fmt.Errorf("%w: size is now %d, was %d", ErrSourceChanged, total, obj.Size)
+	}
+	if first != off || last != end-1 {
+		return fmt.Errorf("%w: asked for bytes %d-%d, got %q", ErrServer, off, end-1, contentRange)
+	}
+	if contentLength != end-off {
+		return fmt.Errorf("%w: Content-Length %d for %d bytes %q", ErrServer, contentLength, end-off, contentRange)
+	}
+	return nil
+}
+
+// parseContentRange parses "bytes FIRST-LAST/TOTAL" (TOTAL may be "*",
+// reported as -1).
+func parseContentRange(s string) (first, last, total int64, err error) {
+	bad := func() (int64, int64, int64, error) {
+		return 0, 0, 0, fmt.Errorf("bad Content-Range %q", s)
+	}
+	rest, ok := strings.CutPrefix(s, "bytes ")
+	if !ok {
+		return bad()
+	}
+	rng, tot, ok := strings.Cut(rest, "/")
+	if !ok {
+		return bad()
+	}
+	a, b, ok := strings.Cut(rng, "-")
+	if !ok {
+		return bad()
+	}
+	if first, err = strconv.ParseInt(a, 10, 64); err != nil || first < 0 {
+		return bad()
+	}
+	if last, err = strconv.ParseInt(b, 10, 64); err != nil || last < first {
+		return bad()
+	}
+	total = -1
+	if tot != "*" {
+		if total, err = strconv.ParseInt(tot, 10, 64); err != nil || total <= last {
+			return bad()
+		}
+	}
+	return first, last, total, nil
+}

@@ -1,0 +1,135 @@
+package s3origin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/smithy-go"
+)
+
+// Kinds of failure a caller may act on (errors.Is works on every error this
+// package returns).
+var (
+	// ErrCredentials: S3 rejected the access key or signature.
+	ErrCredentials = errors.New("S3 rejected the credentials")
+	// ErrAccessDenied: the credentials are valid but lack permission.
+	ErrAccessDenied = errors.New("access denied")
+	// ErrNoSuchBucket: the bucket does not exist.
+	ErrNoSuchBucket = errors.New("no such bucket")
+	// ErrNotFound: the object (or version) does not exist (any more).
+	ErrNotFound = errors.New("object not found")
+	// ErrUnreachable: the endpoint could not be reached.
+	ErrUnreachable = errors.New("S3 endpoint unreachable")
+	// ErrSourceChanged: the object changed while it was being fetched.
+	ErrSourceChanged = errors.New("source object changed")
+	// ErrCorrupt: the local copy does not match the object's checksum.
+	ErrCorrupt = errors.New("local copy does not match the source")
+	// ErrEmpty: nothing to fetch under the prefix.
+	ErrEmpty = errors.New("no objects")
+	// ErrUnsafeKey: a key cannot be mapped to a safe local path.
+	ErrUnsafeKey = errors.New("unsafe object key")
+	// ErrServer: the server answered in a way S3 never does (ignored a
+	// Range, returned the wrong length).
+	ErrServer = errors.New("S3 server misbehaved")
+)
+
+// errorCode returns the S3 error code and HTTP status of err, if any.
+func errorCode(err error) (code string, status int) {
+	var apiErr smithy.APIError
+	if errors.As(err, &apiErr) {
+		code = apiErr.ErrorCode()
+	}
+	var respErr *awshttp.ResponseError
+	if errors.As(err, &respErr) {
+		status = respErr.HTTPStatusCode()
+	}
+	return code, status
+}
+
+// explain wraps err from an S3 call on what (for example
+// "list s3://b/p/") with the kind of failure and a hint a user can act on.
+func (c *Client) explain(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	if ctxErr := contextError(err); ctxErr != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	code, status := errorCode(err)
+	switch {
+	case code == "InvalidAccessKeyId" || code == "SignatureDoesNotMatch" || code == "InvalidToken" ||
+		code == "ExpiredToken" || code == "TokenRefreshRequired" || code == "InvalidSecurity" ||
+		code == "XAdminUserNotFound": // versitygw's answer to an unknown access key
+		return fmt.Errorf("%s: %w (%s): check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the role: %w",
+			what, ErrCredentials, code, err)
+	case code == "NoSuchBucket":
+		return fmt.Errorf("%s: %w at %s: %w", what, ErrNoSuchBucket, c.endpoint, err)
+	case code == "AccessDenied" || code == "AllAccessDisabled" || code == "AccountProblem" ||
+		(status == 403 && code == "Forbidden"):
+		// HEAD answers carry no body, so a bare 403 may also be a bad key.
+		return fmt.Errorf("%s: %w: the credentials lack permission (s3:ListBucket / s3:GetObject) or are wrong: %w",
+			what, ErrAccessDenied, err)
+	case code == "PreconditionFailed" || status == 412:
+		return fmt.Errorf("%s: %w (its ETag no longer matches): fetch again to get the new version: %w",
+			what, ErrSourceChanged, err)
+	case code == "NoSuchKey" || code == "NoSuchVersion" || code == "NotFound" || status == 404:
+		return fmt.Errorf("%s: %w: %w", what, ErrNotFound, err)
+	case isUnreachable(err):
+		return fmt.Errorf("%s: %w: cannot connect to %s: %w", what, ErrUnreachable, c.endpoint, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+func contextError(err error) error {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return context.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+func isUnreachable(err error) bool {
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" {
+		return true
+	}
+	var dnsErr *net.DNSError
+	return errors.As(err, &dnsErr) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
+}
+
+// errShortBody: a body ended before the promised length.
+var errShortBody = errors.New("body ended early")
+
+// retryable tells whether a failed GET (or a body read) may succeed when
+// tried again: throttling, 5xx, request timeouts, and connections that break
+// or stall. Changes of the source, missing objects and permission problems
+// are final.
+func retryable(err error) bool {
+	var local localError
+	if errors.As(err, &local) {
+		return false
+	}
+	switch {
+	case err == nil, contextError(err) != nil,
+		errors.Is(err, ErrSourceChanged), errors.Is(err, ErrServer), errors.Is(err, ErrNotFound):
+		return false
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, errShortBody),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE):
+		return true
+	}
+	var timeout *awshttp.ResponseTimeoutError
+	if errors.As(err, &timeout) {
+		return true
+	}
+	return retry.IsErrorRetryables(retry.DefaultRetryables).IsErrorRetryable(err) == aws.TrueTernary
+}

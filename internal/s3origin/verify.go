@@ -1,0 +1,294 @@
+package s3origin
+
+import (
+	"context"
+	"crypto/md5"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"hash"
+	"hash/crc32"
+	"hash/crc64"
+	"io"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+)
+
+// Verification says how a local copy was checked against its object.
+type Verification struct {
+	// Verified is true when every byte was checked against a digest the
+	// server holds for the object.
+	Verified bool
+	// Method is the digest used: "crc64nvme", "crc32c", "crc32", "sha256",
+	// "sha1" (full-object checksums), "md5" (single-part ETag),
+	// "md5-multipart" (ETag of a multipart upload), or "none".
+	Method string
+	// Detail explains Method, or why nothing could be verified.
+	Detail string
+}
+
+// Digest methods.
+const (
+	MethodCRC64NVME    = "crc64nvme"
+	MethodCRC32C       = "crc32c"
+	MethodCRC32        = "crc32"
+	MethodSHA256       = "sha256"
+	MethodSHA1         = "sha1"
+	MethodMD5          = "md5"
+	MethodMD5Multipart = "md5-multipart"
+	MethodNone         = "none"
+)
+
+// objectFacts is what HeadObject tells about how an object can be checked.
+type objectFacts struct {
+	ETag         string
+	Size         int64
+	ChecksumType types.ChecksumType
+	// Checksums by method, base64 as S3 sends them.
+	Checksums map[string]string
+	// Encrypted names SSE-KMS or SSE-C: the ETag is then not an MD5.
+	Encrypted string
+}
+
+// check is the chosen way to verify an object.
+type check struct {
+	method   string
+	expected string // base64 checksum, or hex MD5 for ETags
+	parts    int    // upload parts, for md5-multipart
+	reason   string // when method is none
+}
+
+var (
+	md5ETagRE       = regexp.MustCompile(`^[0-9a-f]{32}$`)
+	multipartETagRE = regexp.MustCompile(`^([0-9a-f]{32})-([1-9][0-9]{0,4})$`)
+)
+
+// fullObjectOrder prefers the cheapest digest when several are present.
+var fullObjectOrder = []string{MethodCRC64NVME, MethodCRC32C, MethodCRC32, MethodSHA1, MethodSHA256}
+
+// chooseCheck picks the strongest available check: a full-object checksum,
+// else the ETag when it is an MD5 (plain or multipart). It never pretends:
+// an encrypted object's ETag or an unknown ETag format yields "none".
+func chooseCheck(f objectFacts) check {
+	// Single-part uploads do not always report a type, but their checksum
+	// is of the whole object; a composite (multipart) one ends in "-N".
+	if f.ChecksumType == types.ChecksumTypeFullObject || f.ChecksumType == "" {
+		for _, m := range fullObjectOrder {
+			if v := f.Checksums[m]; v != "" && !strings.Contains(v, "-") {
+				return check{method: m, expected: v}
+			}
+		}
+	}
+	etag := strings.ToLower(f.ETag)
+	switch {
+	case f.Encrypted != "":
+		return check{method: MethodNone, reason: fmt.Sprintf("the object is encrypted with %s, so its ETag is not an MD5, and it has no full-object checksum", f.Encrypted)}
+	case md5ETagRE.MatchString(etag):
+		return check{method: MethodMD5, expected: etag}
+	}
+	if m := multipartETagRE.FindStringSubmatch(etag); m != nil {
+		n, _ := strconv.Atoi(m[2])
+		if n <= 10000 {
+			return check{method: MethodMD5Multipart, expected: m[1], parts: n}
+		}
+	}
+	return check{method: MethodNone, reason: fmt.Sprintf("ETag %q is neither an MD5 nor a multipart MD5, and the object has no full-object checksum", f.ETag)}
+}
+
+// multipartLayoutOK reports whether an object of size bytes uploaded in n
+// parts can have all parts of partSize bytes except a shorter last one: the
+// only layout for which the part size from part 1 reproduces the ETag.
+func multipartLayoutOK(size, partSize int64, n int) bool {
+	return partSize > 0 && Parts(size, partSize) == n && (n > 0 || size == 0)
+}
+
+// Verify checks r (a local copy of obj) against the object's full-object
+// checksum or its ETag. It returns ErrCorrupt when they differ and
+// ErrSourceChanged when the object is no longer the one listed. When the
+// server holds no usable digest, it returns Verified false and says why.
+func (c *Client) Verify(ctx context.Context, obj Object, r io.ReaderAt) (Verification, error) {
+	what := "verify " + obj.URL()
+	head, err := c.s3.HeadObject(ctx, c.headInput(obj, 0))
+	if err != nil {
+		return Verification{}, c.explain(err, what)
+	}
+	if size := aws.ToInt64(head.ContentLength); size != obj.Size {
+		return Verification{}, fmt.Errorf("%s: %w: size is now %d, was %d", what, ErrSourceChanged, size, obj.Size)
+	}
+	if etag := strings.Trim(aws.ToString(head.ETag), `"`); etag != obj.ETag {
+		return Verification{}, fmt.Errorf("%s: %w: ETag is now %q, was %q", what, ErrSourceChanged, etag, obj.ETag)
+	}
+	facts := objectFacts{
+		ETag:         obj.ETag,
+		Size:         obj.Size,
+		ChecksumType: head.ChecksumType,
+		Checksums: map[string]string{
+			MethodCRC64NVME: aws.ToString(head.ChecksumCRC64NVME),
+			MethodCRC32C:    aws.ToString(head.ChecksumCRC32C),
+			MethodCRC32:     aws.ToString(head.ChecksumCRC32),
+			MethodSHA256:    aws.ToString(head.ChecksumSHA256),
+			MethodSHA1:      aws.ToString(head.ChecksumSHA1),
+		},
+	}
+	switch {
+	case head.ServerSideEncryption == types.ServerSideEncryptionAwsKms || head.ServerSideEncryption == types.ServerSideEncryptionAwsKmsDsse:
+		facts.Encrypted = string(head.ServerSideEncryption)
+	case aws.ToString(head.SSECustomerAlgorithm) != "":
+		facts.Encrypted = "SSE-C"
+	}
+	if c.ignoreChecksums {
+		clear(facts.Checksums)
+	}
+	chk := chooseCheck(facts)
+	switch chk.method {
+	case MethodNone:
+		return Verification{Method: MethodNone, Detail: chk.reason}, nil
+	case MethodMD5Multipart:
+		return c.verifyMultipart(ctx, obj, r, chk)
+	}
+	h := newHash(chk.method)
+	if err := hashRange(ctx, r, 0, obj.Size, h, make([]byte, readBackBuf)); err != nil {
+		return Verification{}, fmt.Errorf("%s: read back: %w", what, err)
+	}
+	sum := h.Sum(nil)
+	got := base64.StdEncoding.EncodeToString(sum)
+	if chk.method == MethodMD5 {
+		got = hex.EncodeToString(sum)
+	}
+	if got != chk.expected {
+		return Verification{}, fmt.Errorf("%s: %w: %s of the local copy is %s, S3 has %s", what, ErrCorrupt, chk.method, got, chk.expected)
+	}
+	return Verification{Verified: true, Method: chk.method, Detail: chk.method + " " + got}, nil
+}
+
+func (c *Client) headInput(obj Object, partNumber int32) *s3.HeadObjectInput {
+	in := &s3.HeadObjectInput{
+		Bucket:       aws.String(obj.Bucket),
+		Key:          aws.String(obj.Key),
+		IfMatch:      aws.String(strconv.Quote(obj.ETag)),
+		ChecksumMode: types.ChecksumModeEnabled,
+	}
+	if obj.VersionID != "" {
+		in.VersionId = aws.String(obj.VersionID)
+	}
+	if partNumber > 0 {
+		in.PartNumber = aws.Int32(partNumber)
+		in.ChecksumMode = ""
+	}
+	return in
+}
+
+// verifyMultipart recomputes a multipart ETag, md5(md5(part1)..md5(partN)),
+// with the part size S3 reports for part 1.
+func (c *Client) verifyMultipart(ctx context.Context, obj Object, r io.ReaderAt, chk check) (Verification, error) {
+	what := "verify " + obj.URL()
+	head, err := c.s3.HeadObject(ctx, c.headInput(obj, 1))
+	if err != nil {
+		if contextError(err) != nil {
+			return Verification{}, fmt.Errorf("%s: %w", what, err)
+		}
+		return Verification{Method: MethodNone, Detail: fmt.Sprintf(
+			"multipart ETag with %d parts, but the server does not tell the part size (HEAD partNumber=1: %v)", chk.parts, err)}, nil
+	}
+	partSize := aws.ToInt64(head.ContentLength)
+	if !multipartLayoutOK(obj.Size, partSize, chk.parts) {
+		return Verification{Method: MethodNone, Detail: fmt.Sprintf(
+			"multipart ETag with %d parts, but %d bytes in parts of %d (part 1) do not make %d equal parts: part sizes unknown", chk.parts, obj.Size, partSize, chk.parts)}, nil
+	}
+	sums, err := md5Parts(ctx, r, obj.Size, partSize, chk.parts)
+	if err != nil {
+		return Verification{}, fmt.Errorf("%s: read back: %w", what, err)
+	}
+	whole := md5.Sum(sums)
+	if got := hex.EncodeToString(whole[:]); got != chk.expected {
+		return Verification{}, fmt.Errorf("%s: %w: multipart MD5 of the local copy (%d parts of %d bytes) is %s-%d, S3 has %s-%d",
+			what, ErrCorrupt, chk.parts, partSize, got, chk.parts, chk.expected, chk.parts)
+	}
+	return Verification{Verified: true, Method: MethodMD5Multipart,
+		Detail: fmt.Sprintf("%s-%d, parts of %d bytes", chk.expected, chk.parts, partSize)}, nil
+}
+
+// readBackBuf: large sequential reads keep read-back near disk speed.
+const readBackBuf = 4 << 20
+
+// md5Parts hashes each upload part, several parts at a time (MD5 is
+// serial, so parallel parts are the only way to use more than one core),
+// and returns the concatenated digests.
+func md5Parts(ctx context.Context, r io.ReaderAt, size, partSize int64, n int) ([]byte, error) {
+	sums := make([]byte, n*md5.Size)
+	next := make(chan int)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), 4, n) {
+		wg.Go(func() {
+			buf := make([]byte, readBackBuf)
+			for part := range next {
+				off, length := PartRange(part, size, partSize)
+				h := md5.New()
+				if err := hashRange(ctx, r, off, length, h, buf); err != nil {
+					errs <- fmt.Errorf("part %d: %w", part+1, err)
+					continue
+				}
+				copy(sums[part*md5.Size:], h.Sum(nil))
+			}
+		})
+	}
+	for part := range n {
+		next <- part
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return nil, err
+	}
+	return sums, nil
+}
+
+// hashRange feeds bytes [off, off+n) of r to h.
+func hashRange(ctx context.Context, r io.ReaderAt, off, n int64, h hash.Hash, buf []byte) error {
+	for done := int64(0); done < n; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		want := min(int64(len(buf)), n-done)
+		got, err := r.ReadAt(buf[:want], off+done)
+		h.Write(buf[:got])
+		done += int64(got)
+		if err != nil && !(err == io.EOF && int64(got) == want) {
+			if err == io.EOF {
+				return fmt.Errorf("%w: local copy ends at %d, want %d bytes", ErrCorrupt, off+done, off+n)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func newHash(method string) hash.Hash {
+	switch method {
+	case MethodCRC64NVME:
+		return crc64.New(crc64.MakeTable(crc64NVME))
+	case MethodCRC32C:
+		return crc32.New(crc32.MakeTable(crc32.Castagnoli))
+	case MethodCRC32:
+		return crc32.NewIEEE()
+	case MethodSHA256:
+		return sha256.New()
+	case MethodSHA1:
+		return sha1.New()
+	}
+	return md5.New()
+}
+
+// crc64NVME is the reversed NVMe polynomial S3 uses for CRC64NVME.
+const crc64NVME = 0x9a6c9329ac4bc9b5

@@ -1,0 +1,412 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+)
+
+// S3 is a running versitygw gateway (a real S3 server) with a posix backend.
+type S3 struct {
+	// Endpoint is the base URL, for example http://127.0.0.1:41234.
+	Endpoint string
+	// Addr is the host:port the gateway listens on.
+	Addr      string
+	AccessKey string
+	SecretKey string
+	Region    string
+	// Dir is the posix backend's root: one sub-directory per bucket.
+	Dir string
+}
+
+// S3 credentials of the root account. They only protect a loopback gateway
+// that lives as long as one test or benchmark.
+const (
+	s3AccessKey = "warmfleettestkey"
+	s3SecretKey = "warmfleettestsecret0123456789abcdef"
+	s3Region    = "us-east-1"
+)
+
+// StartS3 starts versitygw on a free loopback port with its backend in a
+// temporary directory and stops it when the test ends.
+func StartS3(tb testing.TB) *S3 {
+	tb.Helper()
+	Bin(tb, "versitygw") // skip, or fail in CI, when it is missing
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, stop, err := StartS3Process(ctx, tb.TempDir(), "")
+	if err != nil {
+		tb.Fatalf("start versitygw: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := stop(); err != nil {
+			tb.Errorf("stop versitygw: %v", err)
+		}
+	})
+	return s
+}
+
+// VersitygwPath finds the versitygw binary in the repository's bin/ or PATH.
+func VersitygwPath() (string, error) {
+	local := filepath.Join(RepoRoot(), "bin", "versitygw")
+	if st, err := os.Stat(local); err == nil && !st.IsDir() {
+		return local, nil
+	}
+	if p, err := exec.LookPath("versitygw"); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("versitygw not found in %s or PATH (run `make test`, which installs it)", filepath.Dir(local))
+}
+
+// StartS3Process starts versitygw serving dir (created if missing) on addr
+// (host:port; empty picks a free loopback port) and waits until it answers
+// HTTP or ctx ends. ctx bounds only the start: the gateway runs until stop,
+// which also removes nothing from dir. It is for benchmarks and commands;
+// tests use StartS3.
+func StartS3Process(ctx context.Context, dir, addr string) (*S3, func() error, error) {
+	bin, err := VersitygwPath()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("versitygw backend dir: %w", err)
+	}
+	// A port picked by us may be taken by someone else before the gateway
+	// binds it; try a few fresh ones rather than fail a test on that race.
+	attempts := 1
+	if addr == "" {
+		attempts = 3
+	}
+	var lastErr error
+	for range attempts {
+		a := addr
+		if a == "" {
+			if a, err = freeLoopbackAddr(); err != nil {
+				return nil, nil, err
+			}
+		}
+		s, stop, err := startVersitygw(ctx, bin, dir, a)
+		if err == nil {
+			return s, stop, nil
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, nil, lastErr
+}
+
+func startVersitygw(ctx context.Context, bin, dir, addr string) (*S3, func() error, error) {
+	s := &S3{
+		Endpoint:  "http://" + addr,
+		Addr:      addr,
+		AccessKey: s3AccessKey,
+		SecretKey: s3SecretKey,
+		Region:    s3Region,
+		Dir:       dir,
+	}
+	cmd := exec.Command(bin,
+		"--port", addr,
+		"--access", s.AccessKey,
+		"--secret", s.SecretKey,
+		"--region", s.Region,
+		"--quiet",
+		"posix", dir)
+	// Only the flags configure it: VGW_* or ROOT_* variables of the caller
+	// must not leak in.
+	cmd.Env = filteredEnv(os.Environ(), "VGW_", "ROOT_")
+	out := &tailBuffer{max: 8 << 10}
+	cmd.Stdout, cmd.Stderr = out, out
+	// The gateway must not outlive a test binary that crashes or is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+
+	var once sync.Once
+	var stopErr error
+	stop := func() error {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(5 * time.Second):
+				_ = cmd.Process.Kill()
+				<-exited
+				stopErr = fmt.Errorf("versitygw on %s ignored SIGTERM for 5s; killed", addr)
+			}
+		})
+		return stopErr
+	}
+
+	if err := waitHTTP(ctx, s.Endpoint, exited); err != nil {
+		_ = stop()
+		if waitErr != nil {
+			err = fmt.Errorf("%w (exit: %v)", err, waitErr)
+		}
+		return nil, nil, fmt.Errorf("versitygw on %s: %w; output:\n%s", addr, err, out.String())
+	}
+	return s, stop, nil
+}
+
+// waitHTTP polls until endpoint answers any HTTP response (the gateway
+// answers 403 to anonymous requests), the process exits or ctx ends.
+func waitHTTP(ctx context.Context, endpoint string, exited <-chan struct{}) error {
+	client := &http.Client{
+		Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true},
+		Timeout:   2 * time.Second,
+	}
+	// A request must not hang on someone else's listener after the gateway
+	// died on a taken port.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+"/", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			return resp.Body.Close()
+		}
+		last = err
+		select {
+		case <-exited:
+			return errors.New("exited before answering HTTP")
+		default:
+		}
+		select {
+		case <-exited:
+			return errors.New("exited before answering HTTP")
+		case <-ctx.Done():
+			return fmt.Errorf("not answering HTTP: %w (last error: %v)", ctx.Err(), last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func freeLoopbackAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("free port: %w", err)
+	}
+	addr := l.Addr().String()
+	return addr, l.Close()
+}
+
+func filteredEnv(env []string, dropPrefixes ...string) []string {
+	out := env[:0:0]
+next:
+	for _, kv := range env {
+		for _, p := range dropPrefixes {
+			if strings.HasPrefix(kv, p) {
+				continue next
+			}
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// tailBuffer keeps the last max bytes written, for error messages.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
+}
+
+// Env returns AWS_* variables that point a child process (or
+// config.LoadDefaultConfig after t.Setenv) at this gateway. IMDS is disabled
+// so nothing tries to reach 169.254.169.254.
+func (s *S3) Env() []string {
+	return []string{
+		"AWS_ACCESS_KEY_ID=" + s.AccessKey,
+		"AWS_SECRET_ACCESS_KEY=" + s.SecretKey,
+		"AWS_REGION=" + s.Region,
+		"AWS_DEFAULT_REGION=" + s.Region,
+		"AWS_ENDPOINT_URL_S3=" + s.Endpoint,
+		"AWS_EC2_METADATA_DISABLED=true",
+	}
+}
+
+// SetEnv sets Env's variables for the duration of the test (not parallel
+// safe, as with every t.Setenv). It also clears AWS_PROFILE and a session
+// token so the static keys are the ones used.
+func (s *S3) SetEnv(t *testing.T) {
+	t.Helper()
+	t.Setenv("AWS_PROFILE", "")
+	t.Setenv("AWS_SESSION_TOKEN", "")
+	for _, kv := range s.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+}
+
+// NewClient returns a path-style S3 client for the gateway.
+func (s *S3) NewClient() *s3.Client {
+	return s3.New(s3.Options{
+		Region:       s.Region,
+		BaseEndpoint: aws.String(s.Endpoint),
+		UsePathStyle: true,
+		Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
+		HTTPClient:   awshttp.NewBuildableClient(),
+		// The test helpers upload streams over plain HTTP: only then does
+		// the SDK accept a body it cannot rewind.
+		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
+	})
+}
+
+// Client is NewClient for tests.
+func (s *S3) Client(tb testing.TB) *s3.Client {
+	tb.Helper()
+	return s.NewClient()
+}
+
+// CreateBucket creates a bucket or fails the test.
+func (s *S3) CreateBucket(tb testing.TB, name string) {
+	tb.Helper()
+	if err := s.MakeBucket(context.Background(), name); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// MakeBucket creates a bucket.
+func (s *S3) MakeBucket(ctx context.Context, name string) error {
+	if _, err := s.NewClient().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
+		return fmt.Errorf("create bucket %s: %w", name, err)
+	}
+	return nil
+}
+
+// PutObject uploads size bytes of body as bucket/key or fails the test.
+func (s *S3) PutObject(tb testing.TB, bucket, key string, body io.Reader, size int64) {
+	tb.Helper()
+	if err := s.Put(context.Background(), bucket, key, body, size); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// Put uploads size bytes of body as bucket/key in one request, streaming
+// (the payload is sent unsigned, so body need not be seekable).
+func (s *S3) Put(ctx context.Context, bucket, key string, body io.Reader, size int64) error {
+	_, err := s.NewClient().PutObject(ctx, &s3.PutObjectInput{
+		Bucket:        aws.String(bucket),
+		Key:           aws.String(key),
+		Body:          onlyReader{body},
+		ContentLength: aws.Int64(size),
+	}, s3.WithAPIOptions(v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware))
+	if err != nil {
+		return fmt.Errorf("put s3://%s/%s: %w", bucket, key, err)
+	}
+	return nil
+}
+
+// PutMultipart uploads body as bucket/key in parts of partSize bytes (the
+// last may be shorter) or fails the test. S3 then reports a "<md5>-N" ETag.
+func (s *S3) PutMultipart(tb testing.TB, bucket, key string, body io.Reader, size, partSize int64) {
+	tb.Helper()
+	if err := s.PutParts(context.Background(), bucket, key, body, size, partSize); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// PutParts is PutMultipart for non-test callers. Each part is buffered in
+// memory, so keep partSize modest.
+func (s *S3) PutParts(ctx context.Context, bucket, key string, body io.Reader, size, partSize int64) error {
+	if partSize <= 0 || size < 0 {
+		return fmt.Errorf("put multipart s3://%s/%s: size %d, part size %d", bucket, key, size, partSize)
+	}
+	c := s.NewClient()
+	up, err := c.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String(bucket), Key: aws.String(key)})
+	if err != nil {
+		return fmt.Errorf("create multipart upload s3://%s/%s: %w", bucket, key, err)
+	}
+	abort := func(err error) error {
+		_, _ = c.AbortMultipartUpload(context.WithoutCancel(ctx), &s3.AbortMultipartUploadInput{
+			Bucket: aws.String(bucket), Key: aws.String(key), UploadId: up.UploadId,
+		})
+		return fmt.Errorf("put multipart s3://%s/%s: %w", bucket, key, err)
+	}
+	var parts []types.CompletedPart
+	buf := make([]byte, partSize)
+	for n, off := int32(1), int64(0); off < size || n == 1; n++ {
+		chunk := buf[:min(partSize, size-off)]
+		if _, err := io.ReadFull(body, chunk); err != nil {
+			return abort(fmt.Errorf("read part %d: %w", n, err))
+		}
+		out, err := c.UploadPart(ctx, &s3.UploadPartInput{
+			Bucket: aws.String(bucket), Key: aws.String(key), UploadId: up.UploadId,
+			PartNumber: aws.Int32(n), Body: bytes.NewReader(chunk), ContentLength: aws.Int64(int64(len(chunk))),
+		})
+		if err != nil {
+			return abort(fmt.Errorf("upload part %d: %w", n, err))
+		}
+		parts = append(parts, types.CompletedPart{ETag: out.ETag, PartNumber: aws.Int32(n)})
+		off += int64(len(chunk))
+		if size == 0 {
+			break
+		}
+	}
+	_, err = c.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
+		Bucket: aws.String(bucket), Key: aws.String(key), UploadId: up.UploadId,
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts},
+	})
+	if err != nil {
+		return abort(fmt.Errorf("complete: %w", err))
+	}
+	return nil
+}
+
+// onlyReader hides Seek and friends so the SDK streams the body once
+// instead of rewinding it to hash it first.
+type onlyReader struct{ r io.Reader }
+
+func (o onlyReader) Read(p []byte) (int, error) { return o.r.Read(p) }
