@@ -11,8 +11,10 @@ package daemon
 
 import (
 	"context"
+
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"maps"
 	"path/filepath"
@@ -21,6 +23,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
 )
@@ -72,7 +75,10 @@ type Daemon struct {
 	store   *nvme.Store
 	origin  Origin
 	metrics *metrics
+	desired *gossip.DesiredState
 	kick    chan struct{}
+	// fleet is nil for a daemon without gossip; set once before Run.
+	fleet Fleet
 
 	mu      sync.Mutex
 	fetches map[string]*fetch
@@ -109,6 +115,16 @@ func New(cfg Config, org Origin) (*Daemon, error) {
 		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, state: st, store: store, origin: org,
 		metrics: newMetrics(), kick: make(chan struct{}, 1), fetches: map[string]*fetch{},
 	}
+	desiredStore, err := gossip.NewBoltStore(st.db, bucketDesired)
+	if err == nil {
+		d.desired, err = gossip.NewDesiredState(context.Background(), desiredStore, gossip.DesiredOptions{
+			NodeName: cfg.NodeName, Now: cfg.Clock, Logger: cfg.Logger.With("component", "desired"),
+		})
+	}
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
 	if err := d.restoreMetrics(); err != nil {
 		d.Close()
 		return nil, err
@@ -131,6 +147,12 @@ func (d *Daemon) restoreMetrics() error {
 	return nil
 }
 
+// Desired is the fleet's desired state, for the gossip layer to share.
+func (d *Daemon) Desired() *gossip.DesiredState { return d.desired }
+
+// Registry is the daemon's Prometheus registry, for other parts to add to.
+func (d *Daemon) Registry() *prometheus.Registry { return d.metrics.reg }
+
 // Close stops every fetch and closes the state and store.
 func (d *Daemon) Close() error {
 	d.mu.Lock()
@@ -146,22 +168,45 @@ func (d *Daemon) Close() error {
 func (d *Daemon) Run(ctx context.Context) error {
 	ticker := time.NewTicker(d.cfg.ReconcileInterval)
 	defer ticker.Stop()
+	progress := time.NewTicker(time.Second)
+	defer progress.Stop()
+	var fleetChanged <-chan struct{}
+	if d.fleet != nil {
+		fleetChanged = d.fleet.OnChange()
+	}
 	for {
 		if err := d.reconcile(ctx); err != nil {
 			d.log.Error("reconcile", "err", err)
 		}
+		if !d.waitForWork(ctx, ticker.C, progress.C, fleetChanged) {
+			break
+		}
+	}
+	d.mu.Lock()
+	for _, f := range d.fetches {
+		f.cancel()
+	}
+	d.mu.Unlock()
+	d.wg.Wait()
+	return nil
+}
+
+// waitForWork blocks until something may need reconciling, publishing
+// download progress to the fleet meanwhile; false means ctx ended.
+func (d *Daemon) waitForWork(ctx context.Context, tick, progress <-chan time.Time, fleetChanged <-chan struct{}) bool {
+	for {
 		select {
 		case <-ctx.Done():
-			d.mu.Lock()
-			for _, f := range d.fetches {
-				f.cancel()
-			}
-			d.mu.Unlock()
-			d.wg.Wait()
-			return nil
-		case <-ticker.C:
+			return false
+		case <-progress:
+			d.publishInventory()
+			continue
+		case <-tick:
 		case <-d.kick:
+		case <-d.desired.Changed():
+		case <-fleetChanged:
 		}
+		return true
 	}
 }
 
@@ -173,27 +218,19 @@ func (d *Daemon) Kick() {
 	}
 }
 
-// targetsThisNode reports whether a spec's targets include this node. Without
-// a fleet, the node is the only member: a selector must match its labels.
-func (d *Daemon) targetsThisNode(s spec.Spec) bool {
-	return s.Targets.Matches(d.cfg.Labels)
-}
-
 func (d *Daemon) reconcile(ctx context.Context) error {
-	desired, err := d.state.desired()
-	if err != nil {
-		return err
-	}
 	recs, err := d.state.records()
 	if err != nil {
 		return err
 	}
 	w := world{records: recs, running: map[string]spec.Spec{}, now: d.now(), resync: d.cfg.ResyncInterval}
-	for _, s := range desired {
-		if s.Kind == spec.KindModel && d.targetsThisNode(s) {
+	targeted := d.targeter()
+	for _, s := range d.desired.List() {
+		if s.Kind == spec.KindModel && targeted(s) {
 			w.desired = append(w.desired, s)
 		}
 	}
+	defer d.publishInventory()
 	d.mu.Lock()
 	for name, f := range d.fetches {
 		w.running[name] = f.spec
@@ -262,39 +299,38 @@ func (d *Daemon) removeCache(name string) error {
 	return nil
 }
 
-// AddCache records a model spec in the desired state.
-func (d *Daemon) AddCache(_ context.Context, s spec.Spec) error {
-	if err := s.Validate(); err != nil {
-		return err
-	}
-	if err := d.state.putDesired(s); err != nil {
+// AddCache records a model spec in the fleet's desired state.
+func (d *Daemon) AddCache(ctx context.Context, s spec.Spec) error {
+	if err := d.desired.Put(ctx, s); err != nil {
 		return err
 	}
 	d.Kick()
 	return nil
 }
 
-// RemoveCache drops a model from the desired state; the loop frees its space.
-func (d *Daemon) RemoveCache(_ context.Context, name string) (bool, error) {
-	found, err := d.state.deleteDesired(spec.Spec{Kind: spec.KindModel, Name: name}.Key())
+// RemoveCache drops a model from the fleet's desired state; every node's
+// loop frees its space.
+func (d *Daemon) RemoveCache(ctx context.Context, name string) (bool, error) {
+	err := d.desired.Delete(ctx, spec.Spec{Kind: spec.KindModel, Name: name}.Key())
+	if errors.Is(err, gossip.ErrNotFound) {
+		return false, nil
+	}
 	if err != nil {
 		return false, err
 	}
 	d.Kick()
-	return found, nil
+	return true, nil
 }
 
 // Caches reports every desired or cached model on this node.
 func (d *Daemon) Caches() ([]api.CacheStatus, error) {
-	desired, err := d.state.desired()
-	if err != nil {
-		return nil, err
-	}
+	desired := d.desired.List()
 	recs, err := d.state.records()
 	if err != nil {
 		return nil, err
 	}
 	byName := map[string]api.CacheStatus{}
+	targeted := d.targeter()
 	for _, s := range desired {
 		if s.Kind != spec.KindModel {
 			continue
@@ -303,16 +339,19 @@ func (d *Daemon) Caches() ([]api.CacheStatus, error) {
 		if !ok || !rec.Spec.Equal(s) && rec.State != api.StateReady {
 			rec = cacheRecord{Spec: s, State: api.StatePending}
 		}
-		byName[s.Name] = d.status(s, rec)
+		byName[s.Name] = d.status(s, rec, targeted(s))
 	}
 	for name, rec := range recs {
 		if _, ok := byName[name]; !ok {
-			byName[name] = d.status(rec.Spec, rec)
+			byName[name] = d.status(rec.Spec, rec, false)
 		}
 	}
 	out := make([]api.CacheStatus, 0, len(byName))
+	members := d.members()
 	for _, name := range slices.Sorted(maps.Keys(byName)) {
-		out = append(out, byName[name])
+		st := byName[name]
+		st.Nodes = nodeStatuses(name, members)
+		out = append(out, st)
 	}
 	return out, nil
 }
@@ -331,7 +370,7 @@ func (d *Daemon) Cache(name string) (api.CacheStatus, bool, error) {
 	return api.CacheStatus{}, false, nil
 }
 
-func (d *Daemon) status(s spec.Spec, rec cacheRecord) api.CacheStatus {
+func (d *Daemon) status(s spec.Spec, rec cacheRecord, targeted bool) api.CacheStatus {
 	st := api.CacheStatus{
 		Name: s.Name, Source: s.Source, Revision: s.Revision, RevisionID: rec.RevisionID, State: rec.State,
 		Files: len(rec.Files), BytesDone: rec.BytesDone, BytesTotal: rec.BytesTotal, Error: rec.Error,
@@ -349,8 +388,8 @@ func (d *Daemon) status(s spec.Spec, rec cacheRecord) api.CacheStatus {
 			st.BytesDone = st.BytesTotal
 		}
 	}
-	if !d.targetsThisNode(s) && rec.State == "" {
-		st.State = "not-targeted"
+	if !targeted && rec.State == api.StatePending {
+		st.State = StateNotTargeted
 	}
 	return st
 }

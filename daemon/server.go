@@ -35,6 +35,10 @@ func (d *Daemon) Handler(token string) http.Handler {
 	mux.HandleFunc("POST /v1/caches", d.handleAddCache)
 	mux.HandleFunc("GET /v1/caches/{name...}", d.handleCache)
 	mux.HandleFunc("DELETE /v1/caches/{name...}", d.handleRemoveCache)
+	mux.HandleFunc("GET /v1/fleet", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, d.Fleet()) })
+	mux.HandleFunc("GET /v1/endpoints", d.handleEndpoints)
+	mux.HandleFunc("POST /v1/endpoints", d.handleAddEndpoint)
+	mux.HandleFunc("DELETE /v1/endpoints", d.handleRemoveEndpoint)
 	if token == "" {
 		return mux
 	}
@@ -118,6 +122,47 @@ func (d *Daemon) handleRemoveCache(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err)
 	case !found:
 		writeError(w, http.StatusNotFound, fmt.Errorf("model %q is not a desired cache", name))
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+func (d *Daemon) handleEndpoints(w http.ResponseWriter, _ *http.Request) {
+	eps, err := d.Endpoints()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, eps)
+}
+
+func (d *Daemon) handleAddEndpoint(w http.ResponseWriter, r *http.Request) {
+	var ep api.Endpoint
+	if err := decodeJSON(w, r, &ep); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	if err := ValidateEndpoint(ep); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	if err := d.AddEndpoint(r.Context(), ep); err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, ep)
+}
+
+// handleRemoveEndpoint takes the URL as a query parameter: it does not fit a
+// path segment.
+func (d *Daemon) handleRemoveEndpoint(w http.ResponseWriter, r *http.Request) {
+	u := r.URL.Query().Get("url")
+	found, err := d.RemoveEndpoint(r.Context(), u)
+	switch {
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err)
+	case !found:
+		writeError(w, http.StatusNotFound, fmt.Errorf("endpoint %q is not registered", u))
 	default:
 		w.WriteHeader(http.StatusNoContent)
 	}

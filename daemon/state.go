@@ -10,15 +10,16 @@ import (
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/spec"
 )
 
 // State schema (bbolt, file <data-dir>/state.db), version 1:
 //
-//	meta     "schema" -> uint64 big-endian schema version
-//	desired  spec.Key() -> JSON spec.Spec           (local desired state; the gossip
-//	                                                 layer keeps the fleet's own records)
-//	caches   model name -> JSON cacheRecord          (what this node has or is fetching)
+//	meta      "schema" -> uint64 big-endian schema version
+//	desired   the fleet's desired state, owned by gossip.BoltStore (LWW records)
+//	caches    model name -> JSON cacheRecord          (what this node has or is fetching)
+//	endpoints URL -> JSON api.Endpoint                (inference endpoints on this node)
 //	parts    name \x00 revision \x00 file path -> bitmap of the file's completed
 //	         download parts (bit i = part i of partSize bytes), so a restart
 //	         resumes without fetching finished ranges again
@@ -26,17 +27,18 @@ import (
 // Migrations run in order at open; each upgrades the schema by one version in
 // a single transaction, so a crash mid-migration leaves the old version.
 var (
-	bucketMeta    = []byte("meta")
-	bucketDesired = []byte("desired")
-	bucketCaches  = []byte("caches")
-	bucketParts   = []byte("parts")
-	keySchema     = []byte("schema")
+	bucketMeta      = []byte("meta")
+	bucketDesired   = "desired"
+	bucketCaches    = []byte("caches")
+	bucketEndpoints = []byte("endpoints")
+	bucketParts     = []byte("parts")
+	keySchema       = []byte("schema")
 )
 
 // migrations[i] upgrades schema version i to i+1.
 var migrations = []func(tx *bolt.Tx) error{
 	func(tx *bolt.Tx) error { // 0 -> 1: initial buckets
-		for _, b := range [][]byte{bucketDesired, bucketCaches, bucketParts} {
+		for _, b := range [][]byte{bucketCaches, bucketParts, bucketEndpoints} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -216,29 +218,29 @@ func (s *state) putParts(name, revision, path string, bm bitmap) error {
 	})
 }
 
-func (s *state) desired() ([]spec.Spec, error) {
-	var out []spec.Spec
+func (s *state) endpoints() ([]api.Endpoint, error) {
+	var out []api.Endpoint
 	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketDesired).ForEach(func(k, v []byte) error {
-			var sp spec.Spec
-			if err := json.Unmarshal(v, &sp); err != nil {
-				return fmt.Errorf("desired spec %q: %w", k, err)
+		return tx.Bucket(bucketEndpoints).ForEach(func(k, v []byte) error {
+			var ep api.Endpoint
+			if err := json.Unmarshal(v, &ep); err != nil {
+				return fmt.Errorf("endpoint %q: %w", k, err)
 			}
-			out = append(out, sp)
+			out = append(out, ep)
 			return nil
 		})
 	})
 	return out, err
 }
 
-func (s *state) putDesired(sp spec.Spec) error { return s.putJSON(bucketDesired, sp.Key(), sp) }
+func (s *state) putEndpoint(ep api.Endpoint) error { return s.putJSON(bucketEndpoints, ep.URL, ep) }
 
-func (s *state) deleteDesired(key string) (bool, error) {
+func (s *state) deleteEndpoint(url string) (bool, error) {
 	var found bool
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketDesired)
-		found = b.Get([]byte(key)) != nil
-		return b.Delete([]byte(key))
+		b := tx.Bucket(bucketEndpoints)
+		found = b.Get([]byte(url)) != nil
+		return b.Delete([]byte(url))
 	})
 	return found, err
 }

@@ -125,6 +125,30 @@ func (c *Client) RemoveCache(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/caches/"+escapeName(name), nil, nil)
 }
 
+// Fleet returns the daemon's view of the fleet.
+func (c *Client) Fleet(ctx context.Context) (Fleet, error) {
+	var f Fleet
+	err := c.do(ctx, http.MethodGet, "/v1/fleet", nil, &f)
+	return f, err
+}
+
+// AddEndpoint registers an inference endpoint on the daemon's node.
+func (c *Client) AddEndpoint(ctx context.Context, ep Endpoint) error {
+	return c.do(ctx, http.MethodPost, "/v1/endpoints", ep, nil)
+}
+
+// Endpoints lists the endpoints registered on the daemon's node.
+func (c *Client) Endpoints(ctx context.Context) ([]Endpoint, error) {
+	var eps []Endpoint
+	err := c.do(ctx, http.MethodGet, "/v1/endpoints", nil, &eps)
+	return eps, err
+}
+
+// RemoveEndpoint unregisters an endpoint.
+func (c *Client) RemoveEndpoint(ctx context.Context, endpointURL string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/endpoints?url="+url.QueryEscape(endpointURL), nil, nil)
+}
+
 // Node describes the daemon.
 func (c *Client) Node(ctx context.Context) (NodeInfo, error) {
 	var n NodeInfo

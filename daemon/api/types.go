@@ -84,3 +84,47 @@ type NodeInfo struct {
 type Error struct {
 	Error string `json:"error"`
 }
+
+// Endpoint is an inference server running on a node, registered so routers
+// can find it (POST /v1/endpoints).
+type Endpoint struct {
+	Model string `json:"model"`
+	URL   string `json:"url"`
+}
+
+// Member is one fleet member as the daemon sees it (GET /v1/fleet).
+type Member struct {
+	Name       string                 `json:"name"`
+	Addr       string                 `json:"addr"`
+	State      string                 `json:"state"`
+	Role       string                 `json:"role"`
+	Self       bool                   `json:"self,omitempty"`
+	Labels     map[string]string      `json:"labels,omitempty"`
+	Zone       string                 `json:"zone,omitempty"`
+	Version    string                 `json:"version,omitempty"`
+	APIAddr    string                 `json:"api_addr,omitempty"`
+	PeerAddr   string                 `json:"peer_addr,omitempty"`
+	Models     map[string]MemberModel `json:"models,omitempty"`
+	Images     map[string]MemberModel `json:"images,omitempty"`
+	Endpoints  []Endpoint             `json:"endpoints,omitempty"`
+	FreeBytes  int64                  `json:"free_bytes,omitempty"`
+	TotalBytes int64                  `json:"total_bytes,omitempty"`
+	// InventoryVersion and LastUpdate say how fresh this view is.
+	InventoryVersion uint64    `json:"inventory_version,omitempty"`
+	LastUpdate       time.Time `json:"last_update,omitzero"`
+}
+
+// MemberModel is a cached item on a member.
+type MemberModel struct {
+	Revision   string `json:"revision,omitempty"`
+	State      string `json:"state"`
+	BytesDone  int64  `json:"bytes_done,omitempty"`
+	BytesTotal int64  `json:"bytes_total,omitempty"`
+}
+
+// Fleet is the daemon's view of the fleet.
+type Fleet struct {
+	// Clustered is false for a daemon running without gossip.
+	Clustered bool     `json:"clustered"`
+	Members   []Member `json:"members"`
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon"
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/spec"
 )
@@ -34,6 +35,12 @@ type daemonFlags struct {
 	resync          time.Duration
 	logLevel        string
 	logFormat       string
+	gossipAddr      string
+	advertise       string
+	join            listFlag
+	clusterKeyFile  string
+	insecureGossip  bool
+	zone            string
 }
 
 func (f *daemonFlags) register(fs *flagSet) {
@@ -51,6 +58,12 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.IntVar(&f.s3Concurrency, "s3-concurrency", s3origin.DefaultConcurrency, "parallel ranged GETs per file")
 	fs.IntVar(&f.fileConcurrency, "file-concurrency", 2, "files of one model downloaded at once")
 	fs.DurationVar(&f.resync, "resync-interval", 10*time.Minute, "how often a ready cache re-lists its source to notice changes (0 = never)")
+	fs.StringVar(&f.gossipAddr, "gossip", "", "gossip bind address ip:port; empty runs the node alone")
+	fs.StringVar(&f.advertise, "advertise", "", "gossip address other members should use, if not --gossip")
+	fs.Var(&f.join, "join", "members to join, host:port (repeatable or comma-separated)")
+	fs.StringVar(&f.clusterKeyFile, "cluster-key-file", "", "file with the cluster key(s), base64 of 32 bytes (warmfleet keygen)")
+	fs.BoolVar(&f.insecureGossip, "insecure-gossip", false, "DEV ONLY: gossip without encryption or authentication")
+	fs.StringVar(&f.zone, "zone", "", "this node's zone, shown to the fleet")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 }
@@ -110,6 +123,20 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		return err
 	}
 	defer d.Close()
+	if f.gossipAddr != "" {
+		node, err := startGossip(ctx, log, f, labels, addr, d)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			leaveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := node.Close(leaveCtx); err != nil {
+				log.Warn("leave the fleet", "err", err)
+			}
+		}()
+		d.SetFleet(node)
+	}
 
 	ln, err := daemon.Listen(ctx, addr, token)
 	if err != nil {
@@ -141,6 +168,33 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	err = errors.Join(err, <-runErr)
 	log.Info("warmfleet daemon stopped")
 	return err
+}
+
+// startGossip makes the daemon a fleet member.
+func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, apiAddr api.Addr, d *daemon.Daemon) (*gossip.Node, error) {
+	var keys [][]byte
+	switch {
+	case f.clusterKeyFile != "" && f.insecureGossip:
+		return nil, usageError("--cluster-key-file and --insecure-gossip exclude each other")
+	case f.clusterKeyFile != "":
+		var err error
+		if keys, err = gossip.LoadKeyFile(f.clusterKeyFile); err != nil {
+			return nil, usageError("%v", err)
+		}
+	case !f.insecureGossip:
+		return nil, usageError("gossip needs --cluster-key-file (warmfleet keygen writes one), or --insecure-gossip for development")
+	default:
+		log.Warn("gossip runs WITHOUT encryption or authentication (--insecure-gossip)")
+	}
+	meta := gossip.Meta{Zone: f.zone, Version: Version()}
+	if apiAddr.Network == "tcp" {
+		meta.APIAddr = apiAddr.Address
+	}
+	return gossip.Start(ctx, gossip.Config{
+		NodeName: f.nodeName, BindAddr: f.gossipAddr, AdvertiseAddr: f.advertise, Join: f.join,
+		Keyring: keys, Insecure: f.insecureGossip, Labels: labels, Role: gossip.RoleNode, Meta: meta,
+		Desired: d.Desired(), Logger: log.With("component", "gossip"), Registerer: d.Registry(),
+	})
 }
 
 // parseWithConfig parses args once to find --config, then again with the

@@ -10,12 +10,9 @@ import (
 
 var errNotYet = errors.New("not built yet")
 
-func runFleet(context.Context, *Env, []string) error       { return errNotYet }
 func runImage(context.Context, *Env, []string) error       { return errNotYet }
-func runEndpoint(context.Context, *Env, []string) error    { return errNotYet }
-func runKeygen(context.Context, *Env, []string) error      { return errNotYet }
-func runBenchS3(context.Context, *Env, []string) error     { return errNotYet }
 func runRouter(context.Context, *Env, []string) error      { return errNotYet }
 func runLLMSim(context.Context, *Env, []string) error      { return errNotYet }
+func runKeygen(context.Context, *Env, []string) error      { return errNotYet }
+func runBenchS3(context.Context, *Env, []string) error     { return errNotYet }
 func runBenchRouter(context.Context, *Env, []string) error { return errNotYet }
-func runBenchFleet(context.Context, *Env, []string) error  { return errNotYet }

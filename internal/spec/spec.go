@@ -77,9 +77,7 @@ func (s Spec) Validate() error {
 	var errs []error
 	switch s.Kind {
 	case KindModel:
-		if !modelNameRE.MatchString(s.Name) || strings.Contains(s.Name, "..") || strings.Contains(s.Name, "--") {
-			errs = append(errs, fmt.Errorf("model name %q: want letters, digits, '.', '_', '-', at most one '/', no '..' or '--'", s.Name))
-		}
+		errs = append(errs, ValidateModelName(s.Name))
 		if s.Source == "" {
 			errs = append(errs, errors.New("model source is required (s3://bucket/prefix/)"))
 		} else if _, err := ParseS3URL(s.Source); err != nil {
@@ -122,6 +120,14 @@ func (t Targets) validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ValidateModelName checks a model name: "model" or "org/model".
+func ValidateModelName(name string) error {
+	if !modelNameRE.MatchString(name) || strings.Contains(name, "..") || strings.Contains(name, "--") {
+		return fmt.Errorf("model name %q: want letters, digits, '.', '_', '-', at most one '/', no '..' or '--'", name)
+	}
+	return nil
 }
 
 // ValidateLabel checks one node label or selector pair.

@@ -153,10 +153,11 @@ func startVersitygw(ctx context.Context, bin, dir, addr string) (*S3, func() err
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			select {
 			case <-exited:
-			case <-time.After(5 * time.Second):
+			case <-time.After(2 * time.Second):
+				// versitygw waits for clients' idle keep-alive connections;
+				// a test fixture need not shut down gracefully.
 				_ = cmd.Process.Kill()
 				<-exited
-				stopErr = fmt.Errorf("versitygw on %s ignored SIGTERM for 5s; killed", addr)
 			}
 		})
 		return stopErr

@@ -1,0 +1,187 @@
+package gossip
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// convergenceWatch counts, for one inventory change, the members that
+// accepted it, and when the last one did.
+type convergenceWatch struct {
+	mu      sync.Mutex
+	node    string
+	version uint64
+	seen    map[string]bool
+	need    int
+	last    time.Time
+	done    chan struct{}
+}
+
+func (w *convergenceWatch) arm(node string, version uint64, need int) {
+	w.mu.Lock()
+	w.node, w.version, w.need = node, version, need
+	w.seen = make(map[string]bool, need)
+	w.done = make(chan struct{})
+	w.mu.Unlock()
+}
+
+func (w *convergenceWatch) observe(at, node string, version uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done == nil || node != w.node || version < w.version || w.seen[at] {
+		return
+	}
+	w.seen[at] = true
+	if len(w.seen) == w.need {
+		w.last = time.Now()
+		close(w.done)
+	}
+}
+
+// BenchmarkConvergence256 starts 256 members on memberlist's in-memory
+// network (encrypted, as in production), then changes one member's
+// inventory at a time and measures how long until every other member holds
+// the change. Then it leaves the fleet idle and measures gossip bytes and
+// process CPU per member. The cluster takes a while to build, so the figures
+// come from one run of GOSSIP_BENCH_CHANGES changes, not from b.N:
+//
+//	go test -run XXX -bench Convergence256 -benchtime 1x ./gossip/
+//
+// "memberlist-lan" runs memberlist's DefaultLANConfig timings as the
+// baseline.
+func BenchmarkConvergence256(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		tun  Tuning
+	}{
+		{"warmfleet", Tuning{}},
+		{"memberlist-lan", Tuning{GossipInterval: 200 * time.Millisecond, GossipNodes: 3, RetransmitMult: 4, PushPullInterval: 30 * time.Second}},
+	} {
+		b.Run(tc.name, func(b *testing.B) { benchConvergence(b, tc.tun) })
+	}
+}
+
+func benchConvergence(b *testing.B, tun Tuning) {
+	nodes := envInt("GOSSIP_BENCH_NODES", 256)
+	changes := envInt("GOSSIP_BENCH_CHANGES", 100)
+	idle := time.Duration(envInt("GOSSIP_BENCH_IDLE_SECONDS", 20)) * time.Second
+	names := make([]string, nodes)
+	for i := range names {
+		names[i] = fmt.Sprintf("node-%03d", i)
+	}
+	c := newMockCluster(b, names...)
+	c.tun = tun
+	watch := &convergenceWatch{}
+	members := make([]*Node, nodes)
+	setup := time.Now()
+	for i, name := range names {
+		members[i] = c.start(name, func(cfg *Config) {
+			if i > 0 {
+				cfg.Join = []string{c.addr(names[0])}
+			}
+			cfg.Labels = map[string]string{"zone": fmt.Sprintf("z%d", i%4)}
+		})
+		n := members[i]
+		n.mu.Lock()
+		n.onInventory = func(node string, version uint64) { watch.observe(name, node, version) }
+		n.mu.Unlock()
+	}
+	for _, n := range members {
+		deadline := time.Now().Add(5 * time.Minute)
+		for n.alive.Load() < int64(nodes) {
+			if time.Now().After(deadline) {
+				b.Fatalf("%s sees %d of %d members after setup", n.LocalName(), n.alive.Load(), nodes)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	b.Logf("%d members up and mutually known after %v", nodes, time.Since(setup).Round(time.Millisecond))
+	time.Sleep(3 * time.Second) // let join traffic settle
+
+	b.ResetTimer()
+	var lat []time.Duration
+	timeouts := 0
+	for i := range changes {
+		origin := members[(i*37)%nodes]
+		inv := Inventory{Models: map[string]ModelInventory{
+			"llama-3-8b":               {Revision: "r1", State: StateReady, BytesDone: 16 << 30, BytesTotal: 16 << 30, Path: "/nvme/llama-3-8b"},
+			fmt.Sprintf("model-%d", i): {State: StateDownloading, BytesTotal: 1 << 30},
+		}, DiskFreeBytes: 1 << 40, DiskTotalBytes: 2 << 40}
+		origin.mu.Lock()
+		next := origin.lastVersion + 1
+		origin.mu.Unlock()
+		watch.arm(origin.LocalName(), next, nodes-1)
+		start := time.Now()
+		if err := origin.SetLocalInventory(inv); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-watch.done:
+			watch.mu.Lock()
+			lat = append(lat, watch.last.Sub(start))
+			watch.mu.Unlock()
+		case <-time.After(10 * time.Second):
+			timeouts++
+			watch.mu.Lock()
+			b.Logf("change %d: %d of %d members after 10s", i, len(watch.seen), nodes-1)
+			watch.mu.Unlock()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	pct := func(p float64) time.Duration {
+		if len(lat) == 0 {
+			return 0
+		}
+		return lat[min(len(lat)-1, int(p*float64(len(lat))))]
+	}
+	b.ReportMetric(float64(pct(0.50).Milliseconds()), "p50-ms")
+	b.ReportMetric(float64(pct(0.99).Milliseconds()), "p99-ms")
+	b.ReportMetric(float64(pct(1).Milliseconds()), "max-ms")
+	b.ReportMetric(float64(timeouts), "timeouts")
+
+	// Idle: nothing changes; probes, gossip ticks and push/pull go on.
+	time.Sleep(2 * time.Second)
+	sent := func() uint64 {
+		var s uint64
+		for _, n := range members {
+			s += n.tr.packetSent.Load() + n.tr.streamSent.Load()
+		}
+		return s
+	}
+	s0, c0, t0 := sent(), cpuTime(), time.Now()
+	time.Sleep(idle)
+	s1, c1, wall := sent(), cpuTime(), time.Since(t0)
+	b.ReportMetric(float64(s1-s0)/float64(nodes)/wall.Seconds(), "idle-B/s/node")
+	b.ReportMetric(float64((c1-c0).Microseconds())/1000/float64(nodes)/wall.Seconds(), "idle-cpu-ms/s/node")
+	drops := uint64(0)
+	for _, n := range members {
+		drops += n.tr.packetDrops.Load()
+	}
+	b.ReportMetric(float64(drops), "rx-overflow-drops")
+	_ = memberlist.MetaMaxSize
+	_ = context.Background
+}

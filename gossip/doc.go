@@ -1,0 +1,16 @@
+// Package gossip keeps the fleet's shared view without a central server:
+// membership (hashicorp/memberlist), each node's cache inventory, and the
+// fleet-wide desired state (cache specs).
+//
+// Desired state is a last-writer-wins map keyed by spec key, ordered by a
+// hybrid logical clock; deletes are tombstones that expire after a TTL. It
+// works on its own (a single daemon without gossip keeps its specs in bbolt)
+// and, when a Node is started with it, travels in broadcasts and push/pull.
+//
+// Inventory is owned by each node and versioned by that node alone, so merges
+// keep the highest version per node. Small records ride memberlist broadcasts;
+// a record too big for one packet is announced by a version bump and fetched
+// over a reliable stream. Push/pull anti-entropy carries the desired state,
+// the sender's own inventory and a digest of every inventory version it holds,
+// and the receiver fetches what it lacks.
+package gossip

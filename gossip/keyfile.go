@@ -1,0 +1,77 @@
+package gossip
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// KeySize is the cluster key length: AES-256-GCM.
+const KeySize = 32
+
+// GenerateKey returns a new random cluster key.
+func GenerateKey() ([]byte, error) {
+	k := make([]byte, KeySize)
+	if _, err := rand.Read(k); err != nil {
+		return nil, fmt.Errorf("generate cluster key: %w", err)
+	}
+	return k, nil
+}
+
+// EncodeKey returns the key file form of a key: standard base64.
+func EncodeKey(k []byte) string { return base64.StdEncoding.EncodeToString(k) }
+
+// ParseKey decodes one base64 cluster key.
+func ParseKey(s string) ([]byte, error) {
+	k, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
+	if err != nil {
+		return nil, fmt.Errorf("cluster key is not base64: %w", err)
+	}
+	if len(k) != KeySize {
+		return nil, fmt.Errorf("cluster key is %d bytes, want %d (write one with `warmfleet keygen`)", len(k), KeySize)
+	}
+	return k, nil
+}
+
+// LoadKeyFile reads a cluster key file: one base64 key per line, the first
+// being the key used to encrypt, the others accepted for decryption (which is
+// how a rotation survives a restart: install the new key on every node, then
+// make it first, then remove the old line). Blank lines and lines starting
+// with '#' are ignored. The file must not be readable by group or others.
+func LoadKeyFile(path string) ([][]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("cluster key file: %w", err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("cluster key file %s has mode %v: it must be private (chmod 600)", path, st.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("cluster key file: %w", err)
+	}
+	var keys [][]byte
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for line := 1; sc.Scan(); line++ {
+		s := strings.TrimSpace(sc.Text())
+		if s == "" || strings.HasPrefix(s, "#") {
+			continue
+		}
+		k, err := ParseKey(s)
+		if err != nil {
+			return nil, fmt.Errorf("cluster key file %s line %d: %w", path, line, err)
+		}
+		keys = append(keys, k)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("cluster key file %s: %w", path, err)
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("cluster key file %s holds no key", path)
+	}
+	return keys, nil
+}

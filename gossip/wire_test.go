@@ -1,0 +1,205 @@
+package gossip
+
+import (
+	"bytes"
+	"compress/flate"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/warmfleet/warmfleet/internal/spec"
+)
+
+func TestFrameRoundTripAndLimits(t *testing.T) {
+	s := modelSpec("m")
+	msgs := []struct {
+		t msgType
+		v any
+	}{
+		{msgSpecs, specsMsg{Records: []Record{{Key: s.Key(), TS: Timestamp{Wall: 1, Node: "a"}, Spec: &s}}}},
+		{msgInventory, invRecord{Node: "a", Version: 1, Inv: &Inventory{DiskFreeBytes: 1}}},
+		{msgWant, wantMsg{From: "a", Nodes: []string{"b"}}},
+		{msgState, stateMsg{From: "a", Digest: map[string]uint64{"a": 1, strings.Repeat("n", 100): 2}}},
+	}
+	for _, m := range msgs {
+		b, err := encodeMsg(m.t, m.v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _, err := decodeFrame(b, maxStreamPayload)
+		if err != nil || got != m.t {
+			t.Fatalf("%s: decoded type %s err %v", m.t, got, err)
+		}
+	}
+	// A compression bomb is refused, not inflated.
+	var buf bytes.Buffer
+	buf.Write([]byte{wireVersion, byte(msgState), encFlate})
+	w, _ := flate.NewWriter(&buf, flate.BestSpeed)
+	_, _ = w.Write(bytes.Repeat([]byte(" "), maxPacketPayload+10))
+	_ = w.Close()
+	if _, _, err := decodeFrame(buf.Bytes(), maxPacketPayload); !errors.Is(err, errOversize) {
+		t.Fatalf("bomb of %d bytes: err = %v, want oversize", buf.Len(), err)
+	}
+}
+
+func TestMetaLimits(t *testing.T) {
+	b, err := encodeMeta(RoleNode, Meta{APIAddr: "10.0.0.1:7070", PeerAddr: "10.0.0.1:6881", Zone: "us-east-1a", Version: "v1.2.3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	role, m, err := decodeMeta(b)
+	if err != nil || role != RoleNode || m.Zone != "us-east-1a" {
+		t.Fatalf("round trip: %v %+v %v", role, m, err)
+	}
+	long := strings.Repeat("x", 150)
+	if _, err := encodeMeta(RoleNode, Meta{APIAddr: long, PeerAddr: long, Zone: long, Version: long}); err == nil || !strings.Contains(err.Error(), "512") {
+		t.Fatalf("oversized metadata: err = %v", err)
+	}
+	if _, _, err := decodeMeta(make([]byte, memberlist.MetaMaxSize+1)); err == nil {
+		t.Fatal("decoded oversized metadata")
+	}
+}
+
+func TestKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	k1, _ := GenerateKey()
+	k2, _ := GenerateKey()
+	write := func(name, content string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	p := write("ok", "# cluster key\n"+EncodeKey(k1)+"\n\n"+EncodeKey(k2)+"\n", 0o600)
+	keys, err := LoadKeyFile(p)
+	if err != nil || len(keys) != 2 || !bytes.Equal(keys[0], k1) || !bytes.Equal(keys[1], k2) {
+		t.Fatalf("LoadKeyFile = %d keys, %v", len(keys), err)
+	}
+	for _, tc := range []struct{ name, content, want string }{
+		{"empty", "# nothing\n", "no key"},
+		{"short", EncodeKey(k1[:16]), "16 bytes"},
+		{"not base64", "!!!", "base64"},
+	} {
+		if _, err := LoadKeyFile(write(tc.name, tc.content, 0o600)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := LoadKeyFile(write("public", EncodeKey(k1), 0o644)); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("world-readable key file: err = %v", err)
+	}
+	if _, err := LoadKeyFile(filepath.Join(dir, "missing")); err == nil {
+		t.Error("missing file accepted")
+	}
+}
+
+// fuzzNode is a Node that is not started: enough to run the message and
+// state handlers, which is where peer bytes enter.
+func fuzzNode(t testing.TB) *Node {
+	n := &Node{
+		cfg:     Config{NodeName: "self"},
+		tun:     Tuning{}.withDefaults(),
+		log:     testLogger(t),
+		now:     newTestClock().Now,
+		changed: make(chan struct{}, 1),
+		jobs:    make(chan job, 16),
+		peers:   map[string]*peer{"a": {state: MemberAlive}, "b": {state: MemberAlive}},
+		wants:   map[string]wantMark{},
+		desired: newDesired(t, openDB(t), "self", newTestClock().Now),
+	}
+	n.met = newNodeMetrics(n)
+	n.queue = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return 3 }, RetransmitMult: 3}
+	n.self = invRecord{Node: "self", Version: 1, Inv: &Inventory{}}
+	return n
+}
+
+func fuzzSeeds(f *testing.F) {
+	s := modelSpec("m")
+	img := spec.Spec{Kind: spec.KindImage, Name: "vllm/vllm:0.6", Owner: "team/a"}
+	ts := Timestamp{Wall: newTestClock().Now().UnixMilli(), Node: "a"}
+	for _, m := range []struct {
+		t msgType
+		v any
+	}{
+		{msgSpecs, specsMsg{Records: []Record{{Key: s.Key(), TS: ts, Spec: &s}, {Key: img.Key(), TS: ts}}}},
+		{msgInventory, invRecord{Node: "a", Version: 5, Inv: &Inventory{Models: map[string]ModelInventory{"m": {State: StateReady}}}}},
+		{msgInventory, invRecord{Node: "b", Version: 7}},
+		{msgWant, wantMsg{From: "a", Nodes: []string{"self", "b"}}},
+		{msgInventories, inventoriesMsg{Records: []invRecord{{Node: "b", Version: 9, Inv: &Inventory{DiskFreeBytes: 3}}}}},
+		{msgBye, byeMsg{Node: "a"}},
+		{msgState, stateMsg{From: "a", Desired: true, Synced: true, Records: []Record{{Key: s.Key(), TS: ts, Spec: &s}},
+			Digest: map[string]uint64{"b": 12, "a": 3}, Self: &invRecord{Node: "a", Version: 3, Inv: &Inventory{}}}},
+	} {
+		b, err := encodeMsg(m.t, m.v)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{1, 1, 1, 0xff, 0xff})
+}
+
+// FuzzHandleMessage feeds arbitrary bytes to the NotifyMsg path.
+func FuzzHandleMessage(f *testing.F) {
+	fuzzSeeds(f)
+	n := fuzzNode(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n.handleMessage(b)
+		for len(n.jobs) > 0 {
+			<-n.jobs
+		}
+	})
+}
+
+// FuzzMergeState feeds arbitrary bytes to the push/pull merge path.
+func FuzzMergeState(f *testing.F) {
+	fuzzSeeds(f)
+	n := fuzzNode(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n.mergeState(b)
+		for len(n.jobs) > 0 {
+			<-n.jobs
+		}
+		if _, err := n.desired.snapshot(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// FuzzDecodeMeta feeds arbitrary node metadata.
+func FuzzDecodeMeta(f *testing.F) {
+	b, _ := encodeMeta(RoleRouter, Meta{APIAddr: "h:1", Zone: "z"})
+	f.Add(b)
+	f.Add([]byte(`{"r":"node","a":1}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		role, m, err := decodeMeta(b)
+		if err != nil {
+			return
+		}
+		again, err := encodeMeta(role, m)
+		if err != nil {
+			t.Fatalf("decoded metadata does not encode: %v", err)
+		}
+		if r2, m2, err := decodeMeta(again); err != nil || r2 != role || m2 != m {
+			t.Fatalf("round trip changed %v %+v into %v %+v (%v)", role, m, r2, m2, err)
+		}
+	})
+}
+
+// FuzzParseKey feeds arbitrary key file lines.
+func FuzzParseKey(f *testing.F) {
+	k, _ := GenerateKey()
+	f.Add(EncodeKey(k))
+	f.Add("====")
+	f.Fuzz(func(t *testing.T, s string) {
+		k, err := ParseKey(s)
+		if err == nil && len(k) != KeySize {
+			t.Fatalf("ParseKey(%q) gave %d bytes", s, len(k))
+		}
+	})
+}

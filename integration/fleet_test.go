@@ -1,0 +1,170 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/integration/fleetbench"
+	"github.com/warmfleet/warmfleet/integration/netlab"
+	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
+	"github.com/warmfleet/warmfleet/internal/testenv"
+)
+
+// warmfleetBin builds the warmfleet binary once per test binary and checks
+// that it has the daemon and cache commands.
+func warmfleetBin(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(binDir, "warmfleet")
+	if _, err := exec.LookPath(bin); err != nil {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+		defer cancel()
+		if bin, err = netlabtest.BuildWarmfleet(ctx, binDir, raceEnabled); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, args := range [][]string{{"daemon", "--help"}, {"cache", "add", "--help"}, {"cache", "status", "--help"}} {
+		if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+			t.Fatalf("warmfleet %v: %v\n%s", args, err, out)
+		}
+	}
+	return bin
+}
+
+// TestFleetNaiveCache runs a daemon on each of three hosts and caches the
+// same model on all of them from the S3 host over shaped links. Without the
+// swarm every host pulls the whole model from S3.
+func TestFleetNaiveCache(t *testing.T) {
+	const link = 200 * netlab.Mbit
+	lab := netlabtest.New(t, netlab.Options{Hosts: 3, Link: link, S3: true})
+	bin := warmfleetBin(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+
+	model, err := lab.S3().SeedModel(ctx, "models", "tiny/", 2, 6<<20, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemons := make([]*netlab.Daemon, len(lab.Hosts()))
+	for i, h := range lab.Hosts() {
+		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: bin, Env: lab.S3().Env(), Args: []string{"--reserve", "0", "--reserve-fraction", "0"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		daemons[i] = d
+	}
+
+	start := time.Now()
+	var wg sync.WaitGroup
+	readyAfter := make([]time.Duration, len(daemons))
+	errs := make([]error, len(daemons))
+	for i, d := range daemons {
+		wg.Go(func() {
+			st, err := d.CacheAdd(ctx, "tiny", model.Source())
+			readyAfter[i] = time.Since(start)
+			switch {
+			case err != nil:
+				errs[i] = err
+			case !st.Ready || st.Path == "":
+				errs[i] = errors.New("cache add --wait returned a status that is not ready: " + st.State)
+			default:
+				errs[i] = model.Verify(st.Path)
+			}
+		})
+	}
+	wg.Wait()
+	warm := time.Since(start)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("%s: %v\nlog:\n%s", daemons[i].Host().Name, err, daemons[i].Log())
+		}
+	}
+	if t.Failed() {
+		return
+	}
+
+	size := float64(model.Size())
+	for i, d := range daemons {
+		st, err := d.CacheStatus(ctx, "tiny")
+		if err != nil || !st.Ready {
+			t.Errorf("%s: cache status %+v, %v; want ready", d.Host().Name, st, err)
+		}
+		s3Bytes, found, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
+		if err != nil || !found {
+			t.Fatalf("%s: warmfleet_s3_bytes_total: found %v, %v", d.Host().Name, found, err)
+		}
+		ps, err := d.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: ready after %v, %.0f bytes from S3 (%.2fx the model), peak RSS %.1f MiB, CPU %v",
+			d.Host().Name, readyAfter[i].Round(time.Millisecond), s3Bytes, s3Bytes/size, float64(ps.PeakRSS)/(1<<20), ps.CPU)
+		// Naive mode: each host reads the model from S3 once; retries may
+		// add a little, a missing byte would be a bug.
+		if s3Bytes < size || s3Bytes > 1.25*size {
+			t.Errorf("%s read %.0f bytes from S3 for a %.0f-byte model, want about one copy", d.Host().Name, s3Bytes, size)
+		}
+	}
+	// A crashed daemon comes back with its cache still ready.
+	d0 := daemons[0]
+	if err := d0.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d0.Restart(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := d0.CacheStatus(ctx, "tiny"); err != nil || !st.Ready {
+		t.Errorf("h0 after a crash and restart: cache status %+v, %v; want ready", st, err)
+	} else if err := model.Verify(st.Path); err != nil {
+		t.Errorf("h0 after a crash and restart: %v", err)
+	}
+
+	lower := time.Duration(float64(len(daemons)) * size * 8 / float64(link) * float64(time.Second))
+	t.Logf("fleet of %d warm after %v; the S3 link's lower bound for %d naive copies is %v",
+		len(daemons), warm.Round(time.Millisecond), len(daemons), lower.Round(time.Millisecond))
+}
+
+// TestFleetBenchSmall runs the fleet benchmark end to end on a tiny fleet
+// and checks the shape of its result, not its timings.
+func TestFleetBenchSmall(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := warmfleetBin(t)
+	const hosts, size = 2, 4 << 20
+	res, err := fleetbench.Run(t.Context(), fleetbench.Options{
+		Hosts: hosts, Link: 200 * netlab.Mbit, ModelSize: size, Files: 2, Runs: 1,
+		Bin: bin, Versitygw: testenv.Bin(t, "versitygw"), Dir: t.TempDir(),
+		DaemonArgs:  []string{"--reserve", "0", "--reserve-fraction", "0"},
+		SampleEvery: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf strings.Builder
+	if err := res.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("bench fleet:\n%s", buf.String())
+	var svg strings.Builder
+	if err := res.WriteSVG(&svg); err != nil {
+		t.Errorf("timeline plot: %v", err)
+	}
+	if res.WarmSeconds != nil || res.Modes[0].Available {
+		t.Errorf("swarm reported as measured (%v) though the daemon has none", res.WarmSeconds)
+	}
+	if res.NaiveWarmSeconds <= 0 || res.NaiveLowerBoundSeconds <= 0 {
+		t.Errorf("naive warm %v s, lower bound %v s; want both positive", res.NaiveWarmSeconds, res.NaiveLowerBoundSeconds)
+	}
+	// Naive: every host reads the whole model from S3.
+	if r := res.NaiveS3EgressRatio; r < hosts || r > 1.25*hosts {
+		t.Errorf("naive S3 egress ratio %.2f, want about %d", r, hosts)
+	}
+	naive := res.Modes[len(res.Modes)-1]
+	if len(naive.Hosts) != hosts || naive.PeakRSSBytes <= 0 {
+		t.Errorf("naive mode %+v, want %d hosts with a peak RSS", naive, hosts)
+	}
+}

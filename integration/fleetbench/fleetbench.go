@@ -1,0 +1,418 @@
+// Package fleetbench measures how fast a fleet of warmfleet daemons gets
+// warm: it builds a netlab topology (N hosts and an S3 host on shaped
+// links), seeds a model into S3, starts a daemon per host, caches the model
+// on every host at once and reports per-host and fleet figures against the
+// link-rate lower bound. The naive mode (every host from S3) runs in the
+// same run as the baseline. It backs `warmfleet bench fleet` and needs root.
+package fleetbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/warmfleet/warmfleet/integration/netlab"
+)
+
+// Options configure a fleet benchmark.
+type Options struct {
+	Hosts     int
+	Link      netlab.Rate // every host's link, both directions
+	S3Link    netlab.Rate // the S3 host's link; zero means Link
+	ModelSize int64
+	Files     int
+	// Runs per mode; the figures are medians. Default 1.
+	Runs int
+	// Bin is the warmfleet binary the hosts run.
+	Bin string
+	// Versitygw is the S3 server binary; default from PATH.
+	Versitygw string
+	// DaemonArgs go to every daemon in every mode.
+	DaemonArgs []string
+	// SwarmArgs turn the daemon's peer-to-peer swarm on. Nil means the
+	// daemon has no swarm yet: the swarm mode is reported as unavailable.
+	SwarmArgs []string
+	// NaiveArgs make the daemon fetch from S3 only (the baseline).
+	NaiveArgs []string
+	// PeerBytesMetric is the daemon's counter of bytes received from peers;
+	// default warmfleet_peer_bytes_total. A daemon without it reports null.
+	PeerBytesMetric string
+	// RunTimeout bounds one warm-up; default scales with the naive lower
+	// bound.
+	RunTimeout time.Duration
+	// SampleEvery, if set, samples every host's received bytes at this
+	// interval into HostResult.Timeline (for WriteSVG).
+	SampleEvery time.Duration
+	// Dir keeps data and logs; default a temporary directory removed at the
+	// end.
+	Dir    string
+	Logger *slog.Logger
+}
+
+// HostResult is one host in one run.
+type HostResult struct {
+	Host         string  `json:"host"`
+	ReadySeconds float64 `json:"ready_seconds"`
+	S3Bytes      int64   `json:"s3_bytes"`
+	PeerBytes    *int64  `json:"peer_bytes"` // null: the daemon does not export it
+	PeakRSSBytes int64   `json:"peak_rss_bytes"`
+	CPUSeconds   float64 `json:"cpu_seconds"`
+	// Timeline has the bytes the host received over its link since the
+	// warm-up began, sampled every Options.SampleEvery.
+	Timeline []Sample `json:"timeline,omitempty"`
+}
+
+// Sample is a point of a host's timeline.
+type Sample struct {
+	Seconds float64 `json:"t"`
+	RxBytes int64   `json:"rx_bytes"`
+}
+
+// ModeResult sums up one mode over its runs. A mode that is not available
+// carries only its reason and lower bound: its figures are left out of the
+// JSON rather than reported as zeros.
+type ModeResult struct {
+	Mode      string `json:"mode"`
+	Available bool   `json:"available"`
+	Reason    string `json:"reason,omitempty"`
+	// WarmSeconds is the median over runs of the time until the last host
+	// was ready.
+	WarmSeconds       float64   `json:"warm_seconds,omitempty"`
+	RunSeconds        []float64 `json:"run_seconds,omitempty"`
+	LowerBoundSeconds float64   `json:"lower_bound_seconds"`
+	WarmRatio         float64   `json:"warm_ratio,omitempty"`
+	// S3EgressRatio is the bytes read from S3 by the whole fleet over the
+	// model size (1 = the model left S3 once).
+	S3EgressRatio float64      `json:"s3_egress_ratio,omitempty"`
+	PeakRSSBytes  int64        `json:"peak_rss_bytes,omitempty"`
+	Hosts         []HostResult `json:"hosts,omitempty"` // of the median run
+}
+
+// Result is the benchmark's output. Top-level figures without a "naive_"
+// prefix describe the product (swarm mode) and are null while it is not
+// available.
+type Result struct {
+	Hosts      int    `json:"hosts"`
+	Link       string `json:"link"`
+	S3Link     string `json:"s3_link"`
+	ModelBytes int64  `json:"model_bytes"`
+	Files      int    `json:"files"`
+	Runs       int    `json:"runs"`
+
+	WarmSeconds       *float64 `json:"warm_seconds"`
+	LowerBoundSeconds float64  `json:"lower_bound_seconds"`
+	WarmRatio         *float64 `json:"warm_ratio"`
+	S3EgressRatio     *float64 `json:"s3_egress_ratio"`
+	PeakRSSBytes      *int64   `json:"peak_rss_bytes"`
+
+	NaiveWarmSeconds       float64 `json:"naive_warm_seconds"`
+	NaiveLowerBoundSeconds float64 `json:"naive_lower_bound_seconds"`
+	NaiveWarmRatio         float64 `json:"naive_warm_ratio"`
+	NaiveS3EgressRatio     float64 `json:"naive_s3_egress_ratio"`
+	NaivePeakRSSBytes      int64   `json:"naive_peak_rss_bytes"`
+	// SwarmSpeedup is naive over swarm warm time; null without a swarm.
+	SwarmSpeedup *float64 `json:"swarm_speedup"`
+
+	Modes []ModeResult `json:"modes"`
+}
+
+const (
+	modeSwarm = "swarm"
+	modeNaive = "naive"
+)
+
+// Run builds the lab, runs every available mode Options.Runs times
+// (interleaved, so drift on a noisy machine hits both alike) and returns the
+// figures.
+func Run(ctx context.Context, opts Options) (Result, error) {
+	if err := opts.defaults(); err != nil {
+		return Result{}, err
+	}
+	log := opts.Logger
+	dir := opts.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "warmfleet-bench-fleet-")
+		if err != nil {
+			return Result{}, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	lab, err := netlab.New(ctx, netlab.Options{
+		Hosts: opts.Hosts, Link: opts.Link, S3: true, S3Link: opts.S3Link,
+		Versitygw: opts.Versitygw, Dir: dir, Logger: log,
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	defer lab.Close()
+
+	log.Info("bench fleet: seeding model", "size", netlab.Size(opts.ModelSize), "files", opts.Files)
+	model, err := lab.S3().SeedModel(ctx, "bench", "model/", opts.Files, opts.ModelSize, 1)
+	if err != nil {
+		return Result{}, err
+	}
+
+	swarmLB, naiveLB := LowerBounds(opts.Hosts, opts.ModelSize, opts.Link, opts.S3Link)
+	res := Result{
+		Hosts: opts.Hosts, Link: opts.Link.String(), S3Link: opts.S3Link.String(),
+		ModelBytes: opts.ModelSize, Files: opts.Files, Runs: opts.Runs,
+		LowerBoundSeconds: swarmLB.Seconds(), NaiveLowerBoundSeconds: naiveLB.Seconds(),
+	}
+	modes := []struct {
+		name string
+		args []string
+		lb   time.Duration
+	}{{modeNaive, opts.NaiveArgs, naiveLB}}
+	if opts.SwarmArgs != nil {
+		modes = append([]struct {
+			name string
+			args []string
+			lb   time.Duration
+		}{{modeSwarm, opts.SwarmArgs, swarmLB}}, modes...)
+	}
+	runs := map[string][][]HostResult{}
+	for i := range opts.Runs {
+		for _, m := range modes {
+			timeout := opts.RunTimeout
+			if timeout == 0 {
+				timeout = 2*m.lb*time.Duration(max(1, opts.Hosts/4)) + 2*time.Minute
+			}
+			log.Info("bench fleet: run", "mode", m.name, "run", i+1, "of", opts.Runs)
+			hosts, err := warmOnce(ctx, lab, model, opts, slices.Concat(opts.DaemonArgs, m.args), fmt.Sprintf("%s-%d", m.name, i+1), timeout)
+			if err != nil {
+				return Result{}, fmt.Errorf("%s run %d: %w", m.name, i+1, err)
+			}
+			runs[m.name] = append(runs[m.name], hosts)
+		}
+	}
+	if opts.SwarmArgs == nil {
+		res.Modes = append(res.Modes, ModeResult{Mode: modeSwarm, Reason: "the daemon has no peer-to-peer swarm yet; only the naive baseline was measured", LowerBoundSeconds: swarmLB.Seconds()})
+	}
+	for _, m := range modes {
+		mr := summarize(m.name, runs[m.name], m.lb, model.Size())
+		res.Modes = append(res.Modes, mr)
+		switch m.name {
+		case modeNaive:
+			res.NaiveWarmSeconds, res.NaiveWarmRatio = mr.WarmSeconds, mr.WarmRatio
+			res.NaiveS3EgressRatio, res.NaivePeakRSSBytes = mr.S3EgressRatio, mr.PeakRSSBytes
+		case modeSwarm:
+			res.WarmSeconds, res.WarmRatio, res.S3EgressRatio, res.PeakRSSBytes = &mr.WarmSeconds, &mr.WarmRatio, &mr.S3EgressRatio, &mr.PeakRSSBytes
+		}
+	}
+	if res.WarmSeconds != nil && *res.WarmSeconds > 0 {
+		s := res.NaiveWarmSeconds / *res.WarmSeconds
+		res.SwarmSpeedup = &s
+	}
+	return res, nil
+}
+
+func (o *Options) defaults() error {
+	if o.Hosts < 1 || o.Hosts > 200 {
+		return fmt.Errorf("bench fleet: %d hosts: want 1 to 200", o.Hosts)
+	}
+	if o.Link == 0 {
+		return errors.New("bench fleet: a link rate is required (the lower bound depends on it)")
+	}
+	if o.S3Link == 0 {
+		o.S3Link = o.Link
+	}
+	if o.Files < 1 || o.ModelSize < int64(o.Files) {
+		return fmt.Errorf("bench fleet: model of %d bytes in %d files: want at least one file and one byte per file", o.ModelSize, o.Files)
+	}
+	if o.Runs == 0 {
+		o.Runs = 1
+	}
+	if o.Runs < 0 || o.Runs > 100 {
+		return fmt.Errorf("bench fleet: %d runs: want 1 to 100", o.Runs)
+	}
+	if o.Bin == "" {
+		return errors.New("bench fleet: no warmfleet binary given")
+	}
+	if o.PeerBytesMetric == "" {
+		o.PeerBytesMetric = "warmfleet_peer_bytes_total"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// LowerBounds returns the fastest possible warm-up of hosts hosts, each
+// needing size bytes: with a swarm, every host must receive the model over
+// its own link and S3 must send it at least once; naive, S3 must send it
+// once per host.
+func LowerBounds(hosts int, size int64, link, s3Link netlab.Rate) (swarm, naive time.Duration) {
+	at := func(bytes float64, r netlab.Rate) time.Duration {
+		return time.Duration(bytes / r.BytesPerSecond() * float64(time.Second))
+	}
+	perHost := at(float64(size), link)
+	swarm = max(perHost, at(float64(size), s3Link))
+	naive = max(perHost, at(float64(size)*float64(hosts), s3Link))
+	return swarm, naive
+}
+
+// warmOnce starts a fresh daemon on every host, caches the model on all of
+// them at once and collects each host's figures.
+func warmOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts Options, args []string, cacheName string, timeout time.Duration) ([]HostResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	hosts := lab.Hosts()
+	daemons := make([]*netlab.Daemon, len(hosts))
+	defer func() {
+		for _, d := range daemons {
+			if d != nil {
+				_ = d.Stop(10 * time.Second)
+			}
+		}
+	}()
+	for i, h := range hosts {
+		// Every run starts cold.
+		if err := os.RemoveAll(h.DataDir); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(h.DataDir, 0o755); err != nil {
+			return nil, err
+		}
+		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: lab.S3().Env(), Args: args})
+		if err != nil {
+			return nil, err
+		}
+		daemons[i] = d
+	}
+	results := make([]HostResult, len(hosts))
+	errs := make([]error, len(hosts))
+	start := time.Now()
+	stopSampling := sampleLinks(hosts, opts.SampleEvery, start, results)
+	var wg sync.WaitGroup
+	for i, d := range daemons {
+		wg.Go(func() {
+			st, err := d.CacheAdd(ctx, cacheName, model.Source())
+			results[i].Host, results[i].ReadySeconds = d.Host().Name, time.Since(start).Seconds()
+			if err == nil && (!st.Ready || st.Path == "") {
+				err = fmt.Errorf("cache add --wait returned state %q, not ready", st.State)
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	stopSampling()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for i, d := range daemons {
+		s3b, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
+		if err != nil {
+			return nil, err
+		}
+		results[i].S3Bytes = int64(s3b)
+		if pb, found, err := d.Metric(ctx, opts.PeerBytesMetric); err != nil {
+			return nil, err
+		} else if found {
+			v := int64(pb)
+			results[i].PeerBytes = &v
+		}
+		ps, err := d.Stats()
+		if err != nil {
+			return nil, err
+		}
+		results[i].PeakRSSBytes, results[i].CPUSeconds = ps.PeakRSS, ps.CPU.Seconds()
+	}
+	return results, nil
+}
+
+// sampleLinks records each host's received bytes every interval into
+// results[i].Timeline until the returned stop is called. A zero interval
+// samples nothing.
+func sampleLinks(hosts []*netlab.Host, every time.Duration, start time.Time, results []HostResult) (stop func()) {
+	if every <= 0 {
+		return func() {}
+	}
+	base := make([]int64, len(hosts))
+	for i, h := range hosts {
+		if c, err := h.Link().Counters(context.Background()); err == nil {
+			base[i] = int64(c.RxBytes)
+		}
+	}
+	timelines := make([][]Sample, len(hosts))
+	sample := func() {
+		t := time.Since(start).Seconds()
+		for i, h := range hosts {
+			if c, err := h.Link().Counters(context.Background()); err == nil {
+				timelines[i] = append(timelines[i], Sample{Seconds: t, RxBytes: int64(c.RxBytes) - base[i]})
+			}
+		}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		sample()
+		for {
+			select {
+			case <-done:
+				sample()
+				return
+			case <-tick.C:
+				sample()
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+		for i := range results {
+			results[i].Timeline = timelines[i]
+		}
+	}
+}
+
+// summarize reduces a mode's runs to its median run's figures.
+func summarize(mode string, runs [][]HostResult, lb time.Duration, modelSize int64) ModeResult {
+	mr := ModeResult{Mode: mode, Available: true, LowerBoundSeconds: lb.Seconds()}
+	if len(runs) == 0 {
+		return mr
+	}
+	type run struct {
+		warm  float64
+		hosts []HostResult
+	}
+	rs := make([]run, len(runs))
+	for i, hosts := range runs {
+		for _, h := range hosts {
+			rs[i].warm = max(rs[i].warm, h.ReadySeconds)
+		}
+		rs[i].hosts = hosts
+		mr.RunSeconds = append(mr.RunSeconds, rs[i].warm)
+	}
+	slices.SortFunc(rs, func(a, b run) int {
+		switch {
+		case a.warm < b.warm:
+			return -1
+		case a.warm > b.warm:
+			return 1
+		}
+		return 0
+	})
+	med := rs[(len(rs)-1)/2]
+	mr.WarmSeconds, mr.Hosts = med.warm, med.hosts
+	if lb > 0 {
+		mr.WarmRatio = med.warm / lb.Seconds()
+	}
+	var s3 int64
+	for _, h := range med.hosts {
+		s3 += h.S3Bytes
+		mr.PeakRSSBytes = max(mr.PeakRSSBytes, h.PeakRSSBytes)
+	}
+	if modelSize > 0 {
+		mr.S3EgressRatio = float64(s3) / float64(modelSize)
+	}
+	return mr
+}

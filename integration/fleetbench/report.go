@@ -1,0 +1,70 @@
+package fleetbench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/warmfleet/warmfleet/integration/netlab"
+)
+
+// WriteJSON writes the result as indented JSON.
+func (r Result) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteTable writes the result for people: a fleet line per mode, then the
+// hosts of each mode's median run.
+func (r Result) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "fleet: %d hosts, link %s (S3 link %s), model %s in %d files, %d run(s) per mode (median shown)\n\n",
+		r.Hosts, r.Link, r.S3Link, netlab.Size(r.ModelBytes), r.Files, r.Runs)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODE\tWARM_S\tLOWER_BOUND_S\tWARM_RATIO\tS3_EGRESS_RATIO\tPEAK_RSS\tRUNS_S")
+	for _, m := range r.Modes {
+		if !m.Available {
+			fmt.Fprintf(tw, "%s\tn/a\t%.1f\tn/a\tn/a\tn/a\tnot available: %s\n", m.Mode, m.LowerBoundSeconds, m.Reason)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.2f\t%.2f\t%s\t%s\n", m.Mode, m.WarmSeconds, m.LowerBoundSeconds,
+			m.WarmRatio, m.S3EgressRatio, mib(m.PeakRSSBytes), seconds(m.RunSeconds))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if r.SwarmSpeedup != nil {
+		fmt.Fprintf(w, "\nswarm is %.2fx faster than naive\n", *r.SwarmSpeedup)
+	}
+	for _, m := range r.Modes {
+		if !m.Available {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s, median run:\n", m.Mode)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "HOST\tREADY_S\tFROM_S3\tFROM_PEERS\tPEAK_RSS\tCPU_S")
+		for _, h := range m.Hosts {
+			peers := "n/a"
+			if h.PeerBytes != nil {
+				peers = netlab.Size(*h.PeerBytes).Human()
+			}
+			fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%s\t%.1f\n", h.Host, h.ReadySeconds, netlab.Size(h.S3Bytes).Human(), peers, mib(h.PeakRSSBytes), h.CPUSeconds)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.0fMiB", float64(b)/(1<<20)) }
+
+func seconds(v []float64) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprintf("%.1f", x)
+	}
+	return strings.Join(s, " ")
+}

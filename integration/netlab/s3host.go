@@ -1,0 +1,225 @@
+package netlab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// Credentials of the lab's S3 server. They guard a server that is reachable
+// only inside one lab for the duration of one run.
+const (
+	labS3AccessKey = "netlabaccesskey"
+	labS3SecretKey = "netlabsecretkey0123456789abcdef"
+	labS3Region    = "us-east-1"
+)
+
+// Ports on the S3 host.
+const (
+	s3Port        = 9000 // what hosts use: the server itself, or the fault proxy
+	s3BackendPort = 9001 // the server, on the S3 host's loopback
+)
+
+// S3Host is a host running versitygw (a real S3 server) with a posix backend
+// in its directory.
+type S3Host struct {
+	*Host
+	// Endpoint is the URL hosts use (through the S3 host's link, and
+	// through Faults when the lab has a fault proxy).
+	Endpoint  string
+	AccessKey string
+	SecretKey string
+	Region    string
+	// Server is the versitygw process.
+	Server *Process
+	// Front is the handler from Options.S3Front in front of the server,
+	// or nil.
+	Front http.Handler
+}
+
+func startS3Host(ctx context.Context, l *Lab, h *Host, bin string, front func(string) (http.Handler, error)) (*S3Host, error) {
+	if bin == "" {
+		bin = "versitygw"
+	}
+	bin, err := exec.LookPath(bin)
+	if err != nil {
+		return nil, fmt.Errorf("netlab: s3 host: versitygw: %w", err)
+	}
+	withProxy := front != nil
+	backendDir := filepath.Join(h.DataDir, "buckets")
+	if err := os.MkdirAll(backendDir, 0o755); err != nil {
+		return nil, fmt.Errorf("netlab: s3 host: %w", err)
+	}
+	s := &S3Host{
+		Host:      h,
+		Endpoint:  "http://" + h.Addr(s3Port),
+		AccessKey: labS3AccessKey,
+		SecretKey: labS3SecretKey,
+		Region:    labS3Region,
+	}
+	ports := []string{"--port", net.JoinHostPort("127.0.0.1", fmt.Sprint(s3BackendPort))}
+	if !withProxy {
+		ports = append(ports, "--port", h.Addr(s3Port))
+	}
+	s.Server, err = h.Start(ProcSpec{
+		Name: "versitygw",
+		Path: bin,
+		Args: append(ports, "--access", s.AccessKey, "--secret", s.SecretKey, "--region", s.Region, "--quiet", "posix", backendDir),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("netlab: s3 host: %w", err)
+	}
+	if err := waitHTTP(ctx, h.NS, "http://"+s.backendAddr()+"/", s.Server); err != nil {
+		return nil, fmt.Errorf("netlab: s3 host: versitygw: %w; log:\n%s", err, s.Server.Log())
+	}
+	if withProxy {
+		if err := s.startFront(l, front); err != nil {
+			return nil, fmt.Errorf("netlab: s3 host: %w", err)
+		}
+	}
+	l.log.Info("netlab: s3 up", "endpoint", s.Endpoint, "front", withProxy)
+	return s, nil
+}
+
+func (s *S3Host) backendAddr() string {
+	return net.JoinHostPort("127.0.0.1", fmt.Sprint(s3BackendPort))
+}
+
+// startFront serves the front handler on the S3 host's address. Such a
+// handler (testenv.FaultProxy, say) dials its target from the harness's own
+// namespace, so the target is a loopback relay of ours that reaches
+// versitygw from inside the S3 namespace.
+func (s *S3Host) startFront(l *Lab, front func(string) (http.Handler, error)) error {
+	relayLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("s3 front relay: %w", err)
+	}
+	relay := NewProxy(relayLn, func(ctx context.Context) (net.Conn, error) {
+		return s.NS.DialContext(ctx, "tcp", s.backendAddr())
+	})
+	l.onClose(relay.Close)
+	handler, err := front("http://" + relayLn.Addr().String())
+	if err != nil {
+		return err
+	}
+	ln, err := s.NS.Listen("tcp", s.Addr(s3Port))
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln)
+	}()
+	// Registered after the relay, so it closes first.
+	l.onClose(func() error {
+		err := srv.Close()
+		<-served
+		return err
+	})
+	s.Front = handler
+	return nil
+}
+
+// Env returns the AWS_* variables that point a daemon on a lab host at this
+// server. IMDS is disabled so nothing looks for 169.254.169.254.
+func (s *S3Host) Env() []string {
+	return []string{
+		"AWS_ACCESS_KEY_ID=" + s.AccessKey,
+		"AWS_SECRET_ACCESS_KEY=" + s.SecretKey,
+		"AWS_REGION=" + s.Region,
+		"AWS_DEFAULT_REGION=" + s.Region,
+		"AWS_ENDPOINT_URL_S3=" + s.Endpoint,
+		"AWS_EC2_METADATA_DISABLED=true",
+	}
+}
+
+// Client returns an S3 client for the harness that talks to the server
+// from inside the S3 host, over its loopback: seeding data this way neither
+// crosses a shaped link nor counts as traffic of any host.
+func (s *S3Host) Client() *s3.Client {
+	hc := awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
+		t.Proxy = nil
+		t.DialContext = s.NS.DialContext
+	})
+	return s3.New(s3.Options{
+		Region:                     s.Region,
+		BaseEndpoint:               aws.String("http://" + s.backendAddr()),
+		UsePathStyle:               true,
+		Credentials:                credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
+		HTTPClient:                 hc,
+		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
+	})
+}
+
+// MakeBucket creates a bucket.
+func (s *S3Host) MakeBucket(ctx context.Context, bucket string) error {
+	if _, err := s.Client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
+		return fmt.Errorf("create bucket %s: %w", bucket, err)
+	}
+	return nil
+}
+
+// Put uploads size bytes of body as bucket/key in one streaming request.
+func (s *S3Host) Put(ctx context.Context, bucket, key string, body io.Reader, size int64) error {
+	_, err := s.Client().PutObject(ctx, &s3.PutObjectInput{
+		Bucket:        aws.String(bucket),
+		Key:           aws.String(key),
+		Body:          readerOnly{body},
+		ContentLength: aws.Int64(size),
+	}, s3.WithAPIOptions(v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware))
+	if err != nil {
+		return fmt.Errorf("put s3://%s/%s: %w", bucket, key, err)
+	}
+	return nil
+}
+
+// readerOnly hides Seek so the SDK streams the body once.
+type readerOnly struct{ r io.Reader }
+
+func (o readerOnly) Read(p []byte) (int, error) { return o.r.Read(p) }
+
+// waitHTTP polls url from inside ns until it answers any HTTP response, the
+// process exits or ctx ends.
+func waitHTTP(ctx context.Context, ns Netns, url string, proc *Process) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	client := &http.Client{
+		Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true, DialContext: ns.DialContext},
+		Timeout:   2 * time.Second,
+	}
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			return resp.Body.Close()
+		}
+		last = err
+		select {
+		case <-proc.Done():
+			return errors.New("exited before answering HTTP")
+		case <-ctx.Done():
+			return fmt.Errorf("%s not answering: %w (last error: %v)", url, ctx.Err(), last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

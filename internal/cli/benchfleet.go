@@ -1,0 +1,95 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/warmfleet/warmfleet/integration/fleetbench"
+	"github.com/warmfleet/warmfleet/integration/netlab"
+)
+
+// runBenchFleet builds a fleet of network-namespace hosts on shaped links
+// with an S3 host, warms a model on every host and prints the figures
+// (see integration/fleetbench). It needs root.
+func runBenchFleet(ctx context.Context, e *Env, args []string) error {
+	fs := newFlagSet(e, "bench fleet")
+	hosts := fs.Int("hosts", 8, "hosts in the fleet, each a network namespace with its own daemon")
+	link := 200 * netlab.Mbit
+	fs.Var(&link, "link", "every host's link rate, both directions (200mbit, 1gbit, ...)")
+	var s3Link netlab.Rate
+	fs.Var(&s3Link, "s3-link", "the S3 host's link rate (default: --link)")
+	modelSize := byteSize(1 << 30)
+	fs.Var(&modelSize, "model-size", "model size, split evenly over --files")
+	files := fs.Int("files", 4, "files in the model")
+	runs := fs.Int("runs", 1, "runs per mode; the figures are medians")
+	output := fs.String("o", "table", "output format: table or json")
+	var daemonArgs listFlag
+	fs.Var(&daemonArgs, "daemon-arg", "extra flag for every daemon, e.g. --daemon-arg=--s3-concurrency=8 (repeatable)")
+	versitygw := fs.String("versitygw", "", "versitygw binary for the S3 host (default: ./bin/versitygw, else PATH)")
+	dir := fs.String("dir", "", "keep data and daemon logs here (default: a temporary directory, removed)")
+	plot := fs.String("plot", "", "also write a timeline plot (bytes received per host over time) to this SVG file")
+	verbose := fs.Bool("v", false, "log progress to stderr")
+	if err := parseFlags(fs, e, args, nil); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError("unexpected arguments %q", fs.Args())
+	}
+	if *output != "table" && *output != "json" {
+		return usageError("-o %q: want table or json", *output)
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own binary for the daemons: %w", err)
+	}
+	if *versitygw == "" {
+		*versitygw = "versitygw"
+		if st, err := os.Stat(filepath.Join("bin", "versitygw")); err == nil && !st.IsDir() {
+			*versitygw, _ = filepath.Abs(filepath.Join("bin", "versitygw"))
+		}
+	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	var sampleEvery time.Duration
+	if *plot != "" {
+		sampleEvery = 500 * time.Millisecond
+	}
+	res, err := fleetbench.Run(ctx, fleetbench.Options{
+		Hosts: *hosts, Link: link, S3Link: s3Link, ModelSize: int64(modelSize), Files: *files, Runs: *runs,
+		Bin: bin, Versitygw: *versitygw, DaemonArgs: daemonArgs, Dir: *dir, SampleEvery: sampleEvery,
+		Logger: slog.New(slog.NewTextHandler(e.Stderr, &slog.HandlerOptions{Level: level})),
+	})
+	if err != nil {
+		return err
+	}
+	if *plot != "" {
+		if err := writeSVGFile(*plot, res); err != nil {
+			return err
+		}
+	}
+	if *output == "json" {
+		return res.WriteJSON(e.Stdout)
+	}
+	return res.WriteTable(e.Stdout)
+}
+
+func writeSVGFile(path string, res fleetbench.Result) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	if err := res.WriteSVG(f); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("plot: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	return nil
+}
