@@ -63,6 +63,11 @@ func PartRange(part int, size, partSize int64) (off, n int64) {
 // verified against the object. A broken connection resumes its part at the
 // byte where it stopped; throttling and server errors are retried with
 // backoff. Any failure leaves the parts already reported by OnPart valid.
+//
+// When the object has a full-object CRC (CRC64NVME, CRC32C, CRC32: what S3
+// stores by default since 2025), each part's CRC is computed as it streams
+// in and the CRCs are combined, so only parts from an earlier run are read
+// back. Other digests (MD5 ETags, SHA) are checked by reading dst back.
 func (c *Client) Download(ctx context.Context, obj Object, dst File, plan Plan) error {
 	if obj.Size < 0 {
 		return fmt.Errorf("download %s: negative size %d", obj.URL(), obj.Size)
@@ -70,16 +75,42 @@ func (c *Client) Download(ctx context.Context, obj Object, dst File, plan Plan) 
 	if obj.ETag == "" {
 		return fmt.Errorf("download %s: no ETag to pin the version to (take the Object from List)", obj.URL())
 	}
-	var pending []int
-	for part := range Parts(obj.Size, c.opts.PartSize) {
-		if plan.Done == nil || !plan.Done(part) {
-			pending = append(pending, part)
-		}
-	}
-	if err := c.fetchParts(ctx, obj, dst, pending, plan.OnPart); err != nil {
+	// Asking first also fails fast on a vanished object or bad credentials.
+	chk, err := c.inspect(ctx, obj)
+	if err != nil {
 		return err
 	}
-	v, err := c.Verify(ctx, obj, dst)
+	n := Parts(obj.Size, c.opts.PartSize)
+	var pending, skipped []int
+	for part := range n {
+		if plan.Done == nil || !plan.Done(part) {
+			pending = append(pending, part)
+		} else {
+			skipped = append(skipped, part)
+		}
+	}
+	kind := crcKindFor(chk.method)
+	var crcs []uint64
+	if kind != nil {
+		crcs = make([]uint64, n)
+	}
+	if err := c.fetchParts(ctx, obj, dst, pending, plan.OnPart, kind, crcs); err != nil {
+		return err
+	}
+	var v Verification
+	if kind != nil {
+		err = forEachPart(ctx, len(skipped), func(i int, buf []byte) error {
+			part := skipped[i]
+			off, length := PartRange(part, obj.Size, c.opts.PartSize)
+			return readRange(ctx, dst, off, length, buf, func(p []byte) { crcs[part] = kind.update(crcs[part], p) })
+		})
+		if err != nil {
+			return fmt.Errorf("verify %s: read back parts from an earlier run: %w", obj.URL(), err)
+		}
+		v, err = c.compareCRC(obj, kind, chk, crcs, fmt.Sprintf("checked while downloading (%d of %d parts read back)", len(skipped), n))
+	} else {
+		v, err = c.checkCopy(ctx, obj, dst, chk)
+	}
 	if err != nil {
 		return err
 	}
@@ -92,7 +123,9 @@ func (c *Client) Download(ctx context.Context, obj Object, dst File, plan Plan) 
 	return nil
 }
 
-func (c *Client) fetchParts(ctx context.Context, obj Object, dst File, parts []int, onPart func(int, int64)) error {
+// fetchParts fetches parts with Concurrency workers. With kind set, the CRC
+// of each part's bytes lands in crcs[part].
+func (c *Client) fetchParts(ctx context.Context, obj Object, dst File, parts []int, onPart func(int, int64), kind *crcKind, crcs []uint64) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	work := make(chan int)
@@ -101,7 +134,11 @@ func (c *Client) fetchParts(ctx context.Context, obj Object, dst File, parts []i
 		wg.Go(func() {
 			buf := make([]byte, bufSize)
 			for part := range work {
-				if err := c.fetchPart(ctx, obj, part, dst, buf); err != nil {
+				var sink func([]byte)
+				if kind != nil {
+					sink = func(p []byte) { crcs[part] = kind.update(crcs[part], p) }
+				}
+				if err := c.fetchPart(ctx, obj, part, dst, buf, sink); err != nil {
 					cancel(err)
 					return
 				}
@@ -134,13 +171,14 @@ feed:
 // fetchPart fetches one part, resuming from the last byte written after a
 // retryable failure. The attempt budget is for failures in a row without
 // progress, so a flaky link that keeps delivering still finishes.
-func (c *Client) fetchPart(ctx context.Context, obj Object, part int, dst File, buf []byte) error {
+// sink, if set, sees every byte of the part once, in order.
+func (c *Client) fetchPart(ctx context.Context, obj Object, part int, dst File, buf []byte, sink func([]byte)) error {
 	start, n := PartRange(part, obj.Size, c.opts.PartSize)
 	end := start + n
 	what := fmt.Sprintf("get %s part %d (bytes %d-%d)", obj.URL(), part, start, end-1)
 	failures := 0
 	for off := start; off < end; {
-		got, err := c.getRange(ctx, obj, off, end, dst, buf)
+		got, err := c.getRange(ctx, obj, off, end, dst, buf, sink)
 		off += got
 		if err == nil {
 			continue
@@ -186,7 +224,7 @@ func (e localError) Unwrap() error { return e.err }
 
 // getRange streams bytes [off, end) of obj into dst through buf and returns
 // how many bytes it wrote, also on failure.
-func (c *Client) getRange(ctx context.Context, obj Object, off, end int64, dst File, buf []byte) (int64, error) {
+func (c *Client) getRange(ctx context.Context, obj Object, off, end int64, dst File, buf []byte, sink func([]byte)) (int64, error) {
 	in := &s3.GetObjectInput{
 		Bucket:  aws.String(obj.Bucket),
 		Key:     aws.String(obj.Key),
@@ -214,6 +252,9 @@ func (c *Client) getRange(ctx context.Context, obj Object, off, end int64, dst F
 			c.opts.OnBytes(n)
 			if _, werr := dst.WriteAt(buf[:n], off+written); werr != nil {
 				return written, localError{fmt.Errorf("write %s at offset %d: %w", obj.Path, off+written, werr)}
+			}
+			if sink != nil {
+				sink(buf[:n])
 			}
 			written += int64(n)
 		}

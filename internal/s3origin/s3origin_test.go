@@ -317,12 +317,20 @@ func TestDownloadResumesFromDoneParts(t *testing.T) {
 		}
 	}
 	var fetched []int
+	var v Verification
 	err = c.Download(context.Background(), o, f, Plan{
-		Done:   func(part int) bool { return done[part] },
-		OnPart: func(part int, _ int64) { mu.Lock(); fetched = append(fetched, part); mu.Unlock() },
+		Done:     func(part int) bool { return done[part] },
+		OnPart:   func(part int, _ int64) { mu.Lock(); fetched = append(fetched, part); mu.Unlock() },
+		OnVerify: func(got Verification) { v = got },
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Fetched parts were checked as they streamed; only the earlier run's
+	// parts were read back.
+	wantDetail := fmt.Sprintf("%d of %d parts read back", len(done), Parts(o.Size, MinPartSize))
+	if !v.Verified || v.Method != MethodCRC64NVME || !strings.Contains(v.Detail, wantDetail) {
+		t.Errorf("verification %+v, want crc64nvme with %q", v, wantDetail)
 	}
 	assertContent(t, f, data)
 	if got := c.bytes.Load(); got != want {
@@ -376,7 +384,7 @@ func TestDownloadRetriesThroughFaults(t *testing.T) {
 	f := tempFile(t)
 
 	before := proxy.Stats()
-	proxy.SlowDown(3)
+	proxy.SlowDown(3)            // the first is the HEAD, retried by the SDK
 	proxy.ResetAfter(300<<10, 4) // each cut part resumes at byte 300 KiB
 	if err := c.Download(context.Background(), o, f, Plan{}); err != nil {
 		t.Fatal(err)
@@ -410,7 +418,7 @@ func TestDownloadGivesUpOnPersistentThrottling(t *testing.T) {
 	proxy := testenv.StartFaultProxy(t, s.Endpoint)
 	c := newOrigin(t, s, proxy.URL(), Options{MaxAttempts: 3})
 	o := listOne(t, c.Client, "m/w.bin")
-	proxy.SlowDown(1000)
+	proxy.SlowDownGETs(1000)
 	err := c.Download(context.Background(), o, tempFile(t), Plan{})
 	if err == nil || !strings.Contains(err.Error(), "giving up after 3 attempts") || !strings.Contains(err.Error(), "SlowDown") {
 		t.Fatalf("Download = %v, want giving up after 3 SlowDowns", err)
@@ -456,5 +464,29 @@ func TestPlainCopyBaseline(t *testing.T) {
 	}
 	if err := PlainCopy(context.Background(), s.Client(t), bucket, "m/missing", dst, 4, 1<<20); err == nil {
 		t.Error("plain copy of a missing key succeeded")
+	}
+}
+
+// A part an earlier run claims but that holds garbage (a torn write, a bad
+// disk) must fail the download, not be served.
+func TestDownloadCatchesCorruptDonePart(t *testing.T) {
+	s := testenv.StartS3(t)
+	s.CreateBucket(t, bucket)
+	data := randomBytes(9, 3<<20)
+	s.PutObject(t, bucket, "m/w.bin", bytes.NewReader(data), int64(len(data)))
+	for _, ignoreChecksums := range []bool{false, true} {
+		c := newOrigin(t, s, s.Endpoint, Options{})
+		c.ignoreChecksums = ignoreChecksums
+		o := listOne(t, c.Client, "m/w.bin")
+		f := tempFile(t)
+		bad := append([]byte(nil), data[1<<20:2<<20]...)
+		bad[12345] ^= 1
+		if _, err := f.WriteAt(bad, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		err := c.Download(context.Background(), o, f, Plan{Done: func(part int) bool { return part == 1 }})
+		if !errors.Is(err, ErrCorrupt) {
+			t.Errorf("ignoreChecksums=%v: Download over a corrupt done part = %v, want ErrCorrupt", ignoreChecksums, err)
+		}
 	}
 }

@@ -112,20 +112,31 @@ func multipartLayoutOK(size, partSize int64, n int) bool {
 }
 
 // Verify checks r (a local copy of obj) against the object's full-object
-// checksum or its ETag. It returns ErrCorrupt when they differ and
-// ErrSourceChanged when the object is no longer the one listed. When the
-// server holds no usable digest, it returns Verified false and says why.
+// checksum or its ETag, reading r back. It returns ErrCorrupt when they
+// differ and ErrSourceChanged when the object is no longer the one listed.
+// When the server holds no usable digest, it returns Verified false and
+// says why.
 func (c *Client) Verify(ctx context.Context, obj Object, r io.ReaderAt) (Verification, error) {
-	what := "verify " + obj.URL()
+	chk, err := c.inspect(ctx, obj)
+	if err != nil {
+		return Verification{}, err
+	}
+	return c.checkCopy(ctx, obj, r, chk)
+}
+
+// inspect asks S3 how obj can be verified, and makes sure it is still the
+// object that was listed.
+func (c *Client) inspect(ctx context.Context, obj Object) (check, error) {
+	what := "head " + obj.URL()
 	head, err := c.s3.HeadObject(ctx, c.headInput(obj, 0))
 	if err != nil {
-		return Verification{}, c.explain(err, what)
+		return check{}, c.explain(err, what)
 	}
 	if size := aws.ToInt64(head.ContentLength); size != obj.Size {
-		return Verification{}, fmt.Errorf("%s: %w: size is now %d, was %d", what, ErrSourceChanged, size, obj.Size)
+		return check{}, fmt.Errorf("%s: %w: size is now %d, was %d", what, ErrSourceChanged, size, obj.Size)
 	}
 	if etag := strings.Trim(aws.ToString(head.ETag), `"`); etag != obj.ETag {
-		return Verification{}, fmt.Errorf("%s: %w: ETag is now %q, was %q", what, ErrSourceChanged, etag, obj.ETag)
+		return check{}, fmt.Errorf("%s: %w: ETag is now %q, was %q", what, ErrSourceChanged, etag, obj.ETag)
 	}
 	facts := objectFacts{
 		ETag:         obj.ETag,
@@ -148,15 +159,33 @@ func (c *Client) Verify(ctx context.Context, obj Object, r io.ReaderAt) (Verific
 	if c.ignoreChecksums {
 		clear(facts.Checksums)
 	}
-	chk := chooseCheck(facts)
+	return chooseCheck(facts), nil
+}
+
+// checkCopy reads r back and checks it as chk says.
+func (c *Client) checkCopy(ctx context.Context, obj Object, r io.ReaderAt, chk check) (Verification, error) {
+	what := "verify " + obj.URL()
 	switch chk.method {
 	case MethodNone:
 		return Verification{Method: MethodNone, Detail: chk.reason}, nil
 	case MethodMD5Multipart:
 		return c.verifyMultipart(ctx, obj, r, chk)
 	}
+	if kind := crcKindFor(chk.method); kind != nil {
+		// Chunks in parallel, then combined: read-back uses every core.
+		n := Parts(obj.Size, c.opts.PartSize)
+		crcs := make([]uint64, n)
+		err := forEachPart(ctx, n, func(part int, buf []byte) error {
+			off, length := PartRange(part, obj.Size, c.opts.PartSize)
+			return readRange(ctx, r, off, length, buf, func(p []byte) { crcs[part] = kind.update(crcs[part], p) })
+		})
+		if err != nil {
+			return Verification{}, fmt.Errorf("%s: read back: %w", what, err)
+		}
+		return c.compareCRC(obj, kind, chk, crcs, "read back")
+	}
 	h := newHash(chk.method)
-	if err := hashRange(ctx, r, 0, obj.Size, h, make([]byte, readBackBuf)); err != nil {
+	if err := readRange(ctx, r, 0, obj.Size, make([]byte, readBackBuf), func(p []byte) { h.Write(p) }); err != nil {
 		return Verification{}, fmt.Errorf("%s: read back: %w", what, err)
 	}
 	sum := h.Sum(nil)
@@ -167,7 +196,26 @@ func (c *Client) Verify(ctx context.Context, obj Object, r io.ReaderAt) (Verific
 	if got != chk.expected {
 		return Verification{}, fmt.Errorf("%s: %w: %s of the local copy is %s, S3 has %s", what, ErrCorrupt, chk.method, got, chk.expected)
 	}
-	return Verification{Verified: true, Method: chk.method, Detail: chk.method + " " + got}, nil
+	return Verification{Verified: true, Method: chk.method, Detail: chk.method + " " + got + ", read back"}, nil
+}
+
+// compareCRC combines per-part CRCs (parts of c.opts.PartSize, in order)
+// and compares the result with the object's checksum.
+func (c *Client) compareCRC(obj Object, kind *crcKind, chk check, crcs []uint64, how string) (Verification, error) {
+	want, err := kind.decode(chk.expected)
+	if err != nil {
+		return Verification{}, fmt.Errorf("verify %s: %w", obj.URL(), err)
+	}
+	var got uint64
+	for part, crc := range crcs {
+		_, n := PartRange(part, obj.Size, c.opts.PartSize)
+		got = kind.combine(got, crc, n)
+	}
+	if got != want {
+		return Verification{}, fmt.Errorf("verify %s: %w: %s of the local copy is %s, S3 has %s",
+			obj.URL(), ErrCorrupt, chk.method, kind.encode(got), chk.expected)
+	}
+	return Verification{Verified: true, Method: chk.method, Detail: chk.method + " " + chk.expected + ", " + how}, nil
 }
 
 func (c *Client) headInput(obj Object, partNumber int32) *s3.HeadObjectInput {
@@ -220,49 +268,63 @@ func (c *Client) verifyMultipart(ctx context.Context, obj Object, r io.ReaderAt,
 // readBackBuf: large sequential reads keep read-back near disk speed.
 const readBackBuf = 4 << 20
 
-// md5Parts hashes each upload part, several parts at a time (MD5 is
-// serial, so parallel parts are the only way to use more than one core),
-// and returns the concatenated digests.
+// md5Parts hashes each upload part, several at a time (MD5 is serial, so
+// parallel parts are the only way to use more than one core), and returns
+// the concatenated digests.
 func md5Parts(ctx context.Context, r io.ReaderAt, size, partSize int64, n int) ([]byte, error) {
 	sums := make([]byte, n*md5.Size)
+	err := forEachPart(ctx, n, func(part int, buf []byte) error {
+		off, length := PartRange(part, size, partSize)
+		h := md5.New()
+		if err := readRange(ctx, r, off, length, buf, func(p []byte) { h.Write(p) }); err != nil {
+			return fmt.Errorf("part %d: %w", part+1, err)
+		}
+		copy(sums[part*md5.Size:], h.Sum(nil))
+		return nil
+	})
+	return sums, err
+}
+
+// forEachPart runs fn for parts 0..n-1 on one worker per core (at most 4),
+// each with its own read buffer, and returns the first error.
+func forEachPart(ctx context.Context, n int, fn func(part int, buf []byte) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	next := make(chan int)
-	errs := make(chan error, n)
 	var wg sync.WaitGroup
 	for range min(runtime.GOMAXPROCS(0), 4, n) {
 		wg.Go(func() {
 			buf := make([]byte, readBackBuf)
 			for part := range next {
-				off, length := PartRange(part, size, partSize)
-				h := md5.New()
-				if err := hashRange(ctx, r, off, length, h, buf); err != nil {
-					errs <- fmt.Errorf("part %d: %w", part+1, err)
-					continue
+				if err := fn(part, buf); err != nil {
+					cancel(err)
+					return
 				}
-				copy(sums[part*md5.Size:], h.Sum(nil))
 			}
 		})
 	}
+feed:
 	for part := range n {
-		next <- part
+		select {
+		case next <- part:
+		case <-ctx.Done():
+			break feed
+		}
 	}
 	close(next)
 	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return nil, err
-	}
-	return sums, nil
+	return context.Cause(ctx)
 }
 
-// hashRange feeds bytes [off, off+n) of r to h.
-func hashRange(ctx context.Context, r io.ReaderAt, off, n int64, h hash.Hash, buf []byte) error {
+// readRange passes bytes [off, off+n) of r to sink in large chunks.
+func readRange(ctx context.Context, r io.ReaderAt, off, n int64, buf []byte, sink func([]byte)) error {
 	for done := int64(0); done < n; {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		want := min(int64(len(buf)), n-done)
 		got, err := r.ReadAt(buf[:want], off+done)
-		h.Write(buf[:got])
+		sink(buf[:got])
 		done += int64(got)
 		if err != nil && !(err == io.EOF && int64(got) == want) {
 			if err == io.EOF {

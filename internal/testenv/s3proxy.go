@@ -31,6 +31,7 @@ type FaultProxy struct {
 	rp *httputil.ReverseProxy
 
 	slowDownLeft atomic.Int64
+	slowGETsLeft atomic.Int64
 	resetLeft    atomic.Int64
 	resetAfter   atomic.Int64
 
@@ -129,6 +130,11 @@ func (p *FaultProxy) Close() error {
 // SlowDown makes the next n requests fail with 503 SlowDown.
 func (p *FaultProxy) SlowDown(n int) { p.slowDownLeft.Store(int64(n)) }
 
+// SlowDownGETs makes the next n GET requests fail with 503 SlowDown and
+// lets other requests (HEAD, LIST is a GET too) through. Use it to throttle
+// downloads after their HEAD.
+func (p *FaultProxy) SlowDownGETs(n int) { p.slowGETsLeft.Store(int64(n)) }
+
 // ResetAfter makes the next n successful GET responses (200 or 206) break
 // with a TCP reset after k body bytes. A response of at most k bytes is
 // passed through and does not use up a fault.
@@ -140,6 +146,7 @@ func (p *FaultProxy) ResetAfter(k int64, n int) {
 // PassThrough disarms every pending fault.
 func (p *FaultProxy) PassThrough() {
 	p.slowDownLeft.Store(0)
+	p.slowGETsLeft.Store(0)
 	p.resetLeft.Store(0)
 }
 
@@ -201,7 +208,7 @@ func (p *FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	p.log = append(p.log, strings.TrimSpace(r.Method+" "+r.URL.Path+" "+r.Header.Get("Range")))
 	p.logMu.Unlock()
-	if take(&p.slowDownLeft) {
+	if take(&p.slowDownLeft) || (r.Method == http.MethodGet && take(&p.slowGETsLeft)) {
 		p.slowDowns.Add(1)
 		body := fmt.Sprintf(slowDownBody, id)
 		w.Header().Set("Content-Type", "application/xml")

@@ -63,6 +63,23 @@ func TestFaultProxy(t *testing.T) {
 		}
 	})
 
+	t.Run("slow down only GETs", func(t *testing.T) {
+		before := p.Stats()
+		p.SlowDownGETs(1)
+		if _, err := c.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String("faults"), Key: aws.String("obj")}); err != nil {
+			t.Fatalf("HEAD was throttled: %v", err)
+		}
+		if _, err := get(""); err == nil {
+			t.Fatal("GET was not throttled")
+		}
+		if _, err := get(""); err != nil {
+			t.Fatalf("second GET: %v", err)
+		}
+		if st := p.Stats(); st.SlowDowns-before.SlowDowns != 1 {
+			t.Errorf("%d slow downs, want 1", st.SlowDowns-before.SlowDowns)
+		}
+	})
+
 	t.Run("reset after k body bytes", func(t *testing.T) {
 		before := p.Stats()
 		p.ResetAfter(100000, 1)
