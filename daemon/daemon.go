@@ -79,6 +79,8 @@ type Daemon struct {
 	kick    chan struct{}
 	// fleet is nil for a daemon without gossip; set once before Run.
 	fleet Fleet
+	// images is nil when the image cache is off; set once before Run.
+	images *images
 
 	mu      sync.Mutex
 	fetches map[string]*fetch
@@ -239,7 +241,7 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	if avail, err := d.store.Available(); err == nil {
 		d.metrics.available.Set(float64(avail))
 	}
-	var errs []error
+	errs := []error{d.reconcileImages(ctx, targeted)}
 	for _, act := range plan(w) {
 		switch act.kind {
 		case actFetch:

@@ -72,6 +72,7 @@ func (d *Daemon) inventory() (gossip.Inventory, error) {
 	for _, ep := range eps {
 		inv.Endpoints = append(inv.Endpoints, gossip.Endpoint{Model: ep.Model, URL: ep.URL})
 	}
+	inv.Images = d.imageInventory()
 	if sp, err := d.store.Space(); err == nil {
 		inv.DiskFreeBytes, inv.DiskTotalBytes = max(0, sp.Free-d.store.Reserve(sp)), sp.Total
 	}

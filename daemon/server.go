@@ -36,6 +36,9 @@ func (d *Daemon) Handler(token string) http.Handler {
 	mux.HandleFunc("GET /v1/caches/{name...}", d.handleCache)
 	mux.HandleFunc("DELETE /v1/caches/{name...}", d.handleRemoveCache)
 	mux.HandleFunc("GET /v1/fleet", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, d.Fleet()) })
+	mux.HandleFunc("GET /v1/images", d.handleImages)
+	mux.HandleFunc("POST /v1/images", d.handleAddImage)
+	mux.HandleFunc("DELETE /v1/images", d.handleRemoveImage)
 	mux.HandleFunc("GET /v1/endpoints", d.handleEndpoints)
 	mux.HandleFunc("POST /v1/endpoints", d.handleAddEndpoint)
 	mux.HandleFunc("DELETE /v1/endpoints", d.handleRemoveEndpoint)
@@ -122,6 +125,48 @@ func (d *Daemon) handleRemoveCache(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err)
 	case !found:
 		writeError(w, http.StatusNotFound, fmt.Errorf("model %q is not a desired cache", name))
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+func (d *Daemon) handleImages(w http.ResponseWriter, r *http.Request) {
+	all, err := d.Images(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, all)
+}
+
+func (d *Daemon) handleAddImage(w http.ResponseWriter, r *http.Request) {
+	var req api.AddImageRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	s := req.Spec()
+	if err := s.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	if err := d.AddImage(r.Context(), s); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, req)
+}
+
+// handleRemoveImage takes ref and owner as query parameters: a reference
+// does not fit a path segment.
+func (d *Daemon) handleRemoveImage(w http.ResponseWriter, r *http.Request) {
+	ref, owner := r.URL.Query().Get("ref"), r.URL.Query().Get("owner")
+	found, err := d.RemoveImage(r.Context(), ref, owner)
+	switch {
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err)
+	case !found:
+		writeError(w, http.StatusNotFound, fmt.Errorf("no claim on %q by owner %q", ref, owner))
 	default:
 		w.WriteHeader(http.StatusNoContent)
 	}

@@ -149,6 +149,24 @@ func (c *Client) RemoveEndpoint(ctx context.Context, endpointURL string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/endpoints?url="+url.QueryEscape(endpointURL), nil, nil)
 }
 
+// AddImage asks the fleet to pre-pull an image for an owner.
+func (c *Client) AddImage(ctx context.Context, req AddImageRequest) error {
+	return c.do(ctx, http.MethodPost, "/v1/images", req, nil)
+}
+
+// Images lists the images on the daemon's node.
+func (c *Client) Images(ctx context.Context) ([]ImageStatus, error) {
+	var out []ImageStatus
+	err := c.do(ctx, http.MethodGet, "/v1/images", nil, &out)
+	return out, err
+}
+
+// RemoveImage drops an owner's claim on an image fleet-wide.
+func (c *Client) RemoveImage(ctx context.Context, ref, owner string) error {
+	q := url.Values{"ref": {ref}, "owner": {owner}}
+	return c.do(ctx, http.MethodDelete, "/v1/images?"+q.Encode(), nil, nil)
+}
+
 // Node describes the daemon.
 func (c *Client) Node(ctx context.Context) (NodeInfo, error) {
 	var n NodeInfo

@@ -128,3 +128,34 @@ type Fleet struct {
 	Clustered bool     `json:"clustered"`
 	Members   []Member `json:"members"`
 }
+
+// ImageStatus is one container image on a node (GET /v1/images).
+type ImageStatus struct {
+	Ref    string   `json:"ref"`
+	Digest string   `json:"digest,omitempty"`
+	Size   int64    `json:"size,omitempty"`
+	Owners []string `json:"owners,omitempty"`
+	// Managed is true when warmfleet pulled the image and may remove it.
+	Managed  bool   `json:"managed"`
+	Unpacked bool   `json:"unpacked"`
+	State    string `json:"state"`
+	// BytesDone and BytesTotal are layer bytes fetched during a pull.
+	BytesDone  int64  `json:"bytes_done,omitempty"`
+	BytesTotal int64  `json:"bytes_total,omitempty"`
+	Error      string `json:"error,omitempty"`
+	// Wanted lists the owners the fleet's desired state asks this node to
+	// hold the image for.
+	Wanted []string `json:"wanted,omitempty"`
+}
+
+// AddImageRequest asks for an image to be pre-pulled (POST /v1/images).
+type AddImageRequest struct {
+	Ref     string       `json:"ref"`
+	Owner   string       `json:"owner"`
+	Targets spec.Targets `json:"targets,omitzero"`
+}
+
+// Spec converts the request to a desired-state spec.
+func (r AddImageRequest) Spec() spec.Spec {
+	return spec.Spec{Kind: spec.KindImage, Name: r.Ref, Owner: r.Owner, Targets: r.Targets}
+}

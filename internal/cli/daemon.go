@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	imagecache "github.com/warmfleet/warmfleet/containerd"
 	"github.com/warmfleet/warmfleet/daemon"
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
@@ -41,6 +42,10 @@ type daemonFlags struct {
 	clusterKeyFile  string
 	insecureGossip  bool
 	zone            string
+	containerd      string
+	containerdNS    string
+	registryHosts   string
+	registryAuth    string
 }
 
 func (f *daemonFlags) register(fs *flagSet) {
@@ -64,6 +69,10 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.clusterKeyFile, "cluster-key-file", "", "file with the cluster key(s), base64 of 32 bytes (warmfleet keygen)")
 	fs.BoolVar(&f.insecureGossip, "insecure-gossip", false, "DEV ONLY: gossip without encryption or authentication")
 	fs.StringVar(&f.zone, "zone", "", "this node's zone, shown to the fleet")
+	fs.StringVar(&f.containerd, "containerd", "", "containerd socket for image pre-pulls: unix:///run/containerd/containerd.sock, or off (default: that socket if it exists)")
+	fs.StringVar(&f.containerdNS, "containerd-namespace", "k8s.io", "containerd namespace images are pulled into (kubelet's)")
+	fs.StringVar(&f.registryHosts, "registry-hosts-dir", "", "hosts.toml directory for registry mirrors and plain HTTP, e.g. /etc/containerd/certs.d")
+	fs.StringVar(&f.registryAuth, "registry-auth-file", "", "docker config.json with registry credentials (default ~/.docker/config.json)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 }
@@ -138,6 +147,15 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		d.SetFleet(node)
 	}
 
+	images, err := dialContainerd(ctx, log, f, d)
+	if err != nil {
+		return err
+	}
+	if images != nil {
+		defer images.Close()
+		d.SetImageCache(images)
+	}
+
 	ln, err := daemon.Listen(ctx, addr, token)
 	if err != nil {
 		return err
@@ -168,6 +186,33 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	err = errors.Join(err, <-runErr)
 	log.Info("warmfleet daemon stopped")
 	return err
+}
+
+// defaultContainerdSocket is where containerd listens on a Kubernetes node.
+const defaultContainerdSocket = "/run/containerd/containerd.sock"
+
+// dialContainerd connects the image cache. Without --containerd it uses the
+// default socket when there is one and runs without image caching when not.
+func dialContainerd(ctx context.Context, log *slog.Logger, f *daemonFlags, d *daemon.Daemon) (*imagecache.Cache, error) {
+	addr := f.containerd
+	switch addr {
+	case "off":
+		return nil, nil
+	case "":
+		if _, err := os.Stat(defaultContainerdSocket); err != nil {
+			log.Info("image cache off: no containerd socket", "path", defaultContainerdSocket)
+			return nil, nil
+		}
+		addr = "unix://" + defaultContainerdSocket
+	}
+	c, err := imagecache.Dial(ctx, addr, imagecache.Options{
+		Namespace: f.containerdNS, HostsDir: f.registryHosts, DockerConfig: f.registryAuth,
+		Registerer: d.Registry(), Logger: log.With("component", "images"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("containerd at %s: %w", addr, err)
+	}
+	return c, nil
 }
 
 // startGossip makes the daemon a fleet member.

@@ -10,9 +10,7 @@ import (
 
 var errNotYet = errors.New("not built yet")
 
-func runImage(context.Context, *Env, []string) error       { return errNotYet }
 func runRouter(context.Context, *Env, []string) error      { return errNotYet }
 func runLLMSim(context.Context, *Env, []string) error      { return errNotYet }
-func runKeygen(context.Context, *Env, []string) error      { return errNotYet }
 func runBenchS3(context.Context, *Env, []string) error     { return errNotYet }
 func runBenchRouter(context.Context, *Env, []string) error { return errNotYet }
