@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -43,40 +42,25 @@ func StartContainerd(tb testing.TB) *Containerd {
 	tb.Helper()
 	RequireRoot(tb)
 	Bin(tb, "containerd") // skip, or fail in CI, when it is missing
-	ctx, cancel := context.WithTimeout(context.Background(), ctrStartTimeout)
-	defer cancel()
 	// Unix socket paths are limited to 108 bytes; t.TempDir() paths of long
 	// test names can exceed that, so the daemon lives in a short directory.
 	dir, err := os.MkdirTemp("", "wfctd-")
 	if err != nil {
 		tb.Fatalf("containerd dir: %v", err)
 	}
-	c, stop, err := StartContainerdProcess(ctx, dir)
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		tb.Fatalf("start containerd: %v", err)
-	}
 	tb.Cleanup(func() {
-		if err := stop(); err != nil {
-			tb.Errorf("stop containerd: %v", err)
-		}
 		if err := removeContainerdDir(dir); err != nil {
 			tb.Errorf("remove containerd dir: %v", err)
 		}
 	})
-	return c
+	return startForTest(tb, "containerd", ctrStartTimeout, func(ctx context.Context) (*Containerd, func() error, error) {
+		return StartContainerdProcess(ctx, dir)
+	})
 }
 
 // ContainerdPath finds the containerd binary in the repository's bin/ or PATH.
 func ContainerdPath() (string, error) {
-	local := filepath.Join(RepoRoot(), "bin", "containerd")
-	if st, err := os.Stat(local); err == nil && !st.IsDir() {
-		return local, nil
-	}
-	if p, err := exec.LookPath("containerd"); err == nil {
-		return p, nil
-	}
-	return "", errors.New("containerd not found in bin/ or PATH (Debian package containerd; `make test` installs it)")
+	return ToolPath("containerd", "Debian package containerd")
 }
 
 // StartContainerdProcess starts containerd with everything under dir
@@ -120,48 +104,25 @@ func StartContainerdProcess(ctx context.Context, dir string) (*Containerd, func(
 	}
 
 	cmd := exec.Command(bin, "--config", c.Config, "--log-level", "warn")
-	out := &tailBuffer{max: 16 << 10}
-	cmd.Stdout, cmd.Stderr = out, out
 	// Only the config decides where it lives; CONTAINERD_* from the caller
 	// (for example CONTAINERD_ADDRESS) must not leak in.
 	cmd.Env = filteredEnv(os.Environ(), "CONTAINERD_")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("start %s: %w", bin, err)
+	svc, err := startService(cmd, 16<<10)
+	if err != nil {
+		return nil, nil, err
 	}
 	c.PID = cmd.Process.Pid
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-
-	var once sync.Once
-	var stopErr error
 	stop := func() error {
-		once.Do(func() {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(10 * time.Second):
-				_ = cmd.Process.Kill()
-				<-exited
-				stopErr = fmt.Errorf("containerd at %s ignored SIGTERM for 10s; killed", c.Address)
-			}
-			// Snapshots that were mounted by the daemon's differ are
-			// unmounted by it; anything left (a crash) must not keep
-			// dir busy.
-			if err := unmountUnder(dir); err != nil && stopErr == nil {
-				stopErr = err
-			}
-		})
-		return stopErr
-	}
-
-	if err := waitUnixSocket(ctx, c.Address, exited); err != nil {
-		_ = stop()
-		if waitErr != nil {
-			err = fmt.Errorf("%w (exit: %v)", err, waitErr)
+		var err error
+		if svc.stop(10 * time.Second) {
+			err = fmt.Errorf("containerd at %s ignored SIGTERM for 10s; killed", c.Address)
 		}
-		return nil, nil, fmt.Errorf("containerd at %s: %w; output:\n%s", c.Address, err, out.String())
+		// Snapshots that were mounted by the daemon's differ are unmounted
+		// by it; anything left (a crash) must not keep dir busy.
+		return errors.Join(err, unmountUnder(dir))
+	}
+	if err := waitUnixSocket(ctx, c.Address, svc.exited); err != nil {
+		return nil, nil, errors.Join(svc.startFailed("containerd at "+c.Address, err), unmountUnder(dir))
 	}
 	return c, stop, nil
 }

@@ -8,8 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -64,31 +62,16 @@ func StartRegistryWithAuth(tb testing.TB, user, password string) *Registry {
 func startRegistryTB(tb testing.TB, opts RegistryOptions) *Registry {
 	tb.Helper()
 	Bin(tb, "docker-registry") // skip, or fail in CI, when it is missing
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	r, stop, err := StartRegistryProcess(ctx, tb.TempDir(), opts)
-	if err != nil {
-		tb.Fatalf("start registry: %v", err)
-	}
-	tb.Cleanup(func() {
-		if err := stop(); err != nil {
-			tb.Errorf("stop registry: %v", err)
-		}
+	dir := tb.TempDir()
+	return startForTest(tb, "registry", 30*time.Second, func(ctx context.Context) (*Registry, func() error, error) {
+		return StartRegistryProcess(ctx, dir, opts)
 	})
-	return r
 }
 
 // RegistryPath finds the docker-registry binary in the repository's bin/ or
 // PATH.
 func RegistryPath() (string, error) {
-	local := filepath.Join(RepoRoot(), "bin", "docker-registry")
-	if st, err := os.Stat(local); err == nil && !st.IsDir() {
-		return local, nil
-	}
-	if p, err := exec.LookPath("docker-registry"); err == nil {
-		return p, nil
-	}
-	return "", errors.New("docker-registry not found in bin/ or PATH (Debian package docker-registry; `make test` installs it)")
+	return ToolPath("docker-registry", "Debian package docker-registry")
 }
 
 // StartRegistryProcess starts docker-registry with its config, storage and
@@ -149,39 +132,20 @@ func startRegistry(ctx context.Context, bin, dir, addr, htpasswd string, opts Re
 		return nil, nil, fmt.Errorf("registry config: %w", err)
 	}
 	cmd := exec.Command(bin, "serve", cfg)
-	out := &tailBuffer{max: 8 << 10}
-	cmd.Stdout, cmd.Stderr = out, out
 	// REGISTRY_* variables override the config file; the caller's must not.
 	cmd.Env = filteredEnv(os.Environ(), "REGISTRY_")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("start %s: %w", bin, err)
+	svc, err := startService(cmd, 8<<10)
+	if err != nil {
+		return nil, nil, err
 	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-
-	var once sync.Once
-	var stopErr error
 	stop := func() error {
-		once.Do(func() {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(5 * time.Second):
-				_ = cmd.Process.Kill()
-				<-exited
-				stopErr = fmt.Errorf("registry on %s ignored SIGTERM for 5s; killed", addr)
-			}
-		})
-		return stopErr
-	}
-	if err := waitHTTP(ctx, "http://"+addr+"/v2/", exited); err != nil {
-		_ = stop()
-		if waitErr != nil {
-			err = fmt.Errorf("%w (exit: %v)", err, waitErr)
+		if svc.stop(5 * time.Second) {
+			return fmt.Errorf("registry on %s ignored SIGTERM for 5s; killed", addr)
 		}
-		return nil, nil, fmt.Errorf("registry on %s: %w; output:\n%s", addr, err, out.String())
+		return nil
+	}
+	if err := waitHTTP(ctx, "http://"+addr+"/v2/", svc.exited); err != nil {
+		return nil, nil, svc.startFailed("registry on "+addr, err)
 	}
 	return &Registry{Addr: addr, Dir: dir, Username: opts.Username, Password: opts.Password}, stop, nil
 }

@@ -10,10 +10,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -51,30 +49,15 @@ const (
 func StartS3(tb testing.TB) *S3 {
 	tb.Helper()
 	Bin(tb, "versitygw") // skip, or fail in CI, when it is missing
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, stop, err := StartS3Process(ctx, tb.TempDir(), "")
-	if err != nil {
-		tb.Fatalf("start versitygw: %v", err)
-	}
-	tb.Cleanup(func() {
-		if err := stop(); err != nil {
-			tb.Errorf("stop versitygw: %v", err)
-		}
+	dir := tb.TempDir()
+	return startForTest(tb, "versitygw", 30*time.Second, func(ctx context.Context) (*S3, func() error, error) {
+		return StartS3Process(ctx, dir, "")
 	})
-	return s
 }
 
 // VersitygwPath finds the versitygw binary in the repository's bin/ or PATH.
 func VersitygwPath() (string, error) {
-	local := filepath.Join(RepoRoot(), "bin", "versitygw")
-	if st, err := os.Stat(local); err == nil && !st.IsDir() {
-		return local, nil
-	}
-	if p, err := exec.LookPath("versitygw"); err == nil {
-		return p, nil
-	}
-	return "", fmt.Errorf("versitygw not found in %s or PATH (run `make test`, which installs it)", filepath.Dir(local))
+	return ToolPath("versitygw", "go install github.com/versity/versitygw/cmd/versitygw@v1.8.0")
 }
 
 // StartS3Process starts versitygw serving dir (created if missing) on addr
@@ -135,40 +118,15 @@ func startVersitygw(ctx context.Context, bin, dir, addr string) (*S3, func() err
 	// Only the flags configure it: VGW_* or ROOT_* variables of the caller
 	// must not leak in.
 	cmd.Env = filteredEnv(os.Environ(), "VGW_", "ROOT_")
-	out := &tailBuffer{max: 8 << 10}
-	cmd.Stdout, cmd.Stderr = out, out
-	// The gateway must not outlive a test binary that crashes or is killed.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("start %s: %w", bin, err)
+	svc, err := startService(cmd, 8<<10)
+	if err != nil {
+		return nil, nil, err
 	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-
-	var once sync.Once
-	var stopErr error
-	stop := func() error {
-		once.Do(func() {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(2 * time.Second):
-				// versitygw waits for clients' idle keep-alive connections;
-				// a test fixture need not shut down gracefully.
-				_ = cmd.Process.Kill()
-				<-exited
-			}
-		})
-		return stopErr
-	}
-
-	if err := waitHTTP(ctx, s.Endpoint, exited); err != nil {
-		_ = stop()
-		if waitErr != nil {
-			err = fmt.Errorf("%w (exit: %v)", err, waitErr)
-		}
-		return nil, nil, fmt.Errorf("versitygw on %s: %w; output:\n%s", addr, err, out.String())
+	// versitygw waits for clients' idle keep-alive connections; a test
+	// fixture need not shut down gracefully, so a kill is no error.
+	stop := func() error { svc.stop(2 * time.Second); return nil }
+	if err := waitHTTP(ctx, s.Endpoint, svc.exited); err != nil {
+		return nil, nil, svc.startFailed("versitygw on "+addr, err)
 	}
 	return s, stop, nil
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"testing"
@@ -25,15 +24,11 @@ func RepoRoot() string {
 // Bin returns the path of a tool from the project-local bin/ directory or PATH.
 func Bin(tb testing.TB, name string) string {
 	tb.Helper()
-	local := filepath.Join(RepoRoot(), "bin", name)
-	if st, err := os.Stat(local); err == nil && !st.IsDir() {
-		return local
+	p, err := ToolPath(name, "see the Makefile")
+	if err != nil {
+		Missing(tb, "%v", err)
 	}
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	Missing(tb, "%s not found in %s or PATH (run `make test`, which installs it)", name, filepath.Dir(local))
-	return ""
+	return p
 }
 
 // Missing skips the test, or fails it in CI where everything must be present.
