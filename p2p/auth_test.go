@@ -1,0 +1,173 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// A node without the cluster key gets no bitfield and no piece byte, in
+// either connection mode.
+func TestAuthRefusesOutsiders(t *testing.T) {
+	for _, encrypt := range []bool{false, true} {
+		name := map[bool]string{false: "hmac", true: "tls"}[encrypt]
+		t.Run(name, func(t *testing.T) {
+			data := randomData(t, 256<<10)
+			m := manifestFor(t, data, 0, int64(len(data)), testPiece, SHA256)
+			member := startNode(t, "member", func(c *Config) { c.Encrypt = encrypt })
+			seedNode(t, member, data, m, false)
+			wrongKey := bytes.Repeat([]byte{8}, ClusterKeySize)
+			outsider := startNode(t, "outsider", func(c *Config) { c.Encrypt = encrypt; c.ClusterKey = wrongKey })
+			s, err := outsider.Open(context.Background(), m, filepath.Join(outsider.dir, "f"), outsider.comp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			_, err = s.Fetch(ctx, FetchOptions{Peers: peers(member.addr), PeerRefresh: 50 * time.Millisecond})
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("outsider fetch: %v", err)
+			}
+			if got := outsider.Stats().PeerBytesIn; got != 0 {
+				t.Fatalf("outsider received %d piece bytes", got)
+			}
+			if got := member.Stats().PeerBytesOut; got != 0 {
+				t.Fatalf("member sent %d piece bytes", got)
+			}
+			if member.Stats().AuthFailures+outsider.Stats().AuthFailures == 0 {
+				t.Fatal("no authentication failure recorded")
+			}
+			// The same member still serves a node holding the key.
+			insider := startNode(t, "insider", func(c *Config) { c.Encrypt = encrypt })
+			s2, err := insider.Open(context.Background(), m, filepath.Join(insider.dir, "f"), insider.comp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s2.Fetch(context.Background(), FetchOptions{Peers: peers(member.addr)}); err != nil {
+				t.Fatal(err)
+			}
+			assertFileRange(t, filepath.Join(insider.dir, "f"), data, m)
+		})
+	}
+}
+
+// The handshake itself: wrong keys fail on both sides, and a client that
+// skips it straight to the peer protocol gets nothing back.
+func TestHandshake(t *testing.T) {
+	other := bytes.Repeat([]byte{9}, ClusterKeySize)
+	cases := []struct {
+		name           string
+		clientKey      []byte
+		clientEncrypt  bool
+		serverEncrypt  bool
+		wantClientAuth bool
+	}{
+		{"hmac same key", testKey, false, false, true},
+		{"hmac wrong key", other, false, false, false},
+		{"tls same key", testKey, true, true, true},
+		{"tls wrong key", other, true, true, false},
+		{"tls client, hmac server", testKey, true, false, false},
+		{"hmac client, tls server", testKey, false, true, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srvAuth, err := newAuth("server", testKey, c.serverEncrypt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cliAuth, err := newAuth("client", c.clientKey, c.clientEncrypt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc, sc := tcpPair(t)
+			deadline := time.Now().Add(2 * time.Second)
+			type result struct {
+				id  string
+				err error
+			}
+			srvDone := make(chan result, 1)
+			go func() {
+				conn, id, err := srvAuth.server(sc, deadline)
+				if err != nil {
+					sc.Close() // a refusing server hangs up
+				} else {
+					_ = conn
+				}
+				srvDone <- result{id, err}
+			}()
+			_, id, err := cliAuth.client(cc, deadline)
+			if err != nil {
+				cc.Close() // as dial does
+			}
+			srv := <-srvDone
+			if c.wantClientAuth {
+				if err != nil || srv.err != nil || id != "server" || srv.id != "client" {
+					t.Fatalf("client %q %v, server %q %v", id, err, srv.id, srv.err)
+				}
+				return
+			}
+			if err == nil && srv.err == nil {
+				t.Fatal("both sides authenticated with mismatched credentials")
+			}
+			if srv.err == nil {
+				t.Fatal("server accepted a client without the key")
+			}
+		})
+	}
+	t.Run("skipping the handshake", func(t *testing.T) {
+		srvAuth, _ := newAuth("server", testKey, false)
+		cc, sc := tcpPair(t)
+		go func() {
+			var id [32]byte
+			_ = writeFrame(cc, msgSubscribe, id[:])
+			_ = writeFrame(cc, msgRequest, u32(0))
+			_, _ = cc.Write(make([]byte, 64))
+		}()
+		if _, _, err := srvAuth.server(sc, time.Now().Add(time.Second)); !errors.Is(err, ErrUnauthenticated) {
+			t.Fatalf("err = %v", err)
+		}
+		sc.Close()
+		_ = cc.SetReadDeadline(time.Now().Add(time.Second))
+		got, _ := io.ReadAll(cc)
+		if len(got) != 0 {
+			t.Fatalf("server sent %d bytes to an unauthenticated client", len(got))
+		}
+	})
+}
+
+func TestNewAuthRejectsBadConfig(t *testing.T) {
+	if _, err := newAuth("n", make([]byte, 16), false); err == nil {
+		t.Fatal("short key accepted")
+	}
+	if _, err := newAuth("", testKey, false); err == nil {
+		t.Fatal("empty node id accepted")
+	}
+}
+
+func tcpPair(t *testing.T) (client, server net.Conn) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ch := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		ch <- c
+	}()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server = <-ch
+	if server == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return client, server
+}

@@ -1,0 +1,370 @@
+package p2p
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Config configures a Node. Zero values get the defaults noted.
+type Config struct {
+	// NodeID names this node to its peers (1-255 bytes); bans are by node ID.
+	NodeID string
+	// ClusterKey is the 32-byte secret shared by every fleet member.
+	ClusterKey []byte
+	// Encrypt wraps connections in mutual TLS 1.3 under a CA derived from the
+	// cluster key. Off, connections are authenticated by an HMAC handshake and
+	// the bulk bytes go in the clear with sendfile; pieces are verified
+	// against the manifest either way. Every node of a fleet must agree.
+	Encrypt bool
+	// MaxUploads caps pieces served at once (default 4); further requests get
+	// a busy answer so local readers and our own downloads keep their share.
+	MaxUploads int
+	// UploadLimit and DownloadLimit cap peer traffic in bytes per second
+	// (0: unlimited). Origin reads are not counted against DownloadLimit.
+	UploadLimit, DownloadLimit float64
+	// MaxConns caps accepted connections (default 256).
+	MaxConns int
+	// DialTimeout bounds dial plus handshake (default 3s).
+	DialTimeout time.Duration
+	// StallTimeout abandons a peer that sends nothing for this long while we
+	// wait for a piece (default 10s); its pieces go back to the pool.
+	StallTimeout time.Duration
+	// BanDuration is how long a peer that sent a bad piece is refused
+	// (default 1h).
+	BanDuration time.Duration
+	Logger      *slog.Logger
+	// Now is the clock used for bans and origin fallback (default time.Now).
+	Now func() time.Time
+}
+
+// Stats are cumulative counters of a node, for metrics.
+type Stats struct {
+	OriginBytes    int64 // bytes read from origin byte sources
+	PeerBytesIn    int64 // piece bytes received from peers
+	PeerBytesOut   int64 // piece bytes sent to peers
+	PiecesVerified int64 // pieces that matched their hash
+	PiecesFailed   int64 // pieces that did not
+	PeersConnected int64 // authenticated connections now open, both directions
+	PeersBanned    int64 // bans issued
+	AuthFailures   int64 // handshakes that failed authentication, either side
+}
+
+type counters struct {
+	originBytes, peerIn, peerOut, verified, failed, connected, banned, authFail atomic.Int64
+}
+
+// Node is one member of the swarm: it serves the shards opened on it and
+// fetches them from peers and origins.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	auth    *auth
+	uploads chan struct{}
+	upLim   *rate.Limiter
+	downLim *rate.Limiter
+	conns   chan struct{}
+	c       counters
+	mu      sync.Mutex
+	shards  map[[32]byte]*Shard
+	bans    map[string]time.Time // node id or address -> until
+	serveWG sync.WaitGroup
+}
+
+// chunkSize is the unit of reads, writes, hashing and rate limiting.
+const chunkSize = 256 << 10
+
+// NewNode checks cfg and builds a node; call Serve to accept peers.
+func NewNode(cfg Config) (*Node, error) {
+	a, err := newAuth(cfg.NodeID, cfg.ClusterKey, cfg.Encrypt)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.UploadLimit < 0 || cfg.DownloadLimit < 0 {
+		return nil, errors.New("p2p: negative rate limit")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.DialTimeout, 3*time.Second)
+	def(&cfg.StallTimeout, 10*time.Second)
+	def(&cfg.BanDuration, time.Hour)
+	if cfg.MaxUploads <= 0 {
+		cfg.MaxUploads = 4
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 256
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Node{
+		cfg:     cfg,
+		log:     cfg.Logger.With("node", cfg.NodeID),
+		auth:    a,
+		uploads: make(chan struct{}, cfg.MaxUploads),
+		upLim:   limiter(cfg.UploadLimit),
+		downLim: limiter(cfg.DownloadLimit),
+		conns:   make(chan struct{}, cfg.MaxConns),
+		shards:  map[[32]byte]*Shard{},
+		bans:    map[string]time.Time{},
+	}, nil
+}
+
+func limiter(bps float64) *rate.Limiter {
+	if bps == 0 {
+		return rate.NewLimiter(rate.Inf, 0)
+	}
+	return rate.NewLimiter(rate.Limit(bps), chunkSize)
+}
+
+// Stats returns a snapshot of the node's counters.
+func (n *Node) Stats() Stats {
+	return Stats{
+		OriginBytes:    n.c.originBytes.Load(),
+		PeerBytesIn:    n.c.peerIn.Load(),
+		PeerBytesOut:   n.c.peerOut.Load(),
+		PiecesVerified: n.c.verified.Load(),
+		PiecesFailed:   n.c.failed.Load(),
+		PeersConnected: n.c.connected.Load(),
+		PeersBanned:    n.c.banned.Load(),
+		AuthFailures:   n.c.authFail.Load(),
+	}
+}
+
+// Ban refuses a peer (by node ID or address) until the ban expires.
+func (n *Node) Ban(who string) {
+	n.mu.Lock()
+	n.bans[who] = n.cfg.Now().Add(n.cfg.BanDuration)
+	n.mu.Unlock()
+	n.c.banned.Add(1)
+}
+
+// Banned reports whether a node ID or address is currently refused.
+func (n *Node) Banned(who string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	until, ok := n.bans[who]
+	if ok && !n.cfg.Now().Before(until) {
+		delete(n.bans, who)
+		return false
+	}
+	return ok
+}
+
+// Serve accepts peers on ln until ctx ends, then closes ln and waits for
+// the connections it started.
+func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	defer n.serveWG.Wait()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("p2p: accept: %w", err)
+		}
+		select {
+		case n.conns <- struct{}{}:
+		default:
+			n.log.Warn("p2p: too many connections, refusing", "remote", c.RemoteAddr())
+			c.Close()
+			continue
+		}
+		n.serveWG.Add(1)
+		go func() {
+			defer n.serveWG.Done()
+			defer func() { <-n.conns }()
+			n.serveConn(ctx, c)
+		}()
+	}
+}
+
+// serveConn answers one downloader: subscribe, bitfield, then have
+// notifications and pieces until either side hangs up.
+func (n *Node) serveConn(ctx context.Context, raw net.Conn) {
+	defer raw.Close()
+	c, peerID, err := n.auth.server(raw, n.cfg.Now().Add(n.cfg.DialTimeout))
+	if err != nil {
+		if errors.Is(err, ErrUnauthenticated) {
+			n.c.authFail.Add(1)
+		}
+		n.log.Info("p2p: refused connection", "remote", raw.RemoteAddr(), "err", err)
+		return
+	}
+	if n.Banned(peerID) {
+		n.log.Info("p2p: refused banned peer", "peer", peerID)
+		return
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	n.c.connected.Add(1)
+	defer n.c.connected.Add(-1)
+
+	br := bufio.NewReaderSize(c, 4096)
+	f, err := readFrame(br)
+	if err != nil || f.typ != msgSubscribe || len(f.payload) != 32 {
+		n.log.Info("p2p: bad subscribe", "peer", peerID, "err", err)
+		return
+	}
+	var id [32]byte
+	copy(id[:], f.payload)
+	n.mu.Lock()
+	s := n.shards[id]
+	n.mu.Unlock()
+	if s == nil {
+		_ = writeFrame(c, msgNotFound, nil)
+		return
+	}
+	sc := &serverConn{c: c, n: n, s: s, peer: peerID, wake: make(chan struct{}, 1)}
+	if !s.subscribe(sc) {
+		_ = writeFrame(c, msgNotFound, nil)
+		return
+	}
+	defer s.unsubscribe(sc)
+	done := make(chan struct{})
+	defer close(done)
+	go sc.sendHaves(done)
+
+	buf := make([]byte, 0)
+	if _, isTCP := c.(*net.TCPConn); !isTCP {
+		buf = make([]byte, chunkSize)
+	}
+	for {
+		f, err := readFrame(br)
+		if err != nil {
+			return
+		}
+		if f.typ != msgRequest {
+			n.log.Info("p2p: unexpected frame from downloader", "peer", peerID, "type", f.typ)
+			return
+		}
+		i, err := f.index(s.m.NumPieces())
+		if err != nil {
+			n.log.Info("p2p: bad request", "peer", peerID, "err", err)
+			return
+		}
+		if err := sc.upload(ctx, i, buf); err != nil {
+			n.log.Debug("p2p: upload ended", "peer", peerID, "err", err)
+			return
+		}
+	}
+}
+
+// uploadSlotWait is how long a request may wait for an upload slot before
+// the downloader is told to ask elsewhere.
+const uploadSlotWait = 500 * time.Millisecond
+
+type serverConn struct {
+	c    net.Conn
+	n    *Node
+	s    *Shard
+	peer string
+	wmu  sync.Mutex // one frame (and its piece bytes) at a time
+	mu   sync.Mutex
+	have []int // pending have notifications
+	wake chan struct{}
+}
+
+func (sc *serverConn) notify(i int) {
+	sc.mu.Lock()
+	sc.have = append(sc.have, i)
+	sc.mu.Unlock()
+	select {
+	case sc.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (sc *serverConn) sendHaves(done <-chan struct{}) {
+	for {
+		select {
+		case <-done:
+			return
+		case <-sc.wake:
+		}
+		sc.mu.Lock()
+		pending := sc.have
+		sc.have = nil
+		sc.mu.Unlock()
+		for _, i := range pending {
+			sc.wmu.Lock()
+			err := writeFrame(sc.c, msgHave, u32(i))
+			sc.wmu.Unlock()
+			if err != nil {
+				sc.c.Close()
+				return
+			}
+		}
+	}
+}
+
+func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {
+	n := sc.n
+	t := time.NewTimer(uploadSlotWait)
+	defer t.Stop()
+	select {
+	case n.uploads <- struct{}{}:
+	case <-t.C:
+		sc.wmu.Lock()
+		defer sc.wmu.Unlock()
+		return writeFrame(sc.c, msgBusy, u32(i))
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-n.uploads }()
+	f, release := sc.s.readFile(i)
+	if f == nil {
+		// Never requested legitimately: we only announce verified pieces.
+		return fmt.Errorf("%w: request for piece %d we do not have", errProtocol, i)
+	}
+	defer release()
+	off, size := sc.s.m.PieceRange(i)
+	sc.wmu.Lock()
+	defer sc.wmu.Unlock()
+	if err := writeFrame(sc.c, msgPiece, append(u32(i), u32(int(size))...)); err != nil {
+		return err
+	}
+	// Limited uploads go a chunk at a time so the limiter can pace them.
+	step := size
+	if n.upLim.Limit() != rate.Inf {
+		step = chunkSize
+	}
+	for done := int64(0); done < size; {
+		k := min(step, size-done)
+		if err := n.upLim.WaitN(ctx, int(min(k, math.MaxInt32))); err != nil {
+			return err
+		}
+		w, err := sendRange(sc.c, f, off+done, k, buf)
+		done += w
+		n.c.peerOut.Add(w)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func shortID(id [32]byte) string { return hex.EncodeToString(id[:6]) }

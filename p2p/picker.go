@@ -1,0 +1,45 @@
+package p2p
+
+// pickState is what piece selection looks at; the fetch keeps it under its
+// lock.
+type pickState struct {
+	have     Bitfield // verified locally
+	inflight []bool   // requested from a peer or the origin
+	avail    []int32  // number of connected peers that have each piece
+}
+
+// pickRarest returns the needed piece that the peer has and the fewest other
+// peers have, choosing at random among equally rare ones so that
+// downloaders spread over different pieces; -1 if the peer has nothing we
+// need. intn(k) must return a number in [0, k).
+func pickRarest(st *pickState, peerHas Bitfield, intn func(int) int) int {
+	best, ties := -1, 0
+	var bestAvail int32
+	for i := range st.inflight {
+		if st.inflight[i] || st.have.Has(i) || !peerHas.Has(i) {
+			continue
+		}
+		a := st.avail[i]
+		switch {
+		case best < 0 || a < bestAvail:
+			best, bestAvail, ties = i, a, 1
+		case a == bestAvail:
+			ties++
+			if intn(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// pickForOrigin returns a needed piece that no connected peer has, in file
+// order so the origin's reads stream forward; -1 if none.
+func pickForOrigin(st *pickState) int {
+	for i := range st.inflight {
+		if !st.inflight[i] && !st.have.Has(i) && st.avail[i] == 0 {
+			return i
+		}
+	}
+	return -1
+}

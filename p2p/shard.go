@@ -1,0 +1,363 @@
+package p2p
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Shard is a shard opened on a node: its file, which pieces are verified,
+// and the downloaders subscribed to it. Verified pieces are served to peers
+// until Close.
+type Shard struct {
+	n     *Node
+	m     *Manifest
+	id    [32]byte
+	hexID string
+	path  string
+	comp  Completion
+
+	fileMu sync.RWMutex // readers: uploads and writes; writer: Close
+	file   *os.File
+	ino    uint64 // fileIdentity, kept in completion records
+
+	mu       sync.Mutex
+	have     Bitfield // verified: served and counted as present
+	durable  Bitfield // verified and fdatasynced, as stored in comp
+	subs     map[*serverConn]struct{}
+	closed   bool
+	fetching bool
+	fullCh   chan struct{} // closed when have is full
+}
+
+// Open registers the shard described by m, whose bytes live in the file at
+// path (at m.Offset; the file is created and sized to m.FileSize if needed),
+// and starts serving the pieces comp records as complete. Completion is
+// trusted without rehashing unless the file is too short to hold the shard.
+func (n *Node) Open(ctx context.Context, m *Manifest, path string, comp Completion) (*Shard, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	if comp == nil {
+		return nil, errors.New("p2p: open: nil completion store")
+	}
+	f, ino, fresh, err := openShardFile(path, m)
+	if err != nil {
+		return nil, err
+	}
+	id := m.rawID()
+	s := &Shard{n: n, m: m, id: id, hexID: m.ID(), path: path, comp: comp, file: f, ino: ino,
+		have: NewBitfield(m.NumPieces()), subs: map[*serverConn]struct{}{}, fullCh: make(chan struct{})}
+	stored, err := comp.Load(s.hexID)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("p2p: open %s: %w", m.ShardID, err)
+	}
+	if stored != nil {
+		bf, recIno, err := parseCompletion(stored, m.NumPieces())
+		switch {
+		case err != nil:
+			n.log.Warn("p2p: ignoring corrupt completion record", "shard", m.ShardID, "err", err)
+		case fresh || recIno != ino:
+			// The file was recreated or cut short since the record was
+			// written: its bytes are not the ones that were verified.
+			n.log.Warn("p2p: file changed since completion was recorded, starting over", "shard", m.ShardID, "path", path)
+		default:
+			s.have = bf
+		}
+	}
+	s.durable = s.have.Clone()
+	if s.have.Full() {
+		close(s.fullCh)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, dup := n.shards[id]; dup {
+		f.Close()
+		return nil, fmt.Errorf("p2p: shard %s (%s) already open", m.ShardID, shortID(id))
+	}
+	n.shards[id] = s
+	return s, nil
+}
+
+// openShardFile opens (creating) the file and makes it exactly FileSize
+// long. It returns the inode, which completion records carry so that a
+// recreated file is not mistaken for the verified one, and whether the file
+// had to be created or grown (then no stored completion can be trusted).
+func openShardFile(path string, m *Manifest) (f *os.File, ino uint64, fresh bool, err error) {
+	f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("p2p: open %s: %w", path, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, false, fmt.Errorf("p2p: stat %s: %w", path, err)
+	}
+	switch {
+	case !st.Mode().IsRegular():
+		f.Close()
+		return nil, 0, false, fmt.Errorf("p2p: %s is not a regular file", path)
+	case st.Size() > m.FileSize:
+		f.Close()
+		return nil, 0, false, fmt.Errorf("p2p: %s is %d bytes, manifest says %d", path, st.Size(), m.FileSize)
+	case st.Size() < m.FileSize:
+		if err := f.Truncate(m.FileSize); err != nil {
+			f.Close()
+			return nil, 0, false, fmt.Errorf("p2p: size %s: %w", path, err)
+		}
+		fresh = true
+	}
+	return f, fileIdentity(f, st), fresh, nil
+}
+
+// fileIdentity tells file instances apart: the inode number mixed with the
+// birth time, because a deleted file's inode number is soon reused.
+func fileIdentity(f *os.File, st os.FileInfo) uint64 {
+	var id uint64
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		id = sys.Ino
+	}
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return id
+	}
+	_ = sc.Control(func(fd uintptr) {
+		var stx unix.Statx_t
+		if unix.Statx(int(fd), "", unix.AT_EMPTY_PATH, unix.STATX_INO|unix.STATX_BTIME, &stx) == nil && stx.Mask&unix.STATX_BTIME != 0 {
+			id = mix64(id ^ mix64(uint64(stx.Btime.Sec)*1e9+uint64(stx.Btime.Nsec)))
+		}
+	})
+	return id
+}
+
+// A completion record is a magic, the file's inode and the bitfield.
+var completionMagic = []byte("WFC1")
+
+func completionRecord(ino uint64, bf Bitfield) []byte {
+	b := append([]byte{}, completionMagic...)
+	b = binary.BigEndian.AppendUint64(b, ino)
+	return append(b, bf.b...)
+}
+
+func parseCompletion(b []byte, n int) (Bitfield, uint64, error) {
+	if len(b) < len(completionMagic)+8 || string(b[:len(completionMagic)]) != string(completionMagic) {
+		return Bitfield{}, 0, errors.New("p2p: not a completion record")
+	}
+	ino := binary.BigEndian.Uint64(b[len(completionMagic):])
+	bf, err := ParseBitfield(b[len(completionMagic)+8:], n)
+	return bf, ino, err
+}
+
+// Manifest returns the shard's manifest.
+func (s *Shard) Manifest() *Manifest { return s.m }
+
+// Path returns the file holding the shard.
+func (s *Shard) Path() string { return s.path }
+
+// Have returns a copy of the set of verified pieces.
+func (s *Shard) Have() Bitfield {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.have.Clone()
+}
+
+// Complete reports whether every piece is verified.
+func (s *Shard) Complete() bool {
+	select {
+	case <-s.fullCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close stops serving the shard and closes its file. Completion stays
+// stored so a later Open resumes.
+func (s *Shard) Close() error {
+	s.n.mu.Lock()
+	if s.n.shards[s.id] == s {
+		delete(s.n.shards, s.id)
+	}
+	s.n.mu.Unlock()
+	s.mu.Lock()
+	s.closed = true
+	subs := s.subs
+	s.subs = nil
+	s.mu.Unlock()
+	for sc := range subs {
+		sc.c.Close()
+	}
+	s.fileMu.Lock()
+	defer s.fileMu.Unlock()
+	if s.file == nil {
+		return nil
+	}
+	err := s.file.Close()
+	s.file = nil
+	return err
+}
+
+func (s *Shard) subscribe(sc *serverConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	// The bitfield goes out under the lock so no have is sent before it or lost.
+	sc.wmu.Lock()
+	_ = sc.c.SetWriteDeadline(s.n.cfg.Now().Add(s.n.cfg.DialTimeout))
+	err := writeFrame(sc.c, msgBitfield, s.have.Bytes())
+	_ = sc.c.SetWriteDeadline(time.Time{})
+	sc.wmu.Unlock()
+	if err != nil {
+		return false
+	}
+	s.subs[sc] = struct{}{}
+	return true
+}
+
+func (s *Shard) unsubscribe(sc *serverConn) {
+	s.mu.Lock()
+	delete(s.subs, sc)
+	s.mu.Unlock()
+}
+
+// readFile returns the open file for serving verified piece i, or nil.
+func (s *Shard) readFile(i int) (*os.File, func()) {
+	s.mu.Lock()
+	ok := s.have.Has(i)
+	s.mu.Unlock()
+	if !ok {
+		return nil, nil
+	}
+	s.fileMu.RLock()
+	if s.file == nil {
+		s.fileMu.RUnlock()
+		return nil, nil
+	}
+	return s.file, s.fileMu.RUnlock
+}
+
+// writeAt writes piece bytes; it fails once the shard is closed.
+func (s *Shard) writeAt(b []byte, off int64) error {
+	s.fileMu.RLock()
+	defer s.fileMu.RUnlock()
+	if s.file == nil {
+		return errors.New("p2p: shard closed")
+	}
+	if _, err := s.file.WriteAt(b, off); err != nil {
+		return fmt.Errorf("p2p: write %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// Recheck hashes every piece not yet counted as present and counts the ones
+// whose bytes match, then makes that durable. Use it to adopt a file written
+// by something else (a plain S3 download) or after a crash of unknown
+// extent; it reads the whole shard, so Open does not do it by itself.
+func (s *Shard) Recheck(ctx context.Context) (found int, err error) {
+	have := s.Have()
+	buf := make([]byte, chunkSize)
+	for i := range s.m.NumPieces() {
+		if have.Has(i) {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return found, err
+		}
+		off, n := s.m.PieceRange(i)
+		h := s.m.Algo.new()
+		s.fileMu.RLock()
+		if s.file == nil {
+			s.fileMu.RUnlock()
+			return found, errors.New("p2p: shard closed")
+		}
+		_, err := io.CopyBuffer(h, io.NewSectionReader(s.file, off, n), buf)
+		s.fileMu.RUnlock()
+		if err != nil {
+			return found, fmt.Errorf("p2p: recheck %s: %w", s.path, err)
+		}
+		if string(h.Sum(nil)) == string(s.m.PieceHash(i)) {
+			s.markVerified(i)
+			found++
+		}
+	}
+	return found, s.Sync()
+}
+
+// markVerified records piece i as present and tells subscribers.
+func (s *Shard) markVerified(i int) {
+	s.mu.Lock()
+	if s.have.Has(i) {
+		s.mu.Unlock()
+		return
+	}
+	s.have.Set(i)
+	full := s.have.Full()
+	for sc := range s.subs {
+		sc.notify(i)
+	}
+	s.mu.Unlock()
+	s.n.c.verified.Add(1)
+	if full {
+		close(s.fullCh)
+	}
+}
+
+// Sync makes every verified piece durable: fdatasync, then store the
+// completion bitfield. Pieces verified after the sync started wait for the
+// next one.
+func (s *Shard) Sync() error {
+	s.mu.Lock()
+	snap := s.have.Clone()
+	same := string(snap.b) == string(s.durable.b)
+	s.mu.Unlock()
+	if same {
+		return nil
+	}
+	s.fileMu.RLock()
+	if s.file == nil {
+		s.fileMu.RUnlock()
+		return errors.New("p2p: shard closed")
+	}
+	err := fdatasync(s.file)
+	s.fileMu.RUnlock()
+	if err != nil {
+		return fmt.Errorf("p2p: sync %s: %w", s.path, err)
+	}
+	if err := s.comp.Store(s.hexID, completionRecord(s.ino, snap)); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.durable = snap
+	s.mu.Unlock()
+	return nil
+}
+
+func fdatasync(f *os.File) error {
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var opErr error
+	if err := sc.Control(func(fd uintptr) {
+		for {
+			opErr = syscall.Fdatasync(int(fd))
+			if opErr != syscall.EINTR {
+				return
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	return opErr
+}

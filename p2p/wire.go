@@ -1,0 +1,124 @@
+package p2p
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
+)
+
+// Peer protocol after authentication. The dialer downloads, the acceptor
+// uploads; every frame is type(1) length(4, big endian) payload. A piece
+// frame's payload is the piece index and byte count, and the raw bytes
+// follow outside the frame so the sender can sendfile them.
+const (
+	msgSubscribe byte = 1 + iota // C->S manifest id [32]
+	msgBitfield                  // S->C bitfield of verified pieces
+	msgNotFound                  // S->C shard not open here
+	msgHave                      // S->C piece index u32
+	msgRequest                   // C->S piece index u32
+	msgPiece                     // S->C piece index u32, length u32, then bytes
+	msgBusy                      // S->C piece index u32: no upload slot, ask later
+)
+
+const maxFramePayload = MaxPieces/8 + 64
+
+var errProtocol = errors.New("p2p: protocol violation")
+
+type frame struct {
+	typ     byte
+	payload []byte
+}
+
+func writeFrame(w io.Writer, typ byte, payload []byte) error {
+	b := make([]byte, 5+len(payload))
+	b[0] = typ
+	binary.BigEndian.PutUint32(b[1:], uint32(len(payload)))
+	copy(b[5:], payload)
+	_, err := w.Write(b)
+	return err
+}
+
+func u32(v int) []byte { return binary.BigEndian.AppendUint32(nil, uint32(v)) }
+
+func readFrame(r *bufio.Reader) (frame, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return frame{}, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > maxFramePayload {
+		return frame{}, fmt.Errorf("%w: frame of %d bytes", errProtocol, n)
+	}
+	f := frame{typ: hdr[0], payload: make([]byte, n)}
+	if _, err := io.ReadFull(r, f.payload); err != nil {
+		return frame{}, err
+	}
+	return f, nil
+}
+
+// index decodes a frame whose payload starts with a piece index below n.
+func (f frame) index(n int) (int, error) {
+	if len(f.payload) < 4 {
+		return 0, fmt.Errorf("%w: short frame type %d", errProtocol, f.typ)
+	}
+	i := binary.BigEndian.Uint32(f.payload)
+	if int64(i) >= int64(n) {
+		return 0, fmt.Errorf("%w: piece %d of %d", errProtocol, i, n)
+	}
+	return int(i), nil
+}
+
+// sendRange writes n bytes of f at off to c. On a plain TCP connection the
+// kernel copies page cache to socket (sendfile) without a user-space pass;
+// TLS connections get a buffered copy.
+func sendRange(c net.Conn, f *os.File, off, n int64, buf []byte) (int64, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return io.CopyBuffer(struct{ io.Writer }{c}, io.NewSectionReader(f, off, n), buf)
+	}
+	sc, err := tc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	fc, err := f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var sent int64
+	var opErr error
+	ctlErr := fc.Control(func(infd uintptr) {
+		err := sc.Write(func(outfd uintptr) bool {
+			for sent < n {
+				w, err := syscall.Sendfile(int(outfd), int(infd), &off, int(min(n-sent, 1<<30)))
+				if w > 0 {
+					sent += int64(w)
+				}
+				switch {
+				case err == syscall.EAGAIN:
+					return false // wait until the socket is writable
+				case err == syscall.EINTR:
+					continue
+				case err != nil:
+					opErr = err
+					return true
+				case w == 0:
+					opErr = io.ErrUnexpectedEOF // file shorter than expected
+					return true
+				}
+			}
+			return true
+		})
+		if opErr == nil {
+			opErr = err
+		}
+	})
+	if opErr == nil {
+		opErr = ctlErr
+	}
+	return sent, opErr
+}
