@@ -10,7 +10,4 @@ import (
 
 var errNotYet = errors.New("not built yet")
 
-func runRouter(context.Context, *Env, []string) error      { return errNotYet }
-func runLLMSim(context.Context, *Env, []string) error      { return errNotYet }
-func runBenchS3(context.Context, *Env, []string) error     { return errNotYet }
-func runBenchRouter(context.Context, *Env, []string) error { return errNotYet }
+func runBenchS3(context.Context, *Env, []string) error { return errNotYet }

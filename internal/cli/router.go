@@ -1,0 +1,395 @@
+package cli
+
+import (
+	"slices"
+
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/warmfleet/warmfleet/gossip"
+	"github.com/warmfleet/warmfleet/router"
+	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/bench"
+	"github.com/warmfleet/warmfleet/router/fleet"
+	"github.com/warmfleet/warmfleet/router/llmsim"
+	"github.com/warmfleet/warmfleet/router/prefix"
+)
+
+// urlList is a repeatable flag that also takes comma-separated values (so
+// WARMFLEET_BACKEND can list several).
+type urlList []string
+
+func (l *urlList) String() string { return strings.Join(*l, ",") }
+
+func (l *urlList) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		u, err := router.ParseBackendURL(s)
+		if err != nil {
+			return err
+		}
+		*l = append(*l, u)
+	}
+	return nil
+}
+
+type strategyFlag struct{ s *balance.Strategy }
+
+func (f strategyFlag) String() string {
+	if f.s == nil {
+		return ""
+	}
+	return string(*f.s)
+}
+
+func (f strategyFlag) Set(v string) error {
+	s, err := balance.ParseStrategy(v)
+	if err != nil {
+		return err
+	}
+	*f.s = s
+	return nil
+}
+
+func runRouter(ctx context.Context, e *Env, args []string) error {
+	fs := newFlagSet(e, "router")
+	listen := fs.String("listen", "127.0.0.1:8080", "address for the OpenAI-compatible API")
+	adminListen := fs.String("admin-listen", "127.0.0.1:9180", "private address for /metrics and /admin/* (empty: off)")
+	var backends urlList
+	fs.Var(&backends, "backend", "backend base URL (repeatable, or comma-separated); added to the config file's backends")
+	strategy := balance.PrefixAware
+	fs.Var(strategyFlag{&strategy}, "strategy", "default strategy: prefix-aware, least-outstanding or random")
+	configFile := fs.String("config", "", "YAML config file (backends, per-model strategies, limits); re-read on SIGHUP")
+	hashKeyFile := fs.String("hash-key-file", "", "per-fleet secret keying prompt hashes (replicas must share it; default: random per process)")
+	loadFactor := fs.Float64("load-factor", 1.25, "c: no backend above ceil(c x mean in-flight)")
+	maxInflight := fs.Int("max-inflight", 0, "default per-backend concurrency limit (0: none)")
+	maxBody := fs.Int64("max-body-bytes", 16<<20, "largest accepted request body")
+	var join listFlag
+	fs.Var(&join, "join", "fleet members to join, host:port (repeatable): endpoints are then learned from gossip")
+	gossipAddr := fs.String("gossip", "0.0.0.0:7947", "gossip bind address ip:port, with --join")
+	advertise := fs.String("advertise", "", "gossip address other members should use, if not --gossip")
+	clusterKeyFile := fs.String("cluster-key-file", "", "the fleet's cluster key file; also keys prompt hashes when --hash-key-file is not given")
+	insecureGossip := fs.Bool("insecure-gossip", false, "DEV ONLY: gossip without encryption or authentication")
+	host, _ := os.Hostname()
+	nodeName := fs.String("node-name", host+"-router", "this router's name in the fleet")
+	if err := parseFlags(fs, e, args, nil); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError("unexpected arguments %q", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	log := slog.New(slog.NewTextHandler(e.Stderr, nil))
+
+	// load builds the configuration: file, then flags given explicitly.
+	load := func() (router.Config, error) {
+		cfg := router.Defaults()
+		if *configFile != "" {
+			var err error
+			if cfg, err = router.LoadConfig(*configFile); err != nil {
+				return cfg, err
+			}
+		}
+		if set["strategy"] || *configFile == "" {
+			cfg.Strategy = strategy
+		}
+		if set["load-factor"] {
+			cfg.LoadFactor = *loadFactor
+		}
+		if set["max-inflight"] {
+			cfg.MaxInflight = *maxInflight
+		}
+		if set["max-body-bytes"] {
+			cfg.MaxBodyBytes = *maxBody
+		}
+		if set["hash-key-file"] {
+			cfg.HashKeyFile = *hashKeyFile
+		}
+		for _, b := range backends {
+			cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: b})
+		}
+		return cfg, cfg.Validate()
+	}
+	cfg, err := load()
+	if err != nil {
+		return usageError("%v", err)
+	}
+	if len(cfg.Backends) == 0 && len(join) == 0 {
+		return usageError("no backends: give --backend URL, a --config file with backends, or --join a fleet")
+	}
+	var clusterKeys [][]byte
+	if *clusterKeyFile != "" {
+		if clusterKeys, err = gossip.LoadKeyFile(*clusterKeyFile); err != nil {
+			return usageError("%v", err)
+		}
+	}
+	if len(join) > 0 && len(clusterKeys) == 0 && !*insecureGossip {
+		return usageError("--join needs --cluster-key-file (or --insecure-gossip for development)")
+	}
+	key, err := hashKey(cfg.HashKeyFile, clusterKeys, log)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var staticMu sync.Mutex
+	static := router.StaticEndpoints(&cfg)
+	staticEndpoints := func() []router.Endpoint {
+		staticMu.Lock()
+		defer staticMu.Unlock()
+		return slices.Clone(static)
+	}
+	var src router.EndpointSource
+	var setStatic func([]router.Endpoint)
+	if len(join) > 0 {
+		node, err := gossip.Start(ctx, gossip.Config{
+			NodeName: *nodeName, BindAddr: *gossipAddr, AdvertiseAddr: *advertise, Join: join, Keyring: clusterKeys,
+			Insecure: *insecureGossip, Role: gossip.RoleRouter, Meta: gossip.Meta{APIAddr: *listen, Version: Version()},
+			Logger: log.With("component", "gossip"), Registerer: reg,
+		})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			leave, stop := context.WithTimeout(context.Background(), 5*time.Second)
+			defer stop()
+			_ = node.Close(leave)
+		}()
+		fleetSrc := fleet.Watch(ctx, node, staticEndpoints)
+		src, setStatic = fleetSrc, func(eps []router.Endpoint) {
+			staticMu.Lock()
+			static = eps
+			staticMu.Unlock()
+			fleetSrc.Refresh()
+		}
+	} else {
+		ss := router.NewStaticSource(static, nil)
+		src, setStatic = ss, ss.Set
+	}
+	rt, err := router.New(cfg, router.Options{Source: src, Registry: reg, Logger: log, HashKey: key})
+	if err != nil {
+		return err
+	}
+	var reloadMu sync.Mutex
+	reload := func() error {
+		reloadMu.Lock()
+		defer reloadMu.Unlock()
+		next, err := load()
+		if err != nil {
+			return err
+		}
+		if next.HashKeyFile != cfg.HashKeyFile {
+			return errors.New("hash_key_file cannot change without a restart")
+		}
+		if err := rt.Apply(next); err != nil {
+			return err
+		}
+		setStatic(router.StaticEndpoints(&next))
+		log.Info("configuration reloaded", "backends", len(next.Backends), "strategy", next.Strategy)
+		return nil
+	}
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { _ = rt.Run(ctx) })
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				if err := reload(); err != nil {
+					log.Error("reload failed; keeping the running configuration", "err", err)
+				}
+			}
+		}
+	})
+	errc := make(chan error, 2)
+	api := &http.Server{Addr: *listen, Handler: rt, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	servers := []*http.Server{api}
+	if *adminListen != "" {
+		servers = append(servers, &http.Server{Addr: *adminListen, Handler: rt.AdminHandler(reg, reload), ReadHeaderTimeout: 10 * time.Second})
+	}
+	for _, srv := range servers {
+		l, err := net.Listen("tcp", srv.Addr)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", srv.Addr, err)
+		}
+		log.Info("listening", "addr", l.Addr().String())
+		wg.Go(func() {
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		})
+	}
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	shutdown, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	for _, srv := range servers {
+		_ = srv.Shutdown(shutdown) // lets streams in flight finish
+	}
+	cancel()
+	return err
+}
+
+// hashKey reads the per-fleet secret, else derives it from the cluster key,
+// else makes a random one (then several router replicas would not agree on
+// cold choices).
+func hashKey(file string, clusterKeys [][]byte, log *slog.Logger) (prefix.Key, error) {
+	if file == "" && len(clusterKeys) > 0 {
+		return prefix.KeyFromBytes(append([]byte("warmfleet router prompt hashes\x00"), clusterKeys[0]...)), nil
+	}
+	if file == "" {
+		var b [32]byte
+		_, _ = rand.Read(b[:])
+		log.Warn("no hash key file: using a random key; router replicas will not agree on placements")
+		return prefix.KeyFromBytes(b[:]), nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return prefix.Key{}, fmt.Errorf("hash key: %w", err)
+	}
+	if len(strings.TrimSpace(string(b))) < 16 {
+		return prefix.Key{}, fmt.Errorf("hash key file %s: want at least 16 bytes of secret", file)
+	}
+	return prefix.KeyFromBytes(b), nil
+}
+
+func simFlags(fs *flag.FlagSet, c *llmsim.Config) {
+	fs.StringVar(&c.Model, "model", c.Model, "model name served")
+	fs.IntVar(&c.KVBlocks, "kv-blocks", c.KVBlocks, "KV cache capacity in blocks")
+	fs.IntVar(&c.BlockTokens, "block-tokens", c.BlockTokens, "tokens per KV block")
+	fs.IntVar(&c.MaxSeqs, "max-seqs", c.MaxSeqs, "concurrent sequences")
+	fs.IntVar(&c.CharsPerToken, "chars-per-token", c.CharsPerToken, "prompt bytes per token")
+	fs.DurationVar(&c.PrefillPerToken, "prefill-per-token", c.PrefillPerToken, "simulated prefill time per uncached prompt token")
+	fs.DurationVar(&c.DecodePerToken, "decode-per-token", c.DecodePerToken, "simulated time per output token")
+}
+
+func runLLMSim(ctx context.Context, e *Env, args []string) error {
+	fs := newFlagSet(e, "llmsim")
+	cfg := llmsim.Defaults()
+	listen := fs.String("listen", "127.0.0.1:8000", "address to serve on")
+	simFlags(fs, &cfg)
+	fs.IntVar(&cfg.DefaultMaxTok, "default-max-tokens", cfg.DefaultMaxTok, "output tokens when a request names none")
+	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "run simulated time this many times faster than real time")
+	fs.DurationVar(&cfg.ChunkInterval, "chunk-interval", cfg.ChunkInterval, "coalesce streamed tokens into one event per this much wall time (0: per token)")
+	if err := parseFlags(fs, e, args, nil); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError("unexpected arguments %q", fs.Args())
+	}
+	if err := cfg.Validate(); err != nil {
+		return usageError("%v", err)
+	}
+	s, err := llmsim.New(cfg, prometheus.NewRegistry())
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", *listen, err)
+	}
+	slog.New(slog.NewTextHandler(e.Stderr, nil)).Info("llmsim listening", "addr", l.Addr().String(), "model", cfg.Model)
+	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func runBenchRouter(ctx context.Context, e *Env, args []string) error {
+	fs := newFlagSet(e, "bench router")
+	o := bench.DefaultOptions()
+	fs.IntVar(&o.Backends, "backends", o.Backends, "simulated backends")
+	fs.Float64Var(&o.Load, "load", o.Load, "offered load: uncached prefill work / fleet prefill capacity")
+	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per workload")
+	workloads := fs.String("workloads", strings.Join(o.Workloads, ","), "comma-separated: "+strings.Join(bench.AllWorkloads(), ", "))
+	strategies := fs.String("strategies", "random,least-outstanding,prefix-aware", "comma-separated strategies to compare")
+	fs.StringVar(&o.TracesDir, "traces-dir", o.TracesDir, "directory holding the Mooncake traces (relative to the working directory)")
+	fs.IntVar(&o.TraceOffset, "trace-offset", o.TraceOffset, "first trace row to replay")
+	simFlags(fs, &o.Sim)
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")
+	fs.BoolVar(&o.Saturation, "saturation", o.Saturation, "also measure saturated throughput with a closed loop")
+	fs.IntVar(&o.ClosedPerBE, "closed-clients", o.ClosedPerBE, "closed-loop clients per backend")
+	fs.Float64Var(&o.LoadFactor, "load-factor", o.LoadFactor, "router load factor c")
+	fs.Float64Var(&o.Slack, "slack", o.Slack, "router slack (0: the router's default)")
+	fs.IntVar(&o.OverheadRate, "overhead-rate", o.OverheadRate, "requests/s for the overhead phase (0: skip)")
+	fs.DurationVar(&o.OverheadDuration, "overhead-duration", o.OverheadDuration, "length of each overhead round")
+	fs.IntVar(&o.OverheadRounds, "overhead-rounds", o.OverheadRounds, "overhead rounds per mode")
+	fs.IntVar(&o.DecisionBackends, "decision-backends", o.DecisionBackends, "backends for the decision-time phase (0: skip)")
+	fs.IntVar(&o.DecisionPrompt, "prompt-bytes", o.DecisionPrompt, "prompt size for the decision-time and overhead phases")
+	output := fs.String("o", "text", "output format: text or json")
+	if err := parseFlags(fs, e, args, nil); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError("unexpected arguments %q", fs.Args())
+	}
+	if *output != "text" && *output != "json" {
+		return usageError("-o must be text or json")
+	}
+	o.Workloads = nil
+	known := map[string]bool{}
+	for _, w := range bench.AllWorkloads() {
+		known[w] = true
+	}
+	for _, w := range strings.Split(*workloads, ",") {
+		if w = strings.TrimSpace(w); w == "" {
+			continue
+		}
+		if !known[w] {
+			return usageError("unknown workload %q (want %s)", w, strings.Join(bench.AllWorkloads(), ", "))
+		}
+		o.Workloads = append(o.Workloads, w)
+	}
+	o.Strategies = nil
+	for _, s := range strings.Split(*strategies, ",") {
+		st, err := balance.ParseStrategy(strings.TrimSpace(s))
+		if err != nil {
+			return usageError("%v", err)
+		}
+		o.Strategies = append(o.Strategies, st)
+	}
+	if err := o.Sim.Validate(); err != nil {
+		return usageError("%v", err)
+	}
+	o.Progress = e.Stderr
+	res, err := bench.Run(ctx, o)
+	if err != nil {
+		return err
+	}
+	if *output == "json" {
+		return bench.WriteJSON(e.Stdout, res)
+	}
+	return bench.WriteText(e.Stdout, res)
+}

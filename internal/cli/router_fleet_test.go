@@ -1,0 +1,92 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/internal/testenv"
+)
+
+// runInBackground runs a long-running command until the test ends.
+func runInBackground(t *testing.T, args ...string) *syncBuffer {
+	t.Helper()
+	out := &syncBuffer{}
+	ctx, cancel := context.WithCancel(t.Context())
+	exited := make(chan int, 1)
+	go func() {
+		exited <- Run(ctx, args, &Env{Stdout: out, Stderr: out, Getenv: os.Getenv})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-exited; code != 0 {
+			t.Errorf("warmfleet %s exited %d: %s", args[0], code, out.String())
+		}
+	})
+	return out
+}
+
+// TestRouterLearnsWarmEndpointsFromFleet joins a router to a daemon's
+// gossip cluster: the endpoint registered on the node gets traffic only
+// once the node has the endpoint's model ready.
+func TestRouterLearnsWarmEndpointsFromFleet(t *testing.T) {
+	s3 := testenv.StartS3(t)
+	s3.SetEnv(t)
+	s3.CreateBucket(t, "models")
+	s3.PutObject(t, "models", "sim/weights.safetensors", strings.NewReader("weights"), 7)
+
+	dir := t.TempDir()
+	sock := "unix://" + filepath.Join(dir, "api.sock")
+	gossipAddr := testenv.FreeAddr(t)
+	runInBackground(t, "daemon", "--data-dir", filepath.Join(dir, "data"), "--api", sock, "--node-name", "n1",
+		"--gossip", gossipAddr, "--insecure-gossip", "--reserve", "0", "--reserve-fraction", "0", "--containerd", "off")
+	simAddr := testenv.FreeAddr(t)
+	runInBackground(t, "llmsim", "--listen", simAddr, "--model", "sim")
+	routerAddr := testenv.FreeAddr(t)
+	routerLog := runInBackground(t, "router", "--listen", routerAddr, "--admin-listen", "", "--join", gossipAddr,
+		"--gossip", testenv.FreeAddr(t), "--insecure-gossip", "--node-name", "r1")
+
+	waitUntil := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s; router log:\n%s", what, routerLog.String())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	cli := func(args ...string) int {
+		var out bytes.Buffer
+		return Run(t.Context(), append(args, "--api", sock), &Env{Stdout: &out, Stderr: &out, Getenv: os.Getenv})
+	}
+	waitUntil("daemon API", func() bool { return cli("cache", "ls") == 0 })
+	if code := cli("endpoint", "add", "--model", "sim", "--url", "http://"+simAddr); code != 0 {
+		t.Fatalf("endpoint add exited %d", code)
+	}
+	complete := func() (int, string) {
+		body := `{"model":"sim","prompt":"hello fleet","max_tokens":2}`
+		resp, err := http.Post("http://"+routerAddr+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// Not cached yet: the endpoint is known but gets no traffic.
+	waitUntil("router up", func() bool { code, _ := complete(); return code != 0 })
+	if code, body := complete(); code == http.StatusOK {
+		t.Fatalf("request routed to a node whose model is not ready: %s", body)
+	}
+	if code := cli("cache", "add", "sim", "--source", "s3://models/sim/", "--wait", "--timeout", "60s"); code != 0 {
+		t.Fatalf("cache add exited %d", code)
+	}
+	waitUntil("request served through the warm endpoint", func() bool { code, _ := complete(); return code == http.StatusOK })
+}

@@ -1,0 +1,95 @@
+package router
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/oai"
+)
+
+// BackendState is one backend as GET /admin/state shows it.
+type BackendState struct {
+	URL          string    `json:"url"`
+	Models       []string  `json:"models,omitempty"`
+	Node         string    `json:"node,omitempty"`
+	Ready        bool      `json:"ready"`
+	HoldsWeights bool      `json:"holds_weights"`
+	Weight       float64   `json:"weight"`
+	Inflight     int       `json:"inflight"`
+	Limit        int       `json:"limit"`
+	IndexBlocks  int       `json:"index_blocks"`
+	IndexCap     int       `json:"index_capacity"`
+	EjectedUntil time.Time `json:"ejected_until,omitzero"`
+	Failures     int       `json:"failures"`
+}
+
+// State is a snapshot for operators.
+type State struct {
+	Strategy balance.Strategy            `json:"strategy"`
+	Models   map[string]balance.Strategy `json:"models"`
+	Queued   int                         `json:"queued"`
+	Backends []BackendState              `json:"backends"`
+}
+
+// Snapshot returns the current state.
+func (rt *Router) Snapshot() State {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	now := rt.now()
+	st := State{Strategy: rt.cfg.Strategy, Models: map[string]balance.Strategy{}, Queued: rt.queued}
+	for m, mc := range rt.cfg.Models {
+		st.Models[m] = mc.Strategy
+	}
+	for _, b := range rt.order {
+		st.Backends = append(st.Backends, BackendState{URL: b.url, Models: b.ep.Models, Node: b.ep.Node, Ready: b.ep.Ready,
+			HoldsWeights: b.ep.HoldsWeights, Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Inflight: b.inflight, Limit: b.limit,
+			IndexBlocks: rt.index.Len(b.slot), IndexCap: b.kvSize, EjectedUntil: b.ejectedUntil, Failures: b.failures})
+	}
+	return st
+}
+
+// AdminHandler serves /metrics (from gatherer), GET /admin/state, PUT
+// /admin/strategy {"model":"","strategy":"random"} and, if reload is not
+// nil, POST /admin/reload. Serve it on a separate, private listener.
+func (rt *Router) AdminHandler(gatherer prometheus.Gatherer, reload func() error) http.Handler {
+	mux := http.NewServeMux()
+	if gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("GET /admin/state", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(rt.Snapshot())
+	})
+	mux.HandleFunc("PUT /admin/strategy", func(w http.ResponseWriter, r *http.Request) {
+		var in struct {
+			Model    string `json:"model"`
+			Strategy string `json:"strategy"`
+		}
+		dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&in); err != nil {
+			oai.WriteError(w, &oai.APIError{Status: http.StatusBadRequest, Type: oai.TypeInvalidRequest, Code: "invalid_request", Message: "invalid JSON: " + err.Error()})
+			return
+		}
+		if err := rt.SetStrategy(in.Model, balance.Strategy(in.Strategy)); err != nil {
+			oai.WriteError(w, &oai.APIError{Status: http.StatusBadRequest, Type: oai.TypeInvalidRequest, Code: "invalid_strategy", Message: err.Error()})
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	if reload != nil {
+		mux.HandleFunc("POST /admin/reload", func(w http.ResponseWriter, r *http.Request) {
+			if err := reload(); err != nil {
+				oai.WriteError(w, &oai.APIError{Status: http.StatusBadRequest, Type: oai.TypeInvalidRequest, Code: "reload_failed", Message: err.Error()})
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+		})
+	}
+	return mux
+}

@@ -1,0 +1,289 @@
+package balance
+
+import (
+	"math"
+	"testing"
+)
+
+func cands(n int) []Candidate {
+	out := make([]Candidate, n)
+	for i := range out {
+		out[i] = Candidate{ID: uint64(1000 + i), Weight: 1}
+	}
+	return out
+}
+
+func keys(base uint64, n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = mix(base*7919 + uint64(i))
+	}
+	return out
+}
+
+func TestBounds(t *testing.T) {
+	c := cands(8)
+	for i := range c {
+		c[i].Inflight = 2
+	}
+	got := Bounds(c, 1.25, 1, nil)
+	// ceil(1.25 * 17 / 8) = 3
+	for i, b := range got {
+		if b != 3 {
+			t.Fatalf("bound[%d] = %d, want 3", i, b)
+		}
+	}
+	c[0].Weight = 0.25 // ramping up: a quarter share
+	got = Bounds(c, 1.25, 1, nil)
+	if want := int(math.Ceil(1.25 * 17 * 0.25 / 7.25)); got[0] != want || got[1] <= got[0] {
+		t.Fatalf("ramping bound %d (settled %d), want %d", got[0], got[1], want)
+	}
+}
+
+func TestDecidePrefix(t *testing.T) {
+	k := keys(1, 20)
+	tests := []struct {
+		name     string
+		setup    func(c []Candidate)
+		common   int
+		retry    bool
+		want     int // -1: compare with the cold rendezvous winner
+		reason   Reason
+		full     bool
+		notPick  int // a backend that must not be picked, -1 none
+		prefered int // expected preferred, -2 skip
+		minBound int
+	}{
+		{name: "longest prefix wins", setup: func(c []Candidate) { c[3].Matched = 10; c[5].Matched = 4 }, want: 3, reason: Hit, notPick: -1, prefered: 3},
+		{name: "preferred at bound overflows to next best by score", setup: func(c []Candidate) {
+			c[3].Matched, c[3].Inflight = 10, 3 // bound ceil(1.25*4/8)=1
+			c[5].Matched = 4
+		}, want: 5, reason: Overflow, notPick: 3, prefered: 3},
+		{name: "preferred at own limit overflows", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight = 4
+			}
+			c[3].Matched, c[3].Limit = 10, 4
+			c[6].Matched = 2
+		}, want: 6, reason: Overflow, notPick: 3, prefered: 3},
+		{name: "ties on match go to warm node", setup: func(c []Candidate) {
+			c[2].Matched, c[6].Matched, c[6].Warm = 5, 5, true
+		}, want: 6, reason: Hit, notPick: -1, prefered: 6},
+		{name: "common prefix alone is cold", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Matched = 8
+			}
+		}, common: 8, want: -1, reason: Cold, notPick: -1, prefered: -2},
+		{name: "cold", setup: func(c []Candidate) {}, want: -1, reason: Cold, notPick: -1, prefered: -2},
+		{name: "all at limit is full", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight, c[i].Limit = 2, 2
+			}
+		}, want: -1, full: true, notPick: -1, prefered: -2},
+		{name: "over bound but under limit beats refusing", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight, c[i].Limit = 2, 2
+			}
+			c[7].Inflight, c[7].Limit = 30, 0
+		}, want: 7, reason: Overflow, notPick: -1, prefered: -2},
+		{name: "min bound keeps affinity at low load", setup: func(c []Candidate) { c[3].Matched, c[3].Inflight = 10, 1 }, minBound: 2, want: 3, reason: Hit, notPick: -1, prefered: 3},
+		{name: "queued prefill spills a short match", setup: func(c []Candidate) { c[2].Matched, c[2].Pending = 3, 30 },
+			want: -1, reason: Overflow, notPick: 2, prefered: 2},
+		{name: "a long match is worth a moderate queue", setup: func(c []Candidate) { c[2].Matched, c[2].Pending = 18, 12 },
+			want: 2, reason: Hit, notPick: -1, prefered: 2},
+		{name: "retry is labelled", setup: func(c []Candidate) { c[1].Matched = 3 }, retry: true, want: 1, reason: Retry, notPick: -1, prefered: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cands(8)
+			tc.setup(c)
+			d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: k, Common: tc.common, Retry: tc.retry, MinBound: tc.minBound})
+			if tc.full {
+				if !d.Full || d.Pick != -1 {
+					t.Fatalf("got %+v, want full", d)
+				}
+				return
+			}
+			want := tc.want
+			if want == -1 {
+				others := append([]Candidate(nil), c...)
+				if tc.notPick >= 0 {
+					others[tc.notPick].Weight = 1e-9 // cannot win
+				}
+				want = rendezvousWinner(others, RendezvousKey(k, tc.common, 0))
+			}
+			if d.Pick != want || d.Reason != tc.reason {
+				t.Fatalf("got pick %d reason %s, want %d %s (%+v)", d.Pick, d.Reason, want, tc.reason, d)
+			}
+			if tc.prefered > -2 && d.Preferred != tc.prefered {
+				t.Fatalf("preferred %d, want %d", d.Preferred, tc.prefered)
+			}
+			if d.Pick == tc.notPick {
+				t.Fatalf("picked %d", d.Pick)
+			}
+		})
+	}
+}
+
+func rendezvousWinner(c []Candidate, key uint64) int {
+	best, bestScore := -1, 0.0
+	for i := range c {
+		if s := Rendezvous(key, c[i].ID, c[i].Weight); best < 0 || s > bestScore {
+			best, bestScore = i, s
+		}
+	}
+	return best
+}
+
+// TestLongSharedPrefixSpreads: every request starts with the same long
+// block run (a system prompt, Mooncake's block 0); once every backend holds
+// it, cold requests must spread, not pin to one backend.
+func TestLongSharedPrefixSpreads(t *testing.T) {
+	const n, reqs = 8, 4000
+	counts := make([]int, n)
+	for r := range reqs {
+		c := cands(n)
+		k := keys(uint64(r), 24)
+		copy(k[:8], keys(0, 8)) // shared first 8 blocks
+		for i := range c {
+			c[i].Matched = 8
+		}
+		d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: k, Common: 8})
+		counts[d.Pick]++
+	}
+	for i, got := range counts {
+		if share := float64(got) / reqs; share < 0.09 || share > 0.16 {
+			t.Fatalf("backend %d got %.3f of cold traffic (counts %v)", i, share, counts)
+		}
+	}
+}
+
+// TestBoundedLoadHolds replays a stream of requests that all match one
+// backend best and checks no backend ever exceeds its bound.
+func TestBoundedLoadHolds(t *testing.T) {
+	c := cands(8)
+	k := keys(3, 10)
+	for step := range 200 {
+		for i := range c {
+			c[i].Matched = 0
+		}
+		c[0].Matched = 10
+		d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: k, LoadFactor: 1.25})
+		if d.Pick < 0 {
+			t.Fatalf("step %d: no pick", step)
+		}
+		if c[d.Pick].Inflight+1 > d.Bound {
+			t.Fatalf("step %d: pick %d at %d in flight exceeds bound %d", step, d.Pick, c[d.Pick].Inflight, d.Bound)
+		}
+		c[d.Pick].Inflight++
+		total := 0
+		for i := range c {
+			total += c[i].Inflight
+		}
+		if limit := int(math.Ceil(1.25 * float64(total) / 8)); c[0].Inflight > limit {
+			t.Fatalf("step %d: hot backend at %d > ceil(1.25 x mean) = %d", step, c[0].Inflight, limit)
+		}
+	}
+}
+
+// TestRendezvousStability: adding a ninth backend moves about 1/9 of cold
+// prefix groups, all of them to the new backend; removing one moves only its own.
+func TestRendezvousStability(t *testing.T) {
+	const groups = 20000
+	eight, nine := cands(8), cands(9)
+	moved := 0
+	for g := range groups {
+		key := mix(uint64(g) + 17)
+		a, b := rendezvousWinner(eight, key), rendezvousWinner(nine, key)
+		if a != b {
+			moved++
+			if b != 8 {
+				t.Fatalf("group %d moved between old backends %d -> %d", g, a, b)
+			}
+		}
+	}
+	if frac := float64(moved) / groups; math.Abs(frac-1.0/9) > 0.015 {
+		t.Fatalf("adding a backend moved %.3f of groups, want about %.3f", frac, 1.0/9)
+	}
+	seven := append([]Candidate(nil), eight[:3]...)
+	seven = append(seven, eight[4:]...)
+	for g := range groups {
+		key := mix(uint64(g) + 17)
+		a := eight[rendezvousWinner(eight, key)].ID
+		b := seven[rendezvousWinner(seven, key)].ID
+		if a != b && a != eight[3].ID {
+			t.Fatalf("removing backend 3 moved group %d from %d", g, a)
+		}
+	}
+}
+
+func TestWeightedShares(t *testing.T) {
+	c := cands(4)
+	c[0].Weight = 0.25
+	counts := make([]int, 4)
+	const n = 40000
+	for g := range n {
+		counts[rendezvousWinner(c, mix(uint64(g)))]++
+	}
+	want := 0.25 / 3.25
+	if got := float64(counts[0]) / n; math.Abs(got-want) > 0.01 {
+		t.Fatalf("ramping backend share %.3f, want %.3f", got, want)
+	}
+}
+
+func TestLeastOutstanding(t *testing.T) {
+	c := cands(4)
+	c[0].Inflight, c[1].Inflight, c[2].Inflight, c[3].Inflight = 3, 1, 2, 1
+	picks := map[int]bool{}
+	for r := range uint64(64) {
+		d := Decide(Input{Strategy: LeastOutstanding, Candidates: c, Rand: mix(r)})
+		if d.Pick != 1 && d.Pick != 3 {
+			t.Fatalf("picked %d with %d in flight", d.Pick, c[d.Pick].Inflight)
+		}
+		picks[d.Pick] = true
+	}
+	if len(picks) != 2 {
+		t.Fatalf("ties always broken the same way: %v", picks)
+	}
+	for i := range c {
+		c[i].Limit = c[i].Inflight
+	}
+	if d := Decide(Input{Strategy: LeastOutstanding, Candidates: c}); !d.Full {
+		t.Fatalf("want full, got %+v", d)
+	}
+}
+
+func TestRandom(t *testing.T) {
+	c := cands(4)
+	c[2].Limit, c[2].Inflight = 1, 1
+	counts := make([]int, 4)
+	for r := range uint64(4000) {
+		d := Decide(Input{Strategy: Random, Candidates: c, Rand: mix(r)})
+		counts[d.Pick]++
+	}
+	if counts[2] != 0 {
+		t.Fatalf("random sent %d to a backend at its limit", counts[2])
+	}
+	for _, i := range []int{0, 1, 3} {
+		if counts[i] < 1100 || counts[i] > 1560 {
+			t.Fatalf("uneven random spread %v", counts)
+		}
+	}
+}
+
+func TestParseStrategy(t *testing.T) {
+	for _, s := range []string{"random", "least-outstanding", "prefix-aware"} {
+		if _, err := ParseStrategy(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := ParseStrategy("round-robin"); err == nil {
+		t.Fatal("accepted unknown strategy")
+	}
+}
+
+func TestDecideEmpty(t *testing.T) {
+	if d := Decide(Input{Strategy: PrefixAware}); d.Pick != -1 || d.Full {
+		t.Fatalf("got %+v", d)
+	}
+}

@@ -1,0 +1,138 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/llmsim"
+)
+
+func TestParseTrace(t *testing.T) {
+	tests := []struct {
+		name, in string
+		rows     int
+		ok       bool
+	}{
+		{"good", `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}` + "\n\n" +
+			`{"timestamp": 3, "input_length": 10, "output_length": 1, "hash_ids": [0]}`, 2, true},
+		{"hash ids do not cover the input", `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0]}`, 0, false},
+		{"negative length", `{"timestamp": 0, "input_length": -1, "output_length": 5, "hash_ids": []}`, 0, false},
+		{"time goes back", `{"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [0]}` + "\n" +
+			`{"timestamp": 4, "input_length": 1, "output_length": 1, "hash_ids": [0]}`, 0, false},
+		{"unknown field", `{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0], "x": 1}`, 0, false},
+		{"not json", `timestamp=0`, 0, false},
+		{"empty", ``, 0, false},
+	}
+	for _, tc := range tests {
+		rows, err := ParseTrace(strings.NewReader(tc.in), 0)
+		if (err == nil) != tc.ok || len(rows) != tc.rows {
+			t.Errorf("%s: %d rows, err %v", tc.name, len(rows), err)
+		}
+	}
+}
+
+func FuzzParseTrace(f *testing.F) {
+	f.Add(`{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}`)
+	f.Add(`{"timestamp": 1e3, "input_length": 1, "output_length": 1, "hash_ids": [18446744073709551615]}`)
+	f.Fuzz(func(t *testing.T, in string) {
+		rows, err := ParseTrace(strings.NewReader(in), 0)
+		if err != nil {
+			return
+		}
+		w := FromTrace("x", rows, "m", 4)
+		for i, r := range w.Requests {
+			if r.PromptTokens != rows[i].InputLength || r.At < 0 || !json.Valid(r.Body) {
+				t.Fatalf("row %d expanded wrongly: %+v", i, r)
+			}
+		}
+	})
+}
+
+func TestFromTraceSharesPrefixes(t *testing.T) {
+	w, err := LoadTrace("testdata", WorkMoonConv, 0, 40, "m", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := llmsim.Tokenizer{CharsPerToken: 4, BlockTokens: 16}
+	// Every request starts with hash id 0: 512 tokens, 32 blocks in common.
+	if got := BestReuse(&w, tok, 0); got <= 0 || got >= 1 {
+		t.Fatalf("best reuse %v", got)
+	}
+	a := tok.BlockHashes(bodyPrompt(t, w.Requests[0].Body), "")
+	b := tok.BlockHashes(bodyPrompt(t, w.Requests[1].Body), "")
+	shared := 0
+	for shared < len(a) && shared < len(b) && a[shared] == b[shared] {
+		shared++
+	}
+	if shared != 512/16 {
+		t.Fatalf("first two requests share %d blocks, want %d", shared, 512/16)
+	}
+}
+
+func bodyPrompt(t *testing.T, body []byte) []byte {
+	var v struct{ Prompt string }
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatal(err)
+	}
+	return []byte(v.Prompt)
+}
+
+func TestBestReuse(t *testing.T) {
+	tok := llmsim.Tokenizer{CharsPerToken: 4, BlockTokens: 16}
+	p := strings.Repeat("x", 64*10) // 160 tokens, 10 blocks
+	w := Workload{Requests: []Request{{Body: completionBody("m", p, 1)}, {Body: completionBody("m", p, 1)}, {Body: completionBody("m", "y"+p, 1)}}}
+	// Second request: 159 of 160 tokens (the last is always computed);
+	// the third (161 tokens) shares nothing.
+	if got, want := BestReuse(&w, tok, 0), 159.0/(160+160+161); got != want {
+		t.Fatalf("unlimited reuse %v, want %v", got, want)
+	}
+	// A 5-block cache keeps the head of the prefix (tails are evicted first).
+	if got, want := BestReuse(&w, tok, 5), 80.0/(160+160+161); got != want {
+		t.Fatalf("5-block reuse %v, want %v", got, want)
+	}
+}
+
+// TestRunSmall runs every phase at toy size: real HTTP, virtual time.
+func TestRunSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 2 fleets per strategy")
+	}
+	o := DefaultOptions()
+	o.Backends, o.Requests, o.ClosedPerBE = 2, 24, 2
+	o.Sim.KVBlocks = 16384 // holds the longest prompt of the test trace rows
+	o.Workloads = []string{WorkRAG, WorkMoonConv}
+	o.TracesDir = "testdata"
+	o.OverheadRate, o.OverheadDuration, o.OverheadRounds = 200, 100*time.Millisecond, 1
+	o.DecisionBackends, o.DecisionPrompt, o.DecisionSamples = 4, 2000, 50
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Workloads) != 2 || res.Decision == nil || res.Overhead == nil {
+		t.Fatalf("missing phases: %+v", res)
+	}
+	for _, wr := range res.Workloads {
+		for _, s := range wr.Strategies {
+			if s.Errors+s.Rejected429+s.Rejected503 != 0 || s.HitRate < 0 || s.HitRate > wr.BestReuse+1e-9 || s.TTFTp50 <= 0 || s.Throughput <= 0 {
+				t.Errorf("%s/%s: %+v (best %v)", wr.Name, s.Strategy, s, wr.BestReuse)
+			}
+		}
+		if p := wr.get(balance.PrefixAware); p.Reasons["hit"] == 0 && wr.Name != WorkMoonConv {
+			t.Errorf("%s: prefix-aware never hit: %v", wr.Name, p.Reasons)
+		}
+	}
+	var sb strings.Builder
+	if err := WriteText(&sb, res); err != nil || !strings.Contains(sb.String(), "prefix-aware") {
+		t.Fatalf("report: %v\n%s", err, sb.String())
+	}
+	sb.Reset()
+	if err := WriteJSON(&sb, res); err != nil || !json.Valid([]byte(sb.String())) {
+		t.Fatalf("json report: %v", err)
+	}
+}

@@ -1,0 +1,199 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/warmfleet/warmfleet/router"
+	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/prefix"
+)
+
+// DecisionResult is the routing decision time (scan + hash + decide +
+// index update) measured in-process.
+type DecisionResult struct {
+	Backends    int     `json:"backends"`
+	PromptBytes int     `json:"prompt_bytes"`
+	Samples     int     `json:"samples"`
+	P50us       float64 `json:"p50_us"`
+	P99us       float64 `json:"p99_us"`
+	HitFraction float64 `json:"hit_fraction"`
+}
+
+func measureDecision(backends, promptBytes, samples int, seed uint64) (*DecisionResult, error) {
+	cfg := router.Defaults()
+	cfg.ProbeInterval = -1
+	for i := range backends {
+		cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: fmt.Sprintf("http://127.0.0.1:%d", 20000+i)})
+	}
+	rt, err := router.New(cfg, router.Options{Source: router.NewStaticSource(router.StaticEndpoints(&cfg), nil),
+		HashKey: prefix.KeyFromBytes([]byte("bench")), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, err
+	}
+	rng := rand.New(rand.NewPCG(seed, 0xdec1))
+	// Prompts share long documents (so matches walk deep) and end uniquely.
+	docs := make([]string, 4*backends)
+	for i := range docs {
+		docs[i] = text(rng, promptBytes*3/4/4, 4)
+	}
+	bodies := make([][]byte, 512)
+	for i := range bodies {
+		suffix := text(rng, (promptBytes-len(docs[0]))/4, 4)
+		bodies[i] = chatBody("m", []chatMsg{{"system", "be brief"}, {"user", docs[rng.IntN(len(docs))] + suffix}}, 16)
+	}
+	ctx := context.Background()
+	for _, b := range bodies { // warm the index
+		if _, err := rt.Route(ctx, b, ""); err != nil {
+			return nil, err
+		}
+	}
+	times := make([]float64, 0, samples)
+	hits := 0
+	for i := range samples {
+		start := time.Now()
+		r, err := rt.Route(ctx, bodies[i%len(bodies)], "")
+		times = append(times, float64(time.Since(start).Nanoseconds())/1e3)
+		if err != nil {
+			return nil, err
+		}
+		if r.Reason == balance.Hit {
+			hits++
+		}
+	}
+	return &DecisionResult{Backends: backends, PromptBytes: len(bodies[0]), Samples: samples,
+		P50us: quantile(times, 0.5), P99us: quantile(times, 0.99), HitFraction: float64(hits) / float64(samples)}, nil
+}
+
+// OverheadResult compares end-to-end latency straight to a backend with
+// latency through the router at a fixed request rate, against instant
+// simulated backends (so only HTTP and routing remain).
+type OverheadResult struct {
+	Rate        int     `json:"rate_rps"`
+	Requests    int     `json:"requests_per_mode"`
+	PromptBytes int     `json:"prompt_bytes"`
+	DirectP50ms float64 `json:"direct_p50_ms"`
+	DirectP99ms float64 `json:"direct_p99_ms"`
+	RouterP50ms float64 `json:"router_p50_ms"`
+	RouterP99ms float64 `json:"router_p99_ms"`
+	AddedP50ms  float64 `json:"added_p50_ms"`
+	AddedP99ms  float64 `json:"added_p99_ms"`
+	Failures    int     `json:"failures"`
+}
+
+// instantBackend reads the request and answers at once: with no model
+// behind it, the difference between direct and routed latency is the
+// router's (HTTP hop, body scan, hashing, decision).
+func instantBackend() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"length"}]}`)
+	})
+}
+
+func measureOverhead(ctx context.Context, o *Options) (*OverheadResult, error) {
+	sim := o.Sim
+	f, err := startFleetWith(ctx, o, o.Backends, balance.PrefixAware, func() (http.Handler, error) { return instantBackend(), nil })
+	if err != nil {
+		return nil, err
+	}
+	defer f.stop()
+	rng := rand.New(rand.NewPCG(o.Seed, 0x0e7))
+	promptBytes := o.DecisionPrompt
+	docs := make([]string, 32)
+	for i := range docs {
+		docs[i] = text(rng, promptBytes*3/4/4, 4)
+	}
+	reqs := make([]Request, 256)
+	for i := range reqs {
+		body := chatBody(sim.Model, []chatMsg{{"user", docs[rng.IntN(len(docs))] + text(rng, promptBytes/4/4, 4)}}, 1)
+		body = []byte(strings.Replace(string(body), `"stream":true`, `"stream":false`, 1))
+		reqs[i] = Request{Path: "/v1/chat/completions", Body: body}
+	}
+	client := newClient()
+	defer client.CloseIdleConnections()
+	res := &OverheadResult{Rate: o.OverheadRate, PromptBytes: len(reqs[0].Body)}
+	var direct, routed []float64
+	for round := range o.OverheadRounds + 1 {
+		for _, viaRouter := range []bool{false, true} {
+			lat, fails := openLoop(ctx, client, o.OverheadRate, o.OverheadDuration, reqs, func(i int) string {
+				if viaRouter {
+					return f.url
+				}
+				return f.simURLs[i%len(f.simURLs)]
+			})
+			if round == 0 {
+				continue // warm-up: connections, caches
+			}
+			res.Failures += fails
+			if viaRouter {
+				routed = append(routed, lat...)
+			} else {
+				direct = append(direct, lat...)
+			}
+		}
+	}
+	res.Requests = len(direct)
+	res.DirectP50ms, res.DirectP99ms = quantile(direct, 0.5), quantile(direct, 0.99)
+	res.RouterP50ms, res.RouterP99ms = quantile(routed, 0.5), quantile(routed, 0.99)
+	res.AddedP50ms, res.AddedP99ms = res.RouterP50ms-res.DirectP50ms, res.RouterP99ms-res.DirectP99ms
+	return res, nil
+}
+
+// openLoop sends at a fixed rate regardless of completions and returns
+// latencies in milliseconds.
+func openLoop(ctx context.Context, c *http.Client, rate int, d time.Duration, reqs []Request, target func(int) string) ([]float64, int) {
+	n := int(float64(rate) * d.Seconds())
+	lat := make([]float64, n)
+	failed := make([]bool, n)
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		if w := time.Until(start.Add(time.Duration(i) * interval)); w > 0 {
+			time.Sleep(w)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() {
+			t := time.Now()
+			out := sendReal(ctx, c, target(i), &reqs[i%len(reqs)])
+			lat[i] = float64(time.Since(t).Microseconds()) / 1e3
+			failed[i] = out.err != nil || out.status != http.StatusOK
+		})
+	}
+	wg.Wait()
+	var ok []float64
+	fails := 0
+	for i := range lat {
+		if failed[i] {
+			fails++
+			continue
+		}
+		ok = append(ok, lat[i])
+	}
+	return ok, fails
+}
+
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	f, err := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
+	if err != nil {
+		return -1
+	}
+	return f
+}

@@ -1,0 +1,76 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/warmfleet/warmfleet/router/balance"
+)
+
+// WriteJSON writes the results as indented JSON.
+func WriteJSON(w io.Writer, r *Results) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+func (wr *WorkloadResult) get(s balance.Strategy) *StrategyResult {
+	for i := range wr.Strategies {
+		if wr.Strategies[i].Strategy == s {
+			return &wr.Strategies[i]
+		}
+	}
+	return nil
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// WriteText writes a human-readable report with the goals checked.
+func WriteText(w io.Writer, r *Results) error {
+	o := r.Options
+	fmt.Fprintf(w, "router benchmark (virtual time, real HTTP): %d backends, offered load %.2f, %d requests/workload, KV %d blocks x %d tokens, %d seqs, prefill %s/token, decode %s/token, c=%.2f\n",
+		o.Backends, o.Load, o.Requests, o.KVBlocks, o.BlockTokens, o.MaxSeqs, o.PrefillPerToken, o.DecodePerToken, o.LoadFactor)
+	fmt.Fprintf(w, "machine: %d CPUs, load average %.2f at start, %.2f at end, %s\n\n", r.Machine.CPUs, r.Machine.LoadAvg1, r.Machine.LoadAvg1E, r.Machine.GoVersion)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tstrategy\tKV hit\tof best\tTTFT p50 s\tp95 s\tp99 s\topen rps\tsat rps\tbusiest/mean\t429\t503\terrors\t")
+	for _, wr := range r.Workloads {
+		for _, s := range wr.Strategies {
+			fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.2f\t%.3f\t%.3f\t%.3f\t%.2f\t%.2f\t%.3f\t%d\t%d\t%d\t\n", wr.Name, s.Strategy, s.HitRate, ratio(s.HitRate, wr.BestReuse),
+				s.TTFTp50, s.TTFTp95, s.TTFTp99, s.OpenThroughput, s.Throughput, s.BusiestShare, s.Rejected429, s.Rejected503, s.Errors)
+		}
+		fmt.Fprintf(tw, "%s\tbest possible\t%.3f\t\t(fleet-size LRU: %.3f)\t\t\t\t\t\t\t\t\t\n", wr.Name, wr.BestReuse, wr.BestReuseFleet)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nprefix-aware against the goals:")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\thit/best (>=0.90)\tTTFT p50 vs random (<=0.25)\tvs least (<=0.5; <=1.05 noshare)\tbusiest (<=1.08)\tsat rps vs random (>=1.16)\t")
+	for _, wr := range r.Workloads {
+		p, rnd, lo := wr.get(balance.PrefixAware), wr.get(balance.Random), wr.get(balance.LeastOutstanding)
+		if p == nil || rnd == nil || lo == nil {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.3f\t%.2f\t\n", wr.Name, ratio(p.HitRate, wr.BestReuse), ratio(p.TTFTp50, rnd.TTFTp50),
+			ratio(p.TTFTp50, lo.TTFTp50), p.BusiestShare, ratio(p.Throughput, rnd.Throughput))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if d := r.Decision; d != nil {
+		fmt.Fprintf(w, "\ndecision time (scan+hash+decide+index), %d backends, %d-byte bodies, %d samples: p50 %.1f us, p99 %.1f us (goal p99 <= 50 us)\n",
+			d.Backends, d.PromptBytes, d.Samples, d.P50us, d.P99us)
+	}
+	if ov := r.Overhead; ov != nil {
+		fmt.Fprintf(w, "added latency at %d req/s, %d-byte bodies, %d requests per mode: direct p50 %.3f ms p99 %.3f ms; via router p50 %.3f ms p99 %.3f ms; added p50 %.3f ms p99 %.3f ms (goal p99 <= 0.5 ms); failures %d\n",
+			ov.Rate, ov.PromptBytes, ov.Requests, ov.DirectP50ms, ov.DirectP99ms, ov.RouterP50ms, ov.RouterP99ms, ov.AddedP50ms, ov.AddedP99ms, ov.Failures)
+	}
+	return nil
+}

@@ -1,0 +1,664 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/warmfleet/warmfleet/router"
+	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/llmsim"
+	"github.com/warmfleet/warmfleet/router/prefix"
+)
+
+// Options control a benchmark run.
+type Options struct {
+	Backends     int
+	Load         float64 // offered prefill work / fleet prefill capacity
+	Requests     int     // per workload
+	Workloads    []string
+	Strategies   []balance.Strategy
+	TracesDir    string
+	TraceOffset  int
+	Sim          llmsim.Config // per backend (runs on a virtual clock; TimeScale is ignored)
+	Seed         uint64
+	Saturation   bool // also measure throughput with a closed loop
+	ClosedPerBE  int  // closed-loop clients per backend
+	RouterMaxInf int  // router's per-backend concurrency limit (0: sim MaxSeqs)
+	LoadFactor   float64
+	Slack        float64 // router slack (0: router default)
+
+	OverheadRate     int           // requests per second for the overhead phase (0 skips it)
+	OverheadDuration time.Duration // per round
+	OverheadRounds   int
+	DecisionBackends int // backends for the decision-time phase (0 skips it)
+	DecisionPrompt   int // prompt bytes for the decision-time phase
+	DecisionSamples  int
+
+	Progress io.Writer // nil: quiet
+}
+
+// DefaultOptions are sized to finish in a few minutes on 2 cores.
+func DefaultOptions() Options {
+	sim := llmsim.Defaults()
+	sim.KVBlocks = 65536 // 1M tokens per backend: a multi-GPU node
+	return Options{
+		Backends: 8, Load: 0.8, Requests: 1000, Workloads: AllWorkloads(),
+		Strategies: []balance.Strategy{balance.Random, balance.LeastOutstanding, balance.PrefixAware},
+		TracesDir:  "../shared/traces", Sim: sim, Seed: 1, Saturation: true, ClosedPerBE: 12, LoadFactor: 1.25,
+		OverheadRate: 1000, OverheadDuration: 2 * time.Second, OverheadRounds: 3,
+		DecisionBackends: 64, DecisionPrompt: 16000, DecisionSamples: 20000,
+	}
+}
+
+// Results is the whole report.
+type Results struct {
+	Machine   Machine          `json:"machine"`
+	Options   OptionsSummary   `json:"options"`
+	Workloads []WorkloadResult `json:"workloads"`
+	Overhead  *OverheadResult  `json:"overhead,omitempty"`
+	Decision  *DecisionResult  `json:"decision,omitempty"`
+}
+
+// Machine describes where the run happened (noise context).
+type Machine struct {
+	CPUs      int     `json:"cpus"`
+	LoadAvg1  float64 `json:"loadavg_1m_start"`
+	LoadAvg1E float64 `json:"loadavg_1m_end"`
+	GoVersion string  `json:"go"`
+}
+
+// OptionsSummary echoes the settings that shape the figures.
+type OptionsSummary struct {
+	Backends        int     `json:"backends"`
+	Load            float64 `json:"load"`
+	Requests        int     `json:"requests"`
+	KVBlocks        int     `json:"kv_blocks"`
+	BlockTokens     int     `json:"block_tokens"`
+	MaxSeqs         int     `json:"max_seqs"`
+	PrefillPerToken string  `json:"prefill_per_token"`
+	DecodePerToken  string  `json:"decode_per_token"`
+	LoadFactor      float64 `json:"load_factor"`
+}
+
+// WorkloadResult is one workload under every strategy.
+type WorkloadResult struct {
+	Name           string           `json:"name"`
+	Requests       int              `json:"requests"`
+	MeanPrompt     float64          `json:"mean_prompt_tokens"`
+	BestReuse      float64          `json:"best_reuse"`          // unlimited cache
+	BestReuseFleet float64          `json:"best_reuse_fleet_kv"` // one LRU the size of the whole fleet's KV
+	Strategies     []StrategyResult `json:"strategies"`
+}
+
+// StrategyResult is one strategy on one workload. Times are simulated seconds.
+type StrategyResult struct {
+	Strategy       balance.Strategy   `json:"strategy"`
+	HitRate        float64            `json:"kv_hit_rate"`
+	TTFTp50        float64            `json:"ttft_p50_s"`
+	TTFTp95        float64            `json:"ttft_p95_s"`
+	TTFTp99        float64            `json:"ttft_p99_s"`
+	OpenThroughput float64            `json:"open_loop_rps"`
+	Throughput     float64            `json:"saturated_rps,omitempty"`
+	SatHitRate     float64            `json:"saturated_kv_hit_rate,omitempty"`
+	BusiestShare   float64            `json:"busiest_share_over_mean"`
+	Rejected429    int                `json:"rejected_429"`
+	Rejected503    int                `json:"rejected_503"`
+	Errors         int                `json:"errors"`
+	Reasons        map[string]float64 `json:"decisions_by_reason"`
+	WallSeconds    float64            `json:"wall_seconds"`
+}
+
+func (o *Options) logf(format string, args ...any) {
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, format+"\n", args...)
+	}
+}
+
+// Run runs every phase.
+func Run(ctx context.Context, o Options) (*Results, error) {
+	if o.Backends < 1 || o.Backends > prefix.MaxSlots || o.Load <= 0 || o.Requests < 1 || o.ClosedPerBE < 1 {
+		return nil, errors.New("bench: backends must be 1..256; load, requests and closed-loop clients positive")
+	}
+	if err := o.Sim.Validate(); err != nil {
+		return nil, err
+	}
+	res := &Results{Machine: Machine{CPUs: runtime.NumCPU(), LoadAvg1: loadAvg(), GoVersion: runtime.Version()},
+		Options: OptionsSummary{Backends: o.Backends, Load: o.Load, Requests: o.Requests, KVBlocks: o.Sim.KVBlocks, BlockTokens: o.Sim.BlockTokens,
+			MaxSeqs: o.Sim.MaxSeqs, PrefillPerToken: o.Sim.PrefillPerToken.String(), DecodePerToken: o.Sim.DecodePerToken.String(),
+			LoadFactor: o.LoadFactor}}
+	tok := llmsim.Tokenizer{CharsPerToken: o.Sim.CharsPerToken, BlockTokens: o.Sim.BlockTokens}
+	for _, name := range o.Workloads {
+		var w Workload
+		var err error
+		switch name {
+		case WorkMoonConv, WorkMoonSynth:
+			w, err = LoadTrace(o.TracesDir, name, o.TraceOffset, o.Requests, o.Sim.Model, o.Sim.CharsPerToken)
+		default:
+			w, err = Synthetic(name, o.Requests, o.Seed, o.Sim.Model, o.Sim.CharsPerToken, o.Sim.KVBlocks*o.Sim.BlockTokens)
+		}
+		if err != nil {
+			return nil, err
+		}
+		w.Schedule(o.Load, o.Backends, o.Sim.PrefillPerToken, o.Seed)
+		wr := WorkloadResult{Name: name, Requests: len(w.Requests), BestReuse: BestReuse(&w, tok, 0),
+			BestReuseFleet: BestReuse(&w, tok, o.Backends*o.Sim.KVBlocks)}
+		tokens := 0
+		for _, r := range w.Requests {
+			tokens += r.PromptTokens
+		}
+		wr.MeanPrompt = float64(tokens) / float64(len(w.Requests))
+		for _, st := range o.Strategies {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			sr, err := runStrategy(ctx, &o, &w, st)
+			if err != nil {
+				return nil, fmt.Errorf("%s/%s: %w", name, st, err)
+			}
+			o.logf("%-22s %-18s hit %.3f (best %.3f)  ttft p50 %.3fs p99 %.3fs  sat %.2f rps  busiest %.2fx  429 %d  503 %d  err %d  %v (%.0fs wall)",
+				name, st, sr.HitRate, wr.BestReuse, sr.TTFTp50, sr.TTFTp99, sr.Throughput, sr.BusiestShare, sr.Rejected429, sr.Rejected503, sr.Errors, sr.Reasons, sr.WallSeconds)
+			wr.Strategies = append(wr.Strategies, sr)
+		}
+		res.Workloads = append(res.Workloads, wr)
+	}
+	if o.DecisionBackends > 0 {
+		d, err := measureDecision(o.DecisionBackends, o.DecisionPrompt, o.DecisionSamples, o.Seed)
+		if err != nil {
+			return nil, err
+		}
+		res.Decision = d
+		o.logf("decision: %d backends, %d-byte prompts: p50 %.1fus p99 %.1fus", d.Backends, d.PromptBytes, d.P50us, d.P99us)
+	}
+	if o.OverheadRate > 0 {
+		ov, err := measureOverhead(ctx, &o)
+		if err != nil {
+			return nil, err
+		}
+		res.Overhead = ov
+		o.logf("overhead at %d req/s: direct p50 %.3fms p99 %.3fms, via router p50 %.3fms p99 %.3fms", ov.Rate, ov.DirectP50ms, ov.DirectP99ms, ov.RouterP50ms, ov.RouterP99ms)
+	}
+	res.Machine.LoadAvg1E = loadAvg()
+	return res, nil
+}
+
+// fleet is N simulators and a router, all listening on 127.0.0.1.
+type fleet struct {
+	reg     *prometheus.Registry
+	sims    []*llmsim.Server
+	simURLs []string
+	rt      *router.Router
+	url     string
+	stop    func()
+}
+
+func serve(h http.Handler) (string, func(), error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	return "http://" + l.Addr().String(), func() { _ = srv.Close() }, nil
+}
+
+func startFleet(ctx context.Context, o *Options, n int, sim llmsim.Config, st balance.Strategy) (*fleet, error) {
+	var sims []*llmsim.Server
+	f, err := startFleetWith(ctx, o, n, st, func() (http.Handler, error) {
+		s, err := llmsim.New(sim, prometheus.NewRegistry())
+		if err == nil {
+			sims = append(sims, s)
+		}
+		return s, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	f.sims = sims
+	return f, nil
+}
+
+// startFleetWith starts n backends from newBackend and a router over them.
+func startFleetWith(ctx context.Context, o *Options, n int, st balance.Strategy, newBackend func() (http.Handler, error)) (*fleet, error) {
+	f := &fleet{}
+	var stops []func()
+	f.stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	cfg := router.Defaults()
+	cfg.Strategy = st
+	cfg.LoadFactor = o.LoadFactor
+	if o.Slack > 0 {
+		cfg.Slack = o.Slack
+	}
+	// No router-side limit by default: simulators queue like vLLM does, and
+	// the router queue waits in wall time, which a virtual clock cannot see.
+	cfg.MaxInflight = o.RouterMaxInf
+	cfg.CharsPerToken = float64(o.Sim.CharsPerToken)
+	cfg.QueueTimeout = 60 * time.Second
+	cfg.ProbeInterval = -1 // probed once below; later probes would only add noise
+	cfg.RampUp = 0
+	for range n {
+		h, err := newBackend()
+		if err != nil {
+			f.stop()
+			return nil, err
+		}
+		u, stop, err := serve(h)
+		if err != nil {
+			f.stop()
+			return nil, err
+		}
+		stops = append(stops, stop)
+		f.simURLs = append(f.simURLs, u)
+		cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: u})
+	}
+	src := router.NewStaticSource(router.StaticEndpoints(&cfg), nil)
+	f.reg = prometheus.NewRegistry()
+	rt, err := router.New(cfg, router.Options{Source: src, HashKey: prefix.KeyFromBytes([]byte("bench")),
+		Logger: slog.New(slog.DiscardHandler), Registry: f.reg})
+	if err != nil {
+		f.stop()
+		return nil, err
+	}
+	rt.ProbeOnce(ctx) // learn each backend's KV size before traffic
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = rt.Run(rctx); close(done) }()
+	stops = append(stops, func() { cancel(); <-done })
+	u, stop, err := serve(rt)
+	if err != nil {
+		f.stop()
+		return nil, err
+	}
+	stops = append(stops, stop)
+	f.rt, f.url = rt, u
+	return f, nil
+}
+
+func newClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxIdleConns: 4096, DisableCompression: true, IdleConnTimeout: time.Minute}}
+}
+
+func runStrategy(ctx context.Context, o *Options, w *Workload, st balance.Strategy) (StrategyResult, error) {
+	sr := StrategyResult{Strategy: st}
+	began := time.Now()
+	client := newClient()
+	defer client.CloseIdleConnections()
+
+	clock := llmsim.NewVirtualClock(time.Unix(0, 0))
+	f, err := startFleet(ctx, o, o.Backends, virtualSim(o.Sim, clock), st)
+	if err != nil {
+		return sr, err
+	}
+	v := &driver{clock: clock, client: client, base: f.url, rt: f.rt}
+	outs, elapsed, err := v.openLoop(ctx, w.Requests)
+	if err != nil {
+		f.stop()
+		return sr, err
+	}
+	var ttfts []float64
+	for _, out := range outs {
+		switch {
+		case out.err != nil:
+			sr.Errors++
+		case out.status == http.StatusTooManyRequests:
+			sr.Rejected429++
+		case out.status == http.StatusServiceUnavailable:
+			sr.Rejected503++
+		case out.status != http.StatusOK:
+			sr.Errors++
+		default:
+			ttfts = append(ttfts, out.ttft.Seconds())
+		}
+	}
+	sr.TTFTp50, sr.TTFTp95, sr.TTFTp99 = quantile(ttfts, 0.5), quantile(ttfts, 0.95), quantile(ttfts, 0.99)
+	sr.OpenThroughput = float64(len(ttfts)) / elapsed.Seconds()
+	stats, err := scrape(ctx, client, f.simURLs)
+	if err != nil {
+		f.stop()
+		return sr, err
+	}
+	sr.HitRate, sr.BusiestShare = stats.hitRate(), stats.busiest()
+	sr.Reasons = reasons(f.reg)
+	f.stop()
+	if o.Saturation {
+		clock := llmsim.NewVirtualClock(time.Unix(0, 0))
+		f, err := startFleet(ctx, o, o.Backends, virtualSim(o.Sim, clock), st)
+		if err != nil {
+			return sr, err
+		}
+		v := &driver{clock: clock, client: client, base: f.url, rt: f.rt}
+		done, el, err := v.closedLoop(ctx, w.Requests, o.Backends*o.ClosedPerBE)
+		if err != nil {
+			f.stop()
+			return sr, err
+		}
+		sr.Throughput = float64(done) / el.Seconds()
+		stats, err := scrape(ctx, client, f.simURLs)
+		f.stop()
+		if err != nil {
+			return sr, err
+		}
+		sr.SatHitRate = stats.hitRate()
+	}
+	sr.WallSeconds = time.Since(began).Seconds()
+	return sr, nil
+}
+
+// virtualSim makes a simulator config run on clock: no wall-time scaling,
+// and decode in one step (only the first and last byte matter to routing).
+func virtualSim(c llmsim.Config, clock *llmsim.VirtualClock) llmsim.Config {
+	c.Clock = clock
+	c.TimeScale = 1
+	c.ChunkInterval = 24 * time.Hour
+	return c
+}
+
+// driver replays requests in virtual time over real HTTP: it advances the
+// clock to the next arrival or simulator timer only once every request and
+// response in transit has landed (motion zero), so the router sees exactly
+// the in-flight state it would at that instant, however loaded the machine.
+type driver struct {
+	clock  *llmsim.VirtualClock
+	client *http.Client
+	base   string
+	rt     *router.Router
+}
+
+// quiet waits until nothing is in motion at the current instant.
+func (d *driver) quiet(ctx context.Context) error {
+	watchdog := time.Now().Add(2 * time.Minute)
+	zeros := 0
+	for {
+		m := d.clock.Motion() - int64(d.rt.Queued())
+		switch {
+		case m < 0:
+			return fmt.Errorf("bench: virtual clock accounting went negative (%d)", m)
+		case m == 0:
+			// Seen idle several times in a row, with the scheduler given a
+			// chance to run anything just woken.
+			if zeros++; zeros >= 3 {
+				return nil
+			}
+			runtime.Gosched()
+			continue
+		}
+		zeros = 0
+		if time.Now().After(watchdog) || ctx.Err() != nil {
+			return fmt.Errorf("bench: stuck with %d in motion: %w", m, context.Cause(ctx))
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+type outcome struct {
+	status int
+	ttft   time.Duration // to the first body byte (virtual, or wall for sendReal)
+	end    time.Time
+	err    error
+}
+
+// send posts one request whose Busy the caller already counted, reads the
+// whole answer, and leaves the last Idle to the caller (so a closed loop can
+// count its next request first).
+func (d *driver) send(ctx context.Context, r *Request) outcome {
+	start := d.clock.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.base+r.Path, strings.NewReader(string(r.Body)))
+	if err != nil {
+		return outcome{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := d.client.Do(req)
+	if err != nil {
+		return outcome{err: err}
+	}
+	defer resp.Body.Close()
+	fromSim := resp.Header.Get("X-Llmsim") != ""
+	out := outcome{status: resp.StatusCode}
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 && out.ttft == 0 {
+			out.ttft = max(d.clock.Now().Sub(start), time.Nanosecond)
+			if fromSim {
+				d.clock.Idle() // the first byte landed
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				out.err = err
+			}
+			out.end = d.clock.Now()
+			return out
+		}
+	}
+}
+
+// openLoop sends each request at its arrival time.
+func (d *driver) openLoop(ctx context.Context, reqs []Request) ([]outcome, time.Duration, error) {
+	outs := make([]outcome, len(reqs))
+	t0 := d.clock.Now()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	next := 0
+	for {
+		if err := d.quiet(ctx); err != nil {
+			return nil, 0, err
+		}
+		timer, hasTimer := d.clock.Next()
+		if next < len(reqs) && (!hasTimer || !t0.Add(reqs[next].At).After(timer)) {
+			at := reqs[next].At
+			d.clock.AdvanceTo(t0.Add(at))
+			for next < len(reqs) && reqs[next].At == at {
+				i := next
+				d.clock.Busy(1)
+				wg.Go(func() {
+					outs[i] = d.send(ctx, &reqs[i])
+					d.clock.Idle()
+				})
+				next++
+			}
+			continue
+		}
+		if !hasTimer {
+			break
+		}
+		d.clock.AdvanceTo(timer)
+	}
+	wg.Wait()
+	last := t0
+	for _, o := range outs {
+		if o.end.After(last) {
+			last = o.end
+		}
+	}
+	return outs, max(last.Sub(t0), time.Nanosecond), nil
+}
+
+// closedLoop keeps `clients` requests outstanding until the list is done
+// and returns how many succeeded and the virtual time taken.
+func (d *driver) closedLoop(ctx context.Context, reqs []Request, clients int) (int, time.Duration, error) {
+	var mu sync.Mutex
+	next, done := 0, 0
+	t0 := d.clock.Now()
+	take := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		if next >= len(reqs) {
+			return -1
+		}
+		next++
+		return next - 1
+	}
+	var wg sync.WaitGroup
+	for range clients {
+		i := take()
+		if i < 0 {
+			break
+		}
+		d.clock.Busy(1)
+		wg.Go(func() {
+			for i >= 0 {
+				out := d.send(ctx, &reqs[i])
+				if out.err == nil && out.status == http.StatusOK {
+					mu.Lock()
+					done++
+					mu.Unlock()
+				}
+				if i = take(); i >= 0 {
+					d.clock.Busy(1) // the next request, before this one's last Idle
+				}
+				d.clock.Idle()
+			}
+		})
+	}
+	for {
+		if err := d.quiet(ctx); err != nil {
+			wg.Wait()
+			return 0, 0, err
+		}
+		timer, ok := d.clock.Next()
+		if !ok {
+			break
+		}
+		d.clock.AdvanceTo(timer)
+	}
+	wg.Wait()
+	return done, max(d.clock.Now().Sub(t0), time.Nanosecond), nil
+}
+
+// sendReal posts one request in wall-clock time (overhead phase).
+func sendReal(ctx context.Context, c *http.Client, base string, r *Request) outcome {
+	start := time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+r.Path, strings.NewReader(string(r.Body)))
+	if err != nil {
+		return outcome{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return outcome{err: err}
+	}
+	defer resp.Body.Close()
+	out := outcome{status: resp.StatusCode}
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		out.err = err
+	}
+	out.ttft = time.Since(start)
+	return out
+}
+
+// reasons sums the router's decisions by reason.
+func reasons(reg *prometheus.Registry) map[string]float64 {
+	out := map[string]float64{}
+	fams, err := reg.Gather()
+	if err != nil {
+		return out
+	}
+	for _, f := range fams {
+		if f.GetName() != "warmfleet_router_decisions_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" {
+					out[l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return out
+}
+
+type simStats struct {
+	hits, queries []float64
+	requests      []float64
+}
+
+func (s simStats) hitRate() float64 {
+	h, q := 0.0, 0.0
+	for i := range s.hits {
+		h += s.hits[i]
+		q += s.queries[i]
+	}
+	if q == 0 {
+		return 0
+	}
+	return h / q
+}
+
+// busiest is the busiest backend's request count over the mean.
+func (s simStats) busiest() float64 {
+	if len(s.requests) == 0 {
+		return 0
+	}
+	top, sum := 0.0, 0.0
+	for _, r := range s.requests {
+		top = max(top, r)
+		sum += r
+	}
+	if sum == 0 {
+		return 0
+	}
+	return top / (sum / float64(len(s.requests)))
+}
+
+// scrape reads the simulators' own vLLM-style metrics over HTTP.
+func scrape(ctx context.Context, c *http.Client, urls []string) (simStats, error) {
+	var st simStats
+	for _, u := range urls {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u+"/metrics", nil)
+		if err != nil {
+			return st, err
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			return st, fmt.Errorf("scrape %s: %w", u, err)
+		}
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := p.TextToMetricFamilies(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return st, fmt.Errorf("scrape %s: %w", u, err)
+		}
+		sum := func(name string) float64 {
+			total := 0.0
+			if f := fams[name]; f != nil {
+				for _, m := range f.GetMetric() {
+					total += m.GetCounter().GetValue()
+				}
+			}
+			return total
+		}
+		st.hits = append(st.hits, sum("vllm:prefix_cache_hits_total"))
+		st.queries = append(st.queries, sum("vllm:prefix_cache_queries_total"))
+		st.requests = append(st.requests, sum("vllm:request_success_total"))
+	}
+	return st, nil
+}
+
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	i := int(q * float64(len(s)-1))
+	return s[i]
+}

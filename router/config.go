@@ -1,0 +1,190 @@
+package router
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/warmfleet/warmfleet/router/balance"
+	"gopkg.in/yaml.v3"
+)
+
+// Config is the router's tunable behaviour. Zero fields take the defaults
+// from Defaults; a config file (YAML) uses the yaml names below.
+type Config struct {
+	Strategy balance.Strategy       `yaml:"strategy"`
+	Models   map[string]ModelConfig `yaml:"models"` // per model (variant) overrides
+	Backends []BackendConfig        `yaml:"backends"`
+
+	LoadFactor       float64 `yaml:"load_factor"`       // c of the load bound
+	MinLoadBound     int     `yaml:"min_load_bound"`    // floor of the load bound (low load keeps affinity)
+	BlockChars       int     `yaml:"block_chars"`       // prompt bytes per hashed block
+	MaxBlocks        int     `yaml:"max_blocks"`        // leading blocks hashed per request
+	RendezvousBlocks int     `yaml:"rendezvous_blocks"` // blocks past the common prefix in the cold key
+	Slack            float64 `yaml:"slack"`             // tolerated extra expected wait, as a fraction of the prompt, for affinity
+	CharsPerToken    float64 `yaml:"chars_per_token"`   // to size the index from KV cache tokens
+	KVCacheTokens    int     `yaml:"kv_cache_tokens"`   // default backend KV cache size
+	MaxInflight      int     `yaml:"max_inflight"`      // default backend concurrency limit (0: none)
+
+	MaxBodyBytes int64         `yaml:"max_body_bytes"`
+	BodyTimeout  time.Duration `yaml:"body_timeout"`  // to read a request body
+	QueueTimeout time.Duration `yaml:"queue_timeout"` // bounded wait when every backend is at its limit
+	MaxQueue     int           `yaml:"max_queue"`     // waiting requests beyond which 429 is immediate
+	MaxRetries   int           `yaml:"max_retries"`   // extra attempts for requests that could not be sent
+
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	ProbeInterval  time.Duration `yaml:"probe_interval"` // active health probes; negative disables
+	ProbePath      string        `yaml:"probe_path"`
+	ProbeTimeout   time.Duration `yaml:"probe_timeout"`
+	EjectBase      time.Duration `yaml:"eject_base"` // first passive ejection; doubles per failure
+	EjectMax       time.Duration `yaml:"eject_max"`
+	RampUp         time.Duration `yaml:"ramp_up"` // a new endpoint reaches a full share after this
+
+	SessionHeader string `yaml:"session_header"` // request header whose value is mixed into the hash
+	DebugHeader   bool   `yaml:"debug_header"`   // answer X-Warmfleet-Debug with X-Warmfleet-Route
+	HashKeyFile   string `yaml:"hash_key_file"`  // per-fleet secret keying the block hashes
+}
+
+// ModelConfig overrides settings for one model name.
+type ModelConfig struct {
+	Strategy balance.Strategy `yaml:"strategy"`
+}
+
+// BackendConfig is one statically configured inference endpoint.
+type BackendConfig struct {
+	URL           string   `yaml:"url"`
+	Models        []string `yaml:"models"` // empty: serves whatever model is asked for
+	MaxInflight   int      `yaml:"max_inflight"`
+	KVCacheTokens int      `yaml:"kv_cache_tokens"`
+	HoldsWeights  *bool    `yaml:"holds_weights"` // default true
+}
+
+// Defaults returns the default configuration.
+func Defaults() Config {
+	return Config{
+		Strategy:         balance.PrefixAware,
+		LoadFactor:       1.25,
+		MinLoadBound:     2,
+		BlockChars:       256,
+		MaxBlocks:        1024,
+		RendezvousBlocks: 16,
+		Slack:            0.5,
+		CharsPerToken:    4,
+		KVCacheTokens:    262144,
+		MaxBodyBytes:     16 << 20,
+		BodyTimeout:      30 * time.Second,
+		QueueTimeout:     2 * time.Second,
+		MaxQueue:         1024,
+		MaxRetries:       2,
+		ConnectTimeout:   2 * time.Second,
+		ProbeInterval:    5 * time.Second,
+		ProbePath:        "/health",
+		ProbeTimeout:     2 * time.Second,
+		EjectBase:        time.Second,
+		EjectMax:         30 * time.Second,
+		RampUp:           60 * time.Second,
+		SessionHeader:    "X-Session-Id",
+		DebugHeader:      true,
+	}
+}
+
+// LoadConfig reads a YAML config file over Defaults. Unknown keys are errors.
+func LoadConfig(path string) (Config, error) {
+	cfg := Defaults()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("router config: %w", err)
+	}
+	if err := ParseConfig(b, &cfg); err != nil {
+		return cfg, fmt.Errorf("router config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig decodes YAML into cfg (fields absent keep their values) and validates.
+func ParseConfig(b []byte, cfg *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) { // io.EOF: empty file
+		return err
+	}
+	return cfg.Validate()
+}
+
+// Validate checks values a person may have typed.
+func (c *Config) Validate() error {
+	var errs []error
+	if _, err := balance.ParseStrategy(string(c.Strategy)); err != nil {
+		errs = append(errs, err)
+	}
+	for m, mc := range c.Models {
+		if _, err := balance.ParseStrategy(string(mc.Strategy)); err != nil {
+			errs = append(errs, fmt.Errorf("model %q: %w", m, err))
+		}
+	}
+	if c.LoadFactor < 1 {
+		errs = append(errs, fmt.Errorf("load_factor %v must be >= 1", c.LoadFactor))
+	}
+	if c.Slack < 0 || c.Slack > 100 {
+		errs = append(errs, fmt.Errorf("slack %v must be in [0, 100]", c.Slack))
+	}
+	if c.MinLoadBound < 1 {
+		errs = append(errs, fmt.Errorf("min_load_bound %d must be >= 1", c.MinLoadBound))
+	}
+	if c.BlockChars < 16 || c.MaxBlocks < 1 || c.RendezvousBlocks < 1 {
+		errs = append(errs, errors.New("block_chars must be >= 16, max_blocks and rendezvous_blocks >= 1"))
+	}
+	if c.CharsPerToken <= 0 || c.KVCacheTokens < 1 || c.MaxInflight < 0 {
+		errs = append(errs, errors.New("chars_per_token and kv_cache_tokens must be positive, max_inflight >= 0"))
+	}
+	if c.MaxBodyBytes < 1 || c.MaxQueue < 0 || c.MaxRetries < 0 || c.QueueTimeout < 0 {
+		errs = append(errs, errors.New("max_body_bytes must be positive; max_queue, max_retries, queue_timeout >= 0"))
+	}
+	if c.EjectBase <= 0 || c.EjectMax < c.EjectBase || c.ConnectTimeout <= 0 || c.ProbeTimeout <= 0 || c.BodyTimeout <= 0 {
+		errs = append(errs, errors.New("eject_base, connect_timeout, probe_timeout, body_timeout must be positive and eject_max >= eject_base"))
+	}
+	if c.ProbeInterval > 0 && !strings.HasPrefix(c.ProbePath, "/") {
+		errs = append(errs, fmt.Errorf("probe_path %q must start with /", c.ProbePath))
+	}
+	seen := map[string]bool{}
+	for i, b := range c.Backends {
+		u, err := ParseBackendURL(b.URL)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("backends[%d]: %w", i, err))
+			continue
+		}
+		if seen[u] {
+			errs = append(errs, fmt.Errorf("backends[%d]: duplicate url %s", i, u))
+		}
+		seen[u] = true
+		if b.MaxInflight < 0 || b.KVCacheTokens < 0 {
+			errs = append(errs, fmt.Errorf("backends[%d]: max_inflight and kv_cache_tokens must be >= 0", i))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ParseBackendURL validates and normalises a backend base URL.
+func ParseBackendURL(s string) (string, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", fmt.Errorf("backend url %q: %w", s, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return "", fmt.Errorf("backend url %q: want http(s)://host[:port][/base] without query or credentials", s)
+	}
+	return strings.TrimRight(u.String(), "/"), nil
+}
+
+// StrategyFor returns the strategy for model.
+func (c *Config) StrategyFor(model string) balance.Strategy {
+	if mc, ok := c.Models[model]; ok && mc.Strategy != "" {
+		return mc.Strategy
+	}
+	return c.Strategy
+}

@@ -1,0 +1,74 @@
+package fleet
+
+import (
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/gossip"
+	"github.com/warmfleet/warmfleet/router"
+)
+
+func member(name string, state gossip.MemberState, models map[string]gossip.State, eps ...gossip.Endpoint) gossip.Member {
+	inv := &gossip.Inventory{Models: map[string]gossip.ModelInventory{}, Endpoints: eps}
+	for m, s := range models {
+		inv.Models[m] = gossip.ModelInventory{State: s}
+	}
+	return gossip.Member{Name: name, State: state, Role: gossip.RoleNode, Inventory: inv}
+}
+
+func TestEndpoints(t *testing.T) {
+	ready := map[string]gossip.State{"llama": gossip.StateReady}
+	downloading := map[string]gossip.State{"llama": gossip.StateDownloading}
+	members := []gossip.Member{
+		member("n1", gossip.MemberAlive, ready, gossip.Endpoint{Model: "llama", URL: "http://10.0.0.1:8000"}),
+		member("n2", gossip.MemberAlive, downloading, gossip.Endpoint{Model: "llama", URL: "http://10.0.0.2:8000"}),
+		member("n3", gossip.MemberDead, ready, gossip.Endpoint{Model: "llama", URL: "http://10.0.0.3:8000"}),
+		{Name: "router", State: gossip.MemberAlive, Role: gossip.RoleRouter, Inventory: &gossip.Inventory{Endpoints: []gossip.Endpoint{{Model: "llama", URL: "http://evil:1"}}}},
+		member("n4", gossip.MemberAlive, map[string]gossip.State{"llama": gossip.StateReady, "qwen": gossip.StateReady},
+			gossip.Endpoint{Model: "qwen", URL: "http://10.0.0.4:8000"}, gossip.Endpoint{Model: "llama", URL: "http://10.0.0.4:8000"}),
+	}
+	got := Endpoints(members)
+	if len(got) != 3 {
+		t.Fatalf("got %d endpoints, want 3 (dead node and router member left out): %+v", len(got), got)
+	}
+	byURL := map[string]int{}
+	for i, e := range got {
+		byURL[e.URL] = i
+	}
+	if e := got[byURL["http://10.0.0.1:8000"]]; !e.Ready || !e.HoldsWeights || e.Node != "n1" {
+		t.Errorf("ready node's endpoint: %+v", e)
+	}
+	if e := got[byURL["http://10.0.0.2:8000"]]; e.Ready || e.HoldsWeights {
+		t.Errorf("endpoint of a node still downloading gets traffic: %+v", e)
+	}
+	if e := got[byURL["http://10.0.0.4:8000"]]; !e.Ready || len(e.Models) != 2 || e.Models[0] != "llama" {
+		t.Errorf("two-model endpoint: %+v", e)
+	}
+}
+
+type fakeMembers struct {
+	members []gossip.Member
+	changed chan struct{}
+}
+
+func (f *fakeMembers) Members() []gossip.Member  { return f.members }
+func (f *fakeMembers) OnChange() <-chan struct{} { return f.changed }
+
+func TestWatchFollowsChanges(t *testing.T) {
+	fm := &fakeMembers{changed: make(chan struct{}, 1)}
+	s := Watch(t.Context(), fm, func() []router.Endpoint { return []router.Endpoint{{URL: "http://static:1", Ready: true}} })
+	eps, changed := s.Endpoints()
+	if len(eps) != 1 || eps[0].URL != "http://static:1" {
+		t.Fatalf("initial endpoints %+v", eps)
+	}
+	fm.members = []gossip.Member{member("n1", gossip.MemberAlive, map[string]gossip.State{"m": gossip.StateReady}, gossip.Endpoint{Model: "m", URL: "http://n1:8000"})}
+	fm.changed <- struct{}{}
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("source did not follow the fleet")
+	}
+	if eps, _ = s.Endpoints(); len(eps) != 2 || !eps[1].Ready || eps[1].URL != "http://n1:8000" {
+		t.Fatalf("endpoints after change: %+v", eps)
+	}
+}

@@ -1,0 +1,153 @@
+package router
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// probeLoop checks every backend each ProbeInterval: a failing probe ejects
+// it with backoff, a passing one readmits it. Until a backend's KV cache size
+// is known it also reads the size from its vLLM-style metrics.
+func (rt *Router) probeLoop(ctx context.Context) {
+	for {
+		cfg := rt.Config()
+		if cfg.ProbeInterval <= 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second): // probes may be enabled by a reload
+				continue
+			}
+		}
+		rt.ProbeOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(cfg.ProbeInterval):
+		}
+	}
+}
+
+// ProbeOnce probes every backend once and waits for the results.
+func (rt *Router) ProbeOnce(ctx context.Context) {
+	rt.mu.Lock()
+	cfg := rt.cfg
+	backends := append([]*backend(nil), rt.order...)
+	needKV := make([]bool, len(backends))
+	for i, b := range backends {
+		needKV[i] = b.ep.KVCacheTokens == 0 && b.learnedKV == 0
+	}
+	rt.mu.Unlock()
+	var wg sync.WaitGroup
+	for i, b := range backends {
+		wg.Go(func() {
+			err := rt.probeOne(ctx, b.url+cfg.ProbePath)
+			if ctx.Err() != nil {
+				return
+			}
+			kv := 0
+			if err == nil && needKV[i] {
+				kv = rt.learnKV(ctx, b.url)
+			}
+			rt.mu.Lock()
+			defer rt.mu.Unlock()
+			if err != nil {
+				if rt.now().After(b.ejectedUntil) {
+					rt.ejectLocked(b, "probe: "+err.Error())
+				}
+				return
+			}
+			rt.healthyLocked(b)
+			if kv > 0 {
+				b.learnedKV = kv
+				rt.configureLocked(b)
+			}
+			rt.wakeLocked()
+		})
+	}
+	wg.Wait()
+}
+
+type probeError struct{ status int }
+
+func (e *probeError) Error() string { return "status " + strconv.Itoa(e.status) }
+
+func (rt *Router) probeOne(ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := rt.probe.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode/100 != 2 {
+		return &probeError{resp.StatusCode}
+	}
+	return nil
+}
+
+// learnKV reads vllm:cache_config_info from the backend's /metrics and
+// returns num_gpu_blocks x block_size tokens, or 0.
+func (rt *Router) learnKV(ctx context.Context, base string) int {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return 0
+	}
+	resp, err := rt.probe.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0
+	}
+	return ParseKVCacheTokens(io.LimitReader(resp.Body, 4<<20))
+}
+
+// ParseKVCacheTokens finds vllm:cache_config_info in Prometheus text and
+// returns num_gpu_blocks x block_size, or 0 if absent or malformed.
+func ParseKVCacheTokens(r io.Reader) int {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "vllm:cache_config_info{") {
+			continue
+		}
+		labels, _, ok := strings.Cut(strings.TrimPrefix(line, "vllm:cache_config_info{"), "}")
+		if !ok {
+			return 0
+		}
+		blocks, size := 0, 0
+		for _, kv := range strings.Split(labels, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				continue
+			}
+			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(v), `"`))
+			if err != nil || n <= 0 || n > 1<<30 {
+				continue
+			}
+			switch strings.TrimSpace(k) {
+			case "num_gpu_blocks":
+				blocks = n
+			case "block_size":
+				size = n
+			}
+		}
+		if blocks > 0 && size > 0 && blocks <= (1<<40)/size {
+			return blocks * size
+		}
+		return 0
+	}
+	return 0
+}

@@ -1,0 +1,527 @@
+// Package oai reads the parts of an OpenAI-style request body that routing
+// needs (model, prompt or chat messages, cache_salt, ...) without decoding
+// the whole body into Go values, and writes OpenAI-style JSON errors.
+//
+// The scanner validates the entire body as JSON (so a malformed body is
+// rejected before it reaches a backend) but keeps the prompt as a sub-slice of
+// the body whenever it holds no escape sequences, so a 1 MB prompt costs one
+// pass over the bytes and no copy.
+package oai
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// maxDepth mirrors encoding/json's nesting limit so both accept the same bodies.
+const maxDepth = 10000
+
+// Request is what routing needs from a completions or chat completions body.
+type Request struct {
+	Model string
+	// Prompt is the completions prompt: the unescaped text when it is a JSON
+	// string, otherwise the raw JSON of the value (token ids, batches).
+	Prompt    []byte
+	HasPrompt bool
+	// Messages are the chat messages in order.
+	Messages    []Message
+	HasMessages bool
+	CacheSalt   string
+	User        string
+	Stream      bool
+	// MaxTokens is max_completion_tokens or else max_tokens; -1 when absent.
+	MaxTokens int
+}
+
+// Message is one chat message. Content is the unescaped text when the
+// content is a JSON string, otherwise the raw JSON (parts arrays, null).
+type Message struct {
+	Role    string
+	Content []byte
+}
+
+// SyntaxError reports malformed JSON at a byte offset.
+type SyntaxError struct {
+	Offset int
+	Msg    string
+}
+
+func (e *SyntaxError) Error() string {
+	return fmt.Sprintf("invalid JSON at byte %d: %s", e.Offset, e.Msg)
+}
+
+// FieldError reports a well-formed body whose field has the wrong type.
+type FieldError struct {
+	Field string
+	Want  string
+}
+
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("field %q must be %s", e.Field, e.Want)
+}
+
+// Scan validates body as a JSON object and extracts the routing fields.
+// Unknown fields are validated and skipped. Returned byte slices may alias body.
+func Scan(body []byte) (Request, error) {
+	req := Request{MaxTokens: -1}
+	s := scanner{b: body}
+	s.ws()
+	if s.i >= len(s.b) || s.b[s.i] != '{' {
+		if s.i >= len(s.b) {
+			return req, s.errf("empty body")
+		}
+		if err := s.value(0); err != nil {
+			return req, err
+		}
+		if s.ws(); s.i != len(s.b) {
+			return req, s.errf("unexpected data after top-level value")
+		}
+		return req, &FieldError{Field: "(body)", Want: "a JSON object"}
+	}
+	maxTokens, maxCompletion := -1, -1
+	err := s.object(0, func(key []byte, esc bool) error {
+		k := string(key)
+		if esc {
+			k = unescape(key)
+		}
+		switch k {
+		case "model":
+			v, err := s.stringField("model")
+			req.Model = string(v)
+			return err
+		case "cache_salt":
+			v, err := s.stringField("cache_salt")
+			req.CacheSalt = string(v)
+			return err
+		case "user":
+			if s.peek() == 'n' {
+				req.User = ""
+				return s.literal("null")
+			}
+			v, err := s.stringField("user")
+			req.User = string(v)
+			return err
+		case "stream":
+			switch s.peek() {
+			case 't':
+				req.Stream = true
+				return s.literal("true")
+			case 'f':
+				req.Stream = false
+				return s.literal("false")
+			case 'n':
+				req.Stream = false
+				return s.literal("null")
+			}
+			if err := s.value(1); err != nil {
+				return err
+			}
+			return s.typeErr("stream", "a boolean")
+		case "max_tokens", "max_completion_tokens":
+			n, err := s.intField(k)
+			if k == "max_tokens" {
+				maxTokens = n
+			} else {
+				maxCompletion = n
+			}
+			return err
+		case "prompt":
+			req.HasPrompt = true
+			if s.peek() == '"' {
+				v, err := s.stringValue()
+				req.Prompt = v
+				return err
+			}
+			start := s.i
+			if err := s.value(1); err != nil {
+				return err
+			}
+			if c := body[start]; c != '[' {
+				return s.typeErr("prompt", "a string or an array")
+			}
+			req.Prompt = body[start:s.i]
+			return nil
+		case "messages":
+			req.HasMessages = true
+			msgs, err := s.messages(req.Messages[:0])
+			req.Messages = msgs
+			return err
+		}
+		return s.value(1)
+	})
+	if err != nil {
+		return req, err
+	}
+	s.ws()
+	if s.i != len(s.b) {
+		return req, s.errf("unexpected data after top-level value")
+	}
+	if s.ferr != nil {
+		return req, s.ferr
+	}
+	req.MaxTokens = maxTokens
+	if maxCompletion >= 0 {
+		req.MaxTokens = maxCompletion
+	}
+	return req, nil
+}
+
+type scanner struct {
+	b    []byte
+	i    int
+	ferr *FieldError // first field of the wrong type; reported only if the JSON is valid
+}
+
+// typeErr records a wrong-typed field and lets the scan continue, so that
+// malformed JSON later in the body is still reported as such.
+func (s *scanner) typeErr(field, want string) error {
+	if s.ferr == nil {
+		s.ferr = &FieldError{Field: field, Want: want}
+	}
+	return nil
+}
+
+func (s *scanner) errf(format string, args ...any) error {
+	return &SyntaxError{Offset: s.i, Msg: fmt.Sprintf(format, args...)}
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// peek returns the next non-space byte (0 at the end) without consuming it.
+func (s *scanner) peek() byte {
+	s.ws()
+	if s.i >= len(s.b) {
+		return 0
+	}
+	return s.b[s.i]
+}
+
+// object walks an object, calling field with the position at each value;
+// field must consume exactly one value.
+func (s *scanner) object(depth int, field func(key []byte, esc bool) error) error {
+	if depth+1 > maxDepth {
+		return s.errf("exceeded max depth")
+	}
+	s.i++ // '{'
+	if s.peek() == '}' {
+		s.i++
+		return nil
+	}
+	for {
+		if s.peek() != '"' {
+			return s.errf("expected string key")
+		}
+		key, esc, err := s.rawString()
+		if err != nil {
+			return err
+		}
+		if s.peek() != ':' {
+			return s.errf("expected ':' after key")
+		}
+		s.i++
+		s.ws()
+		if err := field(key, esc); err != nil {
+			return err
+		}
+		switch s.peek() {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return nil
+		default:
+			return s.errf("expected ',' or '}' in object")
+		}
+	}
+}
+
+// array walks an array, calling elem at each element; elem must consume it.
+func (s *scanner) array(depth int, elem func() error) error {
+	if depth+1 > maxDepth {
+		return s.errf("exceeded max depth")
+	}
+	s.i++ // '['
+	if s.peek() == ']' {
+		s.i++
+		return nil
+	}
+	for {
+		s.ws()
+		if err := elem(); err != nil {
+			return err
+		}
+		switch s.peek() {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return nil
+		default:
+			return s.errf("expected ',' or ']' in array")
+		}
+	}
+}
+
+// value validates and skips one JSON value at depth.
+func (s *scanner) value(depth int) error {
+	switch s.peek() {
+	case '{':
+		return s.object(depth, func([]byte, bool) error { return s.value(depth + 1) })
+	case '[':
+		return s.array(depth, func() error { return s.value(depth + 1) })
+	case '"':
+		_, _, err := s.rawString()
+		return err
+	case 't':
+		return s.literal("true")
+	case 'f':
+		return s.literal("false")
+	case 'n':
+		return s.literal("null")
+	case 0:
+		return s.errf("unexpected end of input")
+	default:
+		return s.number()
+	}
+}
+
+func (s *scanner) literal(lit string) error {
+	if len(s.b)-s.i < len(lit) || string(s.b[s.i:s.i+len(lit)]) != lit {
+		return s.errf("invalid literal")
+	}
+	s.i += len(lit)
+	return nil
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+func (s *scanner) number() error {
+	start := s.i
+	if s.i < len(s.b) && s.b[s.i] == '-' {
+		s.i++
+	}
+	switch {
+	case s.i < len(s.b) && s.b[s.i] == '0':
+		s.i++
+	case s.i < len(s.b) && s.b[s.i] >= '1' && s.b[s.i] <= '9':
+		for s.i < len(s.b) && isDigit(s.b[s.i]) {
+			s.i++
+		}
+	default:
+		s.i = start
+		return s.errf("invalid character")
+	}
+	if s.i < len(s.b) && s.b[s.i] == '.' {
+		s.i++
+		if s.i >= len(s.b) || !isDigit(s.b[s.i]) {
+			return s.errf("invalid number")
+		}
+		for s.i < len(s.b) && isDigit(s.b[s.i]) {
+			s.i++
+		}
+	}
+	if s.i < len(s.b) && (s.b[s.i] == 'e' || s.b[s.i] == 'E') {
+		s.i++
+		if s.i < len(s.b) && (s.b[s.i] == '+' || s.b[s.i] == '-') {
+			s.i++
+		}
+		if s.i >= len(s.b) || !isDigit(s.b[s.i]) {
+			return s.errf("invalid number")
+		}
+		for s.i < len(s.b) && isDigit(s.b[s.i]) {
+			s.i++
+		}
+	}
+	return nil
+}
+
+func isHex(c byte) bool {
+	return isDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+// rawString consumes a string and returns its bytes between the quotes and
+// whether they contain escapes.
+func (s *scanner) rawString() ([]byte, bool, error) {
+	s.i++ // opening quote
+	start := s.i
+	esc := false
+	for s.i < len(s.b) {
+		// Fast path over the bulk of a prompt: plain bytes need no checks.
+		b, i := s.b, s.i
+		// Eight bytes at a time while none of them needs attention.
+		for i+8 <= len(b) && !needsAttention(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
+		}
+		for i < len(b) {
+			if c := b[i]; c < 0x20 || c == '"' || c == '\\' {
+				break
+			}
+			i++
+		}
+		s.i = i
+		if s.i >= len(s.b) {
+			break
+		}
+		c := s.b[s.i]
+		switch {
+		case c == '"':
+			raw := s.b[start:s.i]
+			s.i++
+			return raw, esc, nil
+		case c == '\\':
+			esc = true
+			if s.i+1 >= len(s.b) {
+				return nil, false, s.errf("unterminated escape")
+			}
+			switch s.b[s.i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				s.i += 2
+			case 'u':
+				if s.i+6 > len(s.b) || !isHex(s.b[s.i+2]) || !isHex(s.b[s.i+3]) || !isHex(s.b[s.i+4]) || !isHex(s.b[s.i+5]) {
+					return nil, false, s.errf("invalid \\u escape")
+				}
+				s.i += 6
+			default:
+				return nil, false, s.errf("invalid escape")
+			}
+		case c < 0x20:
+			return nil, false, s.errf("control character in string")
+		default:
+			s.i++
+		}
+	}
+	return nil, false, s.errf("unterminated string")
+}
+
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// needsAttention reports whether any byte of x is a control character, a
+// quote or a backslash (SWAR: a byte's high bit survives only where the
+// subtraction borrowed, i.e. where the byte was zero / below the bound).
+func needsAttention(x uint64) bool {
+	less := (x - ones*0x20) & ^x
+	quote := x ^ (ones * '"')
+	slash := x ^ (ones * '\\')
+	return (less|((quote-ones) & ^quote)|((slash-ones) & ^slash))&highs != 0
+}
+
+// stringValue consumes a string and returns its unescaped bytes.
+func (s *scanner) stringValue() ([]byte, error) {
+	raw, esc, err := s.rawString()
+	if err != nil || !esc {
+		return raw, err
+	}
+	return []byte(unescape(raw)), nil
+}
+
+// unescape decodes the body of an already validated JSON string.
+func unescape(raw []byte) string {
+	quoted := make([]byte, 0, len(raw)+2)
+	quoted = append(quoted, '"')
+	quoted = append(quoted, raw...)
+	quoted = append(quoted, '"')
+	var out string
+	if err := json.Unmarshal(quoted, &out); err != nil {
+		// Unreachable for strings rawString accepted; keep the raw bytes.
+		return string(raw)
+	}
+	return out
+}
+
+func (s *scanner) stringField(name string) ([]byte, error) {
+	if s.peek() != '"' {
+		if err := s.value(1); err != nil {
+			return nil, err
+		}
+		return nil, s.typeErr(name, "a string")
+	}
+	return s.stringValue()
+}
+
+func (s *scanner) intField(name string) (int, error) {
+	switch s.peek() {
+	case 'n':
+		return -1, s.literal("null")
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+	default:
+		if err := s.value(1); err != nil {
+			return -1, err
+		}
+		return -1, s.typeErr(name, "a non-negative integer")
+	}
+	start := s.i
+	if err := s.number(); err != nil {
+		return -1, err
+	}
+	n, err := strconv.Atoi(string(s.b[start:s.i]))
+	if err != nil || n < 0 {
+		return -1, s.typeErr(name, "a non-negative integer")
+	}
+	return n, nil
+}
+
+func (s *scanner) messages(dst []Message) ([]Message, error) {
+	if s.peek() != '[' {
+		if err := s.value(1); err != nil {
+			return nil, err
+		}
+		return nil, s.typeErr("messages", "an array")
+	}
+	err := s.array(1, func() error {
+		if s.peek() != '{' {
+			if err := s.value(2); err != nil {
+				return err
+			}
+			return s.typeErr("messages[]", "an object")
+		}
+		var m Message
+		err := s.object(2, func(key []byte, esc bool) error {
+			k := string(key)
+			if esc {
+				k = unescape(key)
+			}
+			switch k {
+			case "role":
+				v, err := s.stringField("role")
+				m.Role = string(v)
+				return err
+			case "content":
+				if s.peek() == '"' {
+					v, err := s.stringValue()
+					m.Content = v
+					return err
+				}
+				start := s.i
+				err := s.value(3)
+				m.Content = s.b[start:s.i]
+				return err
+			}
+			return s.value(3)
+		})
+		dst = append(dst, m)
+		return err
+	})
+	return dst, err
+}
+
+// IsSyntax reports whether err is malformed JSON (as opposed to a field of
+// the wrong type).
+func IsSyntax(err error) bool {
+	var se *SyntaxError
+	return errors.As(err, &se)
+}

@@ -1,0 +1,207 @@
+package oai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestScan(t *testing.T) {
+	cases := []struct {
+		name string
+		body string
+		want Request
+		err  string // "syntax", "field" or ""
+	}{
+		{name: "chat", body: `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"stream":true,"max_tokens":7}`,
+			want: Request{Model: "m", HasMessages: true, Messages: []Message{{"system", []byte("be brief")}, {"user", []byte("hi")}}, Stream: true, MaxTokens: 7}},
+		{name: "completions escaped", body: ` {"prompt":"a\nb\u00e9","model":"x","cache_salt":"s1","user":"u"} `,
+			want: Request{Model: "x", HasPrompt: true, Prompt: []byte("a\nbé"), CacheSalt: "s1", User: "u", MaxTokens: -1}},
+		{name: "token prompt raw", body: `{"model":"x","prompt":[1, 2,3]}`,
+			want: Request{Model: "x", HasPrompt: true, Prompt: []byte("[1, 2,3]"), MaxTokens: -1}},
+		{name: "parts content raw", body: `{"model":"x","messages":[{"content":[{"type":"text","text":"hi"}],"role":"user","name":"n"}]}`,
+			want: Request{Model: "x", HasMessages: true, Messages: []Message{{"user", []byte(`[{"type":"text","text":"hi"}]`)}}, MaxTokens: -1}},
+		{name: "max_completion_tokens wins", body: `{"max_completion_tokens":3,"max_tokens":9}`, want: Request{MaxTokens: 3}},
+		{name: "duplicate key last wins", body: `{"model":"a","model":"b"}`, want: Request{Model: "b", MaxTokens: -1}},
+		{name: "escaped key", body: `{"mod\u0065l":"a"}`, want: Request{Model: "a", MaxTokens: -1}},
+		{name: "unknown fields skipped", body: `{"x":{"y":[1,-2.5e+3,true,false,null,"\"",{}]},"model":"m"}`, want: Request{Model: "m", MaxTokens: -1}},
+		{name: "null stream and user", body: `{"stream":null,"user":null,"max_tokens":null}`, want: Request{MaxTokens: -1}},
+		{name: "empty", body: ``, err: "syntax"},
+		{name: "truncated", body: `{"model":"m","messages":[{"role":"u`, err: "syntax"},
+		{name: "trailing", body: `{"model":"m"} x`, err: "syntax"},
+		{name: "bad number", body: `{"a":01}`, err: "syntax"},
+		{name: "bad escape", body: `{"a":"\x"}`, err: "syntax"},
+		{name: "control char", body: "{\"a\":\"\x01\"}", err: "syntax"},
+		{name: "array body", body: `[1]`, err: "field"},
+		{name: "model number", body: `{"model":5}`, err: "field"},
+		{name: "messages object", body: `{"messages":{}}`, err: "field"},
+		{name: "message not object", body: `{"messages":["hi"]}`, err: "field"},
+		{name: "prompt number", body: `{"prompt":5}`, err: "field"},
+		{name: "negative max_tokens", body: `{"max_tokens":-1}`, err: "field"},
+		{name: "fractional max_tokens", body: `{"max_tokens":1.5}`, err: "field"},
+		{name: "stream string", body: `{"stream":"yes"}`, err: "field"},
+		{name: "deep nesting", body: `{"a":` + strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1) + `}`, err: "syntax"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Scan([]byte(tc.body))
+			var fe *FieldError
+			switch tc.err {
+			case "syntax":
+				if !IsSyntax(err) {
+					t.Fatalf("err = %v, want syntax error", err)
+				}
+				return
+			case "field":
+				if !errors.As(err, &fe) {
+					t.Fatalf("err = %v, want field error", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Scan: %v", err)
+			}
+			if !equalRequest(got, tc.want) {
+				t.Fatalf("got %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func equalRequest(a, b Request) bool {
+	if a.Model != b.Model || !bytes.Equal(a.Prompt, b.Prompt) || a.HasPrompt != b.HasPrompt || a.HasMessages != b.HasMessages ||
+		a.CacheSalt != b.CacheSalt || a.User != b.User || a.Stream != b.Stream || a.MaxTokens != b.MaxTokens || len(a.Messages) != len(b.Messages) {
+		return false
+	}
+	for i := range a.Messages {
+		if a.Messages[i].Role != b.Messages[i].Role || !bytes.Equal(a.Messages[i].Content, b.Messages[i].Content) {
+			return false
+		}
+	}
+	return true
+}
+
+// FuzzScan checks the scanner against encoding/json: it accepts exactly the
+// objects json.Valid accepts (unless a routing field has the wrong type) and
+// extracts the same values.
+func FuzzScan(f *testing.F) {
+	seeds, _ := filepath.Glob("testdata/*.json")
+	for _, p := range seeds {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte(`{"model":"m","prompt":"x\u12"}`))
+	f.Add([]byte(`{"messages":[{"role":"user","content":null}],"stream":false}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, err := Scan(body)
+		valid := json.Valid(body)
+		if IsSyntax(err) {
+			if valid {
+				t.Fatalf("syntax error %v on valid JSON %q", err, body)
+			}
+			return
+		}
+		if !valid {
+			t.Fatalf("accepted invalid JSON %q (err %v)", body, err)
+		}
+		var top map[string]json.RawMessage
+		if json.Unmarshal(body, &top) != nil {
+			if err == nil {
+				t.Fatalf("accepted non-object %q", body)
+			}
+			return
+		}
+		if err != nil {
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("unexpected error kind %v", err)
+			}
+			return
+		}
+		checkString(t, top["model"], got.Model)
+		checkString(t, top["cache_salt"], got.CacheSalt)
+		if raw, ok := top["prompt"]; ok != got.HasPrompt {
+			t.Fatalf("HasPrompt=%v, present=%v", got.HasPrompt, ok)
+		} else if ok {
+			checkText(t, raw, got.Prompt)
+		}
+		if raw, ok := top["messages"]; ok {
+			var msgs []map[string]json.RawMessage
+			if e := json.Unmarshal(raw, &msgs); e != nil {
+				t.Fatalf("messages accepted but do not decode: %v", e)
+			}
+			if len(msgs) != len(got.Messages) {
+				t.Fatalf("got %d messages, want %d", len(got.Messages), len(msgs))
+			}
+			for i, m := range msgs {
+				checkString(t, m["role"], got.Messages[i].Role)
+				if c, ok := m["content"]; ok {
+					checkText(t, c, got.Messages[i].Content)
+				}
+			}
+		}
+	})
+}
+
+func checkString(t *testing.T, raw json.RawMessage, got string) {
+	t.Helper()
+	if raw == nil {
+		return
+	}
+	var want string
+	if json.Unmarshal(raw, &want) != nil || !utf8.ValidString(got) {
+		return
+	}
+	if want != got {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+func checkText(t *testing.T, raw json.RawMessage, got []byte) {
+	t.Helper()
+	var want string
+	if trimmed := bytes.TrimSpace(raw); len(trimmed) == 0 || trimmed[0] != '"' || json.Unmarshal(raw, &want) != nil {
+		if !bytes.Equal(bytes.TrimSpace(raw), got) {
+			t.Fatalf("raw value %q, want %q", got, raw)
+		}
+		return
+	}
+	if utf8.Valid(got) && want != string(got) {
+		t.Fatalf("text %q, want %q", got, want)
+	}
+}
+
+func BenchmarkScan16k(b *testing.B) {
+	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"system","content":"` + strings.Repeat("lorem ipsum ", 1400) + `"},{"role":"user","content":"q"}]}`)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if _, err := Scan(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestNeedsAttention(t *testing.T) {
+	for pos := range 8 {
+		for c := range 256 {
+			word := []byte("aaaaaaaa")
+			word[pos] = byte(c)
+			x := uint64(0)
+			for i := 7; i >= 0; i-- {
+				x = x<<8 | uint64(word[i])
+			}
+			want := c < 0x20 || c == '"' || c == '\\'
+			if got := needsAttention(x); got != want {
+				t.Fatalf("byte %#x at %d: got %v, want %v", c, pos, got, want)
+			}
+		}
+	}
+}

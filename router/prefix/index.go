@@ -1,0 +1,213 @@
+package prefix
+
+import "math/bits"
+
+// MaxSlots is how many backends one Index can track (bitset width).
+const MaxSlots = 256
+
+// Set is a set of backend slots.
+type Set [MaxSlots / 64]uint64
+
+func (s *Set) add(i int)      { s[i>>6] |= 1 << (i & 63) }
+func (s *Set) remove(i int)   { s[i>>6] &^= 1 << (i & 63) }
+func (s *Set) Has(i int) bool { return s[i>>6]&(1<<(i&63)) != 0 }
+func (s *Set) and(o *Set)     { s[0] &= o[0]; s[1] &= o[1]; s[2] &= o[2]; s[3] &= o[3] }
+func (s *Set) empty() bool    { return s[0]|s[1]|s[2]|s[3] == 0 }
+func (s *Set) Count() int {
+	return bits.OnesCount64(s[0]) + bits.OnesCount64(s[1]) + bits.OnesCount64(s[2]) + bits.OnesCount64(s[3])
+}
+func (s *Set) each(f func(i int)) {
+	for w, word := range s {
+		for word != 0 {
+			b := bits.TrailingZeros64(word)
+			f(w*64 + b)
+			word &= word - 1
+		}
+	}
+}
+
+// Index approximates which backend (slot) holds which block hashes: one LRU
+// per slot with a capacity mirroring that backend's KV cache, and a shared
+// map from hash to the set of slots holding it, so a match costs one map
+// lookup per leading block no matter how many backends there are.
+// It is not safe for concurrent use.
+type Index struct {
+	holders map[uint64]Set
+	lrus    [MaxSlots]*lru
+	tracked Set // slots with an LRU
+}
+
+// NewIndex returns an empty index.
+func NewIndex() *Index { return &Index{holders: map[uint64]Set{}} }
+
+type node struct {
+	hash       uint64
+	prev, next int32
+}
+
+// lru is an intrusive doubly linked list over a slab; head is most recent.
+type lru struct {
+	capacity   int
+	pos        map[uint64]int32
+	nodes      []node
+	free       []int32
+	head, tail int32
+}
+
+func newLRU(capacity int) *lru {
+	return &lru{capacity: capacity, pos: map[uint64]int32{}, head: -1, tail: -1}
+}
+
+func (l *lru) unlink(i int32) {
+	n := &l.nodes[i]
+	if n.prev >= 0 {
+		l.nodes[n.prev].next = n.next
+	} else {
+		l.head = n.next
+	}
+	if n.next >= 0 {
+		l.nodes[n.next].prev = n.prev
+	} else {
+		l.tail = n.prev
+	}
+}
+
+func (l *lru) pushFront(i int32) {
+	n := &l.nodes[i]
+	n.prev, n.next = -1, l.head
+	if l.head >= 0 {
+		l.nodes[l.head].prev = i
+	}
+	l.head = i
+	if l.tail < 0 {
+		l.tail = i
+	}
+}
+
+// SetSlot starts tracking slot with the given capacity in blocks (or changes
+// its capacity, evicting as needed).
+func (x *Index) SetSlot(slot, capacity int) {
+	capacity = max(capacity, 1)
+	l := x.lrus[slot]
+	if l == nil {
+		x.lrus[slot] = newLRU(capacity)
+		x.tracked.add(slot)
+		return
+	}
+	l.capacity = capacity
+	for len(l.pos) > l.capacity {
+		x.evict(slot, l)
+	}
+}
+
+// RemoveSlot forgets everything slot holds.
+func (x *Index) RemoveSlot(slot int) {
+	l := x.lrus[slot]
+	if l == nil {
+		return
+	}
+	for h := range l.pos {
+		x.clear(h, slot)
+	}
+	x.lrus[slot] = nil
+	x.tracked.remove(slot)
+}
+
+func (x *Index) clear(h uint64, slot int) {
+	s := x.holders[h]
+	s.remove(slot)
+	if s.empty() {
+		delete(x.holders, h)
+	} else {
+		x.holders[h] = s
+	}
+}
+
+func (x *Index) evict(slot int, l *lru) {
+	i := l.tail
+	h := l.nodes[i].hash
+	l.unlink(i)
+	delete(l.pos, h)
+	l.free = append(l.free, i)
+	x.clear(h, slot)
+}
+
+// Insert records that slot now holds blocks (a chain, first block first).
+// Blocks are touched last to first so the leading blocks are the most
+// recently used and a prefix is evicted from its tail, as vLLM does.
+func (x *Index) Insert(slot int, blocks []uint64) {
+	l := x.lrus[slot]
+	if l == nil {
+		return
+	}
+	for j := len(blocks) - 1; j >= 0; j-- {
+		h := blocks[j]
+		if i, ok := l.pos[h]; ok {
+			l.unlink(i)
+			l.pushFront(i)
+			continue
+		}
+		if len(l.pos) >= l.capacity {
+			x.evict(slot, l)
+		}
+		var i int32
+		if n := len(l.free); n > 0 {
+			i = l.free[n-1]
+			l.free = l.free[:n-1]
+		} else {
+			l.nodes = append(l.nodes, node{})
+			i = int32(len(l.nodes) - 1)
+		}
+		l.nodes[i].hash = h
+		l.pos[h] = i
+		l.pushFront(i)
+		s := x.holders[h]
+		s.add(slot)
+		x.holders[h] = s
+	}
+}
+
+// Match writes into depth[slot] how many leading blocks each slot holds
+// (depth must have MaxSlots entries; slots not touched are left as they
+// are, so callers zero it first) and returns the deepest match and the
+// depth every tracked slot holds (the common prefix). The walk stops at the
+// first block no slot holds.
+func (x *Index) Match(blocks []uint64, depth []int) (deepest, common int) {
+	var alive Set
+	tracked := x.tracked
+	commonOpen := !tracked.empty()
+	for i, h := range blocks {
+		s, ok := x.holders[h]
+		if !ok {
+			break
+		}
+		if i == 0 {
+			alive = s
+		} else {
+			alive.and(&s)
+		}
+		if alive.empty() {
+			break
+		}
+		alive.each(func(slot int) { depth[slot] = i + 1 })
+		deepest = i + 1
+		if commonOpen {
+			t := tracked
+			t.and(&alive)
+			if t == tracked {
+				common = i + 1
+			} else {
+				commonOpen = false
+			}
+		}
+	}
+	return deepest, common
+}
+
+// Len returns how many blocks slot holds.
+func (x *Index) Len(slot int) int {
+	if l := x.lrus[slot]; l != nil {
+		return len(l.pos)
+	}
+	return 0
+}

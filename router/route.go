@@ -1,0 +1,38 @@
+package router
+
+import (
+	"context"
+	"errors"
+
+	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/oai"
+)
+
+// Route is a routing decision made without sending the request.
+type Route struct {
+	Backend string
+	Reason  balance.Reason
+	Matched int // blocks expected cached on Backend
+	Blocks  int // blocks in the prompt
+}
+
+// Route decides where an inference body would go, exactly as ServeHTTP does
+// (scan, hash, decide, record in the index) but without sending it; the
+// reserved slot is released at once. For benchmarks and dry runs.
+func (rt *Router) Route(ctx context.Context, body []byte, session string) (Route, error) {
+	cfg := rt.Config()
+	req, err := oai.Scan(body)
+	if err != nil {
+		return Route{}, err
+	}
+	if req.Model == "" {
+		return Route{}, errors.New("missing model")
+	}
+	keys, _ := rt.hasher(&cfg).Blocks(nil, req.Model, &req, session)
+	got, err := rt.acquire(ctx, &routeRequest{model: req.Model, keys: keys, strategy: cfg.StrategyFor(req.Model)})
+	if err != nil {
+		return Route{}, err
+	}
+	rt.release(&got)
+	return Route{Backend: got.b.url, Reason: got.decision.Reason, Matched: got.decision.Matched, Blocks: got.blocks}, nil
+}

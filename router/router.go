@@ -1,0 +1,512 @@
+// Package router is warmfleet's OpenAI-compatible reverse proxy. It sends
+// requests that share a prompt prefix to the backend expected to hold that
+// prefix in its KV cache, keeps every backend under a load bound, prefers
+// warm nodes, ramps new endpoints up gradually, ejects failing backends and
+// retries requests that could not be sent.
+//
+// The decision itself lives in router/balance (pure) and the prompt hashing
+// and cache index in router/prefix; this package is the IO around them.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/prefix"
+)
+
+// Options are the router's collaborators.
+type Options struct {
+	Source   EndpointSource        // required
+	Registry prometheus.Registerer // nil: metrics are kept but not exported
+	Logger   *slog.Logger          // nil: discard
+	Now      func() time.Time      // nil: time.Now
+	Rand     func() uint64         // nil: math/rand/v2
+	// HashKey keys the block hashes; replicas of one fleet must share it.
+	HashKey prefix.Key
+	// Transport carries requests to backends; nil builds one from Config.
+	Transport http.RoundTripper
+}
+
+// Router is an http.Handler for the OpenAI API surface.
+type Router struct {
+	opts    Options
+	log     *slog.Logger
+	now     func() time.Time
+	rand    func() uint64
+	metrics *metrics
+	client  *http.Client
+	probe   *http.Client
+	bufs    sync.Pool // *[]byte copy buffers for streaming
+
+	mu       sync.Mutex
+	cfg      Config
+	backends map[string]*backend // by URL
+	order    []*backend          // stable order for decisions
+	slots    [prefix.MaxSlots]bool
+	index    *prefix.Index
+	freed    chan struct{} // closed and replaced when a slot frees up
+	queued   int
+	// scratch space for decisions, used under mu
+	depth   []int
+	cands   []balance.Candidate
+	members []*backend
+}
+
+type backend struct {
+	url    string
+	id     uint64
+	slot   int
+	ep     Endpoint
+	limit  int
+	kvSize int // index capacity in blocks
+	// learnedKV is the KV cache size in tokens read from the backend's metrics.
+	learnedKV int
+
+	inflight     int
+	pending      int // prompt blocks sent but not yet answered with a first byte
+	failures     int
+	ejectedUntil time.Time
+}
+
+// dialError marks a failure to connect: nothing was sent, so the request may
+// be retried elsewhere and the backend is ejected.
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return "connect: " + e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// New builds a router. Call Run to follow the endpoint source and probe
+// backends; ServeHTTP works as soon as New returns.
+func New(cfg Config, opts Options) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Source == nil {
+		return nil, errors.New("router: no endpoint source")
+	}
+	rt := &Router{opts: opts, cfg: cfg, backends: map[string]*backend{}, index: prefix.NewIndex(), freed: make(chan struct{}),
+		depth: make([]int, prefix.MaxSlots)}
+	rt.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
+	rt.log = opts.Logger
+	if rt.log == nil {
+		rt.log = slog.New(slog.DiscardHandler)
+	}
+	rt.now = opts.Now
+	if rt.now == nil {
+		rt.now = time.Now
+	}
+	rt.rand = opts.Rand
+	if rt.rand == nil {
+		rt.rand = rand.Uint64
+	}
+	m, err := newMetrics(opts.Registry)
+	if err != nil {
+		return nil, err
+	}
+	rt.metrics = m
+	tr := opts.Transport
+	if tr == nil {
+		dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+		tr = &http.Transport{
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := dialer.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, &dialError{err}
+				}
+				return c, nil
+			},
+			MaxIdleConnsPerHost: 256,
+			IdleConnTimeout:     90 * time.Second,
+			// Pass bytes through as they are: no transparent gzip.
+			DisableCompression: true,
+			ForceAttemptHTTP2:  false,
+		}
+	}
+	rt.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	rt.probe = &http.Client{Transport: tr, Timeout: cfg.ProbeTimeout}
+	eps, _ := opts.Source.Endpoints()
+	rt.mu.Lock()
+	rt.syncLocked(eps)
+	rt.mu.Unlock()
+	return rt, nil
+}
+
+// Run follows the endpoint source and probes backends until ctx ends.
+func (rt *Router) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() { rt.follow(ctx) })
+	wg.Go(func() { rt.probeLoop(ctx) })
+	wg.Wait()
+	return nil
+}
+
+func (rt *Router) follow(ctx context.Context) {
+	for {
+		eps, changed := rt.opts.Source.Endpoints()
+		rt.mu.Lock()
+		rt.syncLocked(eps)
+		rt.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+	}
+}
+
+// Queued is how many requests wait for a backend to free up.
+func (rt *Router) Queued() int {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.queued
+}
+
+// Config returns the current configuration.
+func (rt *Router) Config() Config {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.cfg
+}
+
+// Apply swaps in a new configuration (strategies, bounds, timeouts) without
+// dropping connections. Backends come from the EndpointSource, not from cfg.
+func (rt *Router) Apply(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.cfg = cfg
+	for _, b := range rt.order {
+		rt.configureLocked(b)
+	}
+	rt.wakeLocked()
+	return nil
+}
+
+// SetStrategy switches the strategy for model ("" for the default) at run time.
+func (rt *Router) SetStrategy(model string, s balance.Strategy) error {
+	if _, err := balance.ParseStrategy(string(s)); err != nil {
+		return err
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	cfg := rt.cfg
+	if model == "" {
+		cfg.Strategy = s
+	} else {
+		models := make(map[string]ModelConfig, len(cfg.Models)+1)
+		for k, v := range cfg.Models {
+			models[k] = v
+		}
+		models[model] = ModelConfig{Strategy: s}
+		cfg.Models = models
+	}
+	rt.cfg = cfg
+	return nil
+}
+
+func (rt *Router) configureLocked(b *backend) {
+	b.limit = b.ep.MaxInflight
+	if b.limit == 0 {
+		b.limit = rt.cfg.MaxInflight
+	}
+	tokens := b.ep.KVCacheTokens
+	if tokens == 0 {
+		tokens = b.learnedKV
+	}
+	if tokens == 0 {
+		tokens = rt.cfg.KVCacheTokens
+	}
+	b.kvSize = max(1, int(float64(tokens)*rt.cfg.CharsPerToken/float64(rt.cfg.BlockChars)))
+	rt.index.SetSlot(b.slot, b.kvSize)
+}
+
+// syncLocked makes the backend set match eps.
+func (rt *Router) syncLocked(eps []Endpoint) {
+	seen := map[string]bool{}
+	for _, ep := range eps {
+		u, err := ParseBackendURL(ep.URL)
+		if err != nil {
+			rt.log.Warn("ignoring endpoint with a bad URL", "url", ep.URL, "err", err)
+			continue
+		}
+		ep.URL = u
+		seen[u] = true
+		b, ok := rt.backends[u]
+		if !ok {
+			slot := slices.Index(rt.slots[:], false)
+			if slot < 0 {
+				rt.log.Warn("too many backends; ignoring endpoint", "url", u, "max", prefix.MaxSlots)
+				continue
+			}
+			rt.slots[slot] = true
+			b = &backend{url: u, id: prefix.BackendID(u), slot: slot}
+			rt.backends[u] = b
+			rt.order = append(rt.order, b)
+			rt.metrics.healthy.WithLabelValues(u).Set(1)
+		}
+		b.ep = ep
+		rt.configureLocked(b)
+	}
+	for u, b := range rt.backends {
+		if seen[u] {
+			continue
+		}
+		delete(rt.backends, u)
+		rt.order = slices.DeleteFunc(rt.order, func(x *backend) bool { return x == b })
+		rt.index.RemoveSlot(b.slot)
+		rt.slots[b.slot] = false
+		rt.metrics.inflight.DeleteLabelValues(u)
+		rt.metrics.healthy.DeleteLabelValues(u)
+	}
+	rt.wakeLocked()
+}
+
+func (rt *Router) wakeLocked() {
+	close(rt.freed)
+	rt.freed = make(chan struct{})
+}
+
+func (rt *Router) hasher(cfg *Config) prefix.Hasher {
+	return prefix.Hasher{Key: rt.opts.HashKey, BlockChars: cfg.BlockChars, MaxBlocks: cfg.MaxBlocks}
+}
+
+func serves(ep *Endpoint, model string) bool {
+	return len(ep.Models) == 0 || slices.Contains(ep.Models, model)
+}
+
+// rampWeight is a new endpoint's share relative to a settled one.
+func rampWeight(ep *Endpoint, now time.Time, ramp time.Duration) float64 {
+	if ramp <= 0 || ep.ReadySince.IsZero() {
+		return 1
+	}
+	f := float64(now.Sub(ep.ReadySince)) / float64(ramp)
+	return min(1, max(0.05, f))
+}
+
+func (rt *Router) ejectLocked(b *backend, why string) {
+	b.failures++
+	backoff := rt.cfg.EjectBase << min(b.failures-1, 20)
+	backoff = min(backoff, rt.cfg.EjectMax)
+	b.ejectedUntil = rt.now().Add(backoff)
+	rt.metrics.ejections.WithLabelValues(b.url).Inc()
+	rt.metrics.healthy.WithLabelValues(b.url).Set(0)
+	rt.log.Warn("backend ejected", "backend", b.url, "reason", why, "backoff", backoff, "failures", b.failures)
+}
+
+func (rt *Router) healthyLocked(b *backend) {
+	if b.failures > 0 || !b.ejectedUntil.IsZero() {
+		rt.log.Info("backend healthy again", "backend", b.url)
+	}
+	b.failures = 0
+	b.ejectedUntil = time.Time{}
+	rt.metrics.healthy.WithLabelValues(b.url).Set(1)
+}
+
+// prefilled removes the request's blocks from its backend's pending prefill.
+func (rt *Router) prefilled(r *routed) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.prefilledLocked(r)
+}
+
+func (rt *Router) prefilledLocked(r *routed) {
+	if r.pending != nil && !r.pending.done {
+		r.pending.done = true
+		r.b.pending -= r.pending.blocks
+	}
+}
+
+func (rt *Router) release(r *routed) {
+	rt.mu.Lock()
+	b := r.b
+	rt.prefilledLocked(r)
+	b.inflight--
+	rt.metrics.inflight.WithLabelValues(b.url).Set(float64(b.inflight))
+	rt.wakeLocked()
+	rt.mu.Unlock()
+}
+
+// routeRequest is what a decision needs to know about one request.
+type routeRequest struct {
+	model    string
+	keys     []uint64 // chained block hashes; nil for pass-through paths
+	strategy balance.Strategy
+	tried    []*backend
+	hashTime time.Duration // spent hashing the prompt, part of the decision time
+}
+
+// routed is an acquired backend: the caller must release it.
+type routed struct {
+	b        *backend
+	decision balance.Decision
+	blocks   int
+	common   int
+	eligible int
+	bound    int
+	inflight int // the backend's in-flight count including this request
+	pending  *pendingPrefill
+	// prefMatched is what the preferred backend (ignoring load) holds.
+	prefMatched int
+}
+
+// pendingPrefill is a request's share of its backend's pending prefill,
+// removed once: at the first response byte or at the end.
+type pendingPrefill struct {
+	blocks int
+	done   bool
+}
+
+var (
+	errNoBackend = errors.New("no healthy backend serves this model")
+	errFull      = errors.New("every eligible backend is at its concurrency limit")
+)
+
+// pick runs one decision under the lock and reserves the chosen backend.
+func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
+	now := rt.now()
+	cands, members, depth := rt.cands[:0], rt.members[:0], rt.depth
+	defer func() { rt.cands, rt.members = cands[:0], members[:0] }()
+	for _, b := range rt.order {
+		if !b.ep.Ready || !serves(&b.ep, req.model) || slices.Contains(req.tried, b) {
+			continue
+		}
+		if now.Before(b.ejectedUntil) {
+			continue
+		}
+		members = append(members, b)
+	}
+	if len(members) == 0 {
+		return routed{}, errNoBackend
+	}
+	common := 0
+	if len(req.keys) > 0 {
+		clear(depth)
+		rt.index.Match(req.keys, depth)
+		// The prefix every eligible backend holds says nothing about where
+		// to go (a system prompt all have seen).
+		common = len(req.keys)
+		for _, b := range members {
+			common = min(common, depth[b.slot])
+		}
+	}
+	for _, b := range members {
+		c := balance.Candidate{ID: b.id, Inflight: b.inflight, Limit: b.limit, Pending: b.pending,
+			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights}
+		if len(req.keys) > 0 {
+			c.Matched = depth[b.slot]
+		}
+		cands = append(cands, c)
+	}
+	d := balance.Decide(balance.Input{
+		Strategy: req.strategy, LoadFactor: rt.cfg.LoadFactor, MinBound: rt.cfg.MinLoadBound, Candidates: cands, Keys: req.keys,
+		Common: common, RendezvousBlocks: rt.cfg.RendezvousBlocks, Slack: rt.cfg.Slack, Rand: rt.rand(), Retry: len(req.tried) > 0,
+	})
+	if d.Pick < 0 {
+		return routed{}, errFull
+	}
+	b := members[d.Pick]
+	b.inflight++
+	uncached := max(len(req.keys)-d.Matched, 0)
+	b.pending += uncached
+	rt.metrics.inflight.WithLabelValues(b.url).Set(float64(b.inflight))
+	if len(req.keys) > 0 {
+		rt.index.Insert(b.slot, req.keys)
+	}
+	return routed{b: b, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
+		pending: &pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched}, nil
+}
+
+// acquire picks a backend, waiting up to QueueTimeout while every eligible
+// backend is at its limit.
+func (rt *Router) acquire(ctx context.Context, req *routeRequest) (routed, error) {
+	var deadline <-chan time.Time
+	var waitStart time.Time
+	for {
+		start := time.Now()
+		rt.mu.Lock()
+		r, err := rt.pickLocked(req)
+		if err == nil || !errors.Is(err, errFull) {
+			rt.mu.Unlock()
+			rt.metrics.decisionTime.Observe((time.Since(start) + req.hashTime).Seconds())
+			req.hashTime = 0
+			if err == nil {
+				rt.metrics.decisions.WithLabelValues(string(req.strategy), string(r.decision.Reason)).Inc()
+				if r.blocks > 0 {
+					rt.metrics.cachedFraction.Observe(float64(r.decision.Matched) / float64(r.blocks))
+				}
+				if !waitStart.IsZero() {
+					rt.metrics.queueWait.Observe(time.Since(waitStart).Seconds())
+				}
+			}
+			return r, err
+		}
+		if waitStart.IsZero() {
+			if rt.queued >= rt.cfg.MaxQueue || rt.cfg.QueueTimeout == 0 {
+				rt.mu.Unlock()
+				return routed{}, errFull
+			}
+			waitStart = time.Now()
+			timer := time.NewTimer(rt.cfg.QueueTimeout)
+			defer timer.Stop()
+			deadline = timer.C
+		}
+		rt.queued++
+		freed := rt.freed
+		rt.mu.Unlock()
+		var done error
+		select {
+		case <-freed:
+		case <-deadline:
+			done = errFull
+		case <-ctx.Done():
+			done = ctx.Err()
+		}
+		rt.mu.Lock()
+		rt.queued--
+		rt.mu.Unlock()
+		if done != nil {
+			rt.metrics.queueWait.Observe(time.Since(waitStart).Seconds())
+			return routed{}, done
+		}
+	}
+}
+
+// markSent records the outcome of an attempt for passive health checking.
+func (rt *Router) markSent(b *backend, err error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	var de *dialError
+	var ne net.Error
+	switch {
+	case err == nil:
+		if b.failures > 0 {
+			rt.healthyLocked(b)
+		}
+	case errors.As(err, &de):
+		rt.ejectLocked(b, de.Error())
+	case errors.As(err, &ne) && ne.Timeout():
+		rt.ejectLocked(b, "timeout")
+	}
+}
+
+func (rt *Router) explain(r routed, attempts int) string {
+	d := r.decision
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "backend=%s; reason=%s; matched=%d/%d; common=%d; bound=%d; inflight=%d; eligible=%d; attempts=%d; preferred_matched=%d",
+		r.b.url, d.Reason, d.Matched, r.blocks, r.common, r.bound, r.inflight, r.eligible, attempts, r.prefMatched)
+	return sb.String()
+}

@@ -1,0 +1,570 @@
+package router
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/prefix"
+)
+
+type harness struct {
+	rt  *Router
+	srv *httptest.Server
+	reg *prometheus.Registry
+	src *StaticSource
+}
+
+func newHarness(t *testing.T, cfg Config, opts Options, urls ...string) *harness {
+	t.Helper()
+	cfg.ProbeInterval = -1
+	for _, u := range urls {
+		cfg.Backends = append(cfg.Backends, BackendConfig{URL: u})
+	}
+	src := NewStaticSource(StaticEndpoints(&cfg), opts.Now)
+	reg := prometheus.NewRegistry()
+	opts.Source, opts.Registry = src, reg
+	opts.HashKey = prefix.KeyFromBytes([]byte("test fleet"))
+	rt, err := New(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = rt.Run(ctx); close(done) }()
+	srv := httptest.NewServer(rt)
+	t.Cleanup(func() { srv.Close(); cancel(); <-done })
+	return &harness{rt: rt, srv: srv, reg: reg, src: src}
+}
+
+func post(t *testing.T, url, body string, hdr ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+type apiErr struct {
+	Error struct {
+		Message, Type, Code string
+	}
+}
+
+func readErr(t *testing.T, resp *http.Response) apiErr {
+	t.Helper()
+	defer resp.Body.Close()
+	var e apiErr
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		t.Fatalf("status %d: body is not an OpenAI error: %v", resp.StatusCode, err)
+	}
+	if e.Error.Message == "" || e.Error.Type == "" || e.Error.Code == "" {
+		t.Fatalf("incomplete error %+v", e)
+	}
+	return e
+}
+
+// TestStreamingPassthrough: SSE bytes arrive unchanged and each event is
+// delivered before the backend writes the next (no added buffering).
+func TestStreamingPassthrough(t *testing.T) {
+	events := []string{"data: {\"choices\":[{\"text\":\"h\\u00e9\"}]}\n\n", ": keep-alive\r\n\r\n", "data: [DONE]\n\n"}
+	next := make(chan struct{})
+	var gotBody []byte
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gotBody, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("X-Backend", "b1")
+		for _, e := range events {
+			_, _ = io.WriteString(w, e)
+			w.(http.Flusher).Flush()
+			<-next
+		}
+	}))
+	defer backend.Close()
+	h := newHarness(t, Defaults(), Options{}, backend.URL)
+	body := "{\"model\":\"m\",  \"stream\":true,\"prompt\":\"caf\\u00e9 \\\"q\\\"\",\n\"x\":[1,2.50]}"
+	resp := post(t, h.srv.URL+"/v1/completions", body)
+	defer resp.Body.Close()
+	if resp.Header.Get("X-Backend") != "b1" || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("headers not passed: %v", resp.Header)
+	}
+	var all []byte
+	for _, e := range events {
+		buf := make([]byte, len(e))
+		if _, err := io.ReadFull(resp.Body, buf); err != nil {
+			t.Fatalf("reading event %q before the next was written: %v", e, err)
+		}
+		all = append(all, buf...)
+		next <- struct{}{}
+	}
+	rest, _ := io.ReadAll(resp.Body)
+	all = append(all, rest...)
+	if string(all) != strings.Join(events, "") {
+		t.Fatalf("stream changed:\n%q\nwant\n%q", all, strings.Join(events, ""))
+	}
+	if string(gotBody) != body {
+		t.Fatalf("body changed: %q", gotBody)
+	}
+}
+
+// deadURL is an address nothing listens on: port 1 (tcpmux) on a loopback
+// address of its own, so a port freed by one test cannot be taken by another.
+func deadURL(t *testing.T, i int) string {
+	t.Helper()
+	u := fmt.Sprintf("http://127.0.9.%d:1", i)
+	if c, err := net.DialTimeout("tcp", strings.TrimPrefix(u, "http://"), time.Second); err == nil {
+		c.Close()
+		t.Skipf("something listens on %s", u)
+	}
+	return u
+}
+
+func okBackend(t *testing.T, name string, hits *atomic.Int64) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if hits != nil {
+			hits.Add(1)
+		}
+		w.Header().Set("X-Backend", name)
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func TestRetryOnConnectError(t *testing.T) {
+	live := okBackend(t, "live", nil)
+	cfg := Defaults()
+	cfg.Strategy = balance.Random
+	// Rand 0 makes random pick the first candidate: the dead backend.
+	h := newHarness(t, cfg, Options{Rand: func() uint64 { return 0 }}, deadURL(t, 1), live.URL)
+	resp := post(t, h.srv.URL+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, DebugRequestHeader, "1")
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Backend") != "live" {
+		t.Fatalf("status %d backend %q", resp.StatusCode, resp.Header.Get("X-Backend"))
+	}
+	route := resp.Header.Get(RouteHeader)
+	if !strings.Contains(route, "reason=retry") || !strings.Contains(route, "attempts=2") {
+		t.Fatalf("route header %q", route)
+	}
+	if n := testutil.ToFloat64(h.rt.metrics.ejections); n != 1 {
+		t.Fatalf("ejections %v, want 1", n)
+	}
+	// The dead backend is ejected now: the next request goes straight to the live one.
+	resp = post(t, h.srv.URL+"/v1/chat/completions", `{"model":"m","messages":[]}`, DebugRequestHeader, "1")
+	resp.Body.Close()
+	if !strings.Contains(resp.Header.Get(RouteHeader), "attempts=1") {
+		t.Fatalf("ejected backend tried again: %q", resp.Header.Get(RouteHeader))
+	}
+}
+
+func TestAllBackendsDown(t *testing.T) {
+	h := newHarness(t, Defaults(), Options{}, deadURL(t, 2), deadURL(t, 3))
+	// Both attempts fail to connect; both backends are ejected, nothing is left.
+	resp := post(t, h.srv.URL+"/v1/completions", `{"model":"m","prompt":"x"}`)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	readErr(t, resp)
+	resp = post(t, h.srv.URL+"/v1/completions", `{"model":"m","prompt":"x"}`)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("status %d retry-after %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	readErr(t, resp)
+}
+
+func TestQueueThen429(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 4)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-release
+		_, _ = io.WriteString(w, "done")
+	}))
+	defer backend.Close()
+	cfg := Defaults()
+	cfg.MaxInflight = 1
+	cfg.QueueTimeout = 30 * time.Second
+	h := newHarness(t, cfg, Options{}, backend.URL)
+	body := `{"model":"m","prompt":"x"}`
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	for i := range 2 {
+		wg.Go(func() {
+			resp := post(t, h.srv.URL+"/v1/completions", body)
+			codes[i] = resp.StatusCode
+			resp.Body.Close()
+		})
+		<-started // the second only starts once the first finished: it waited in the queue
+		if i == 0 {
+			waitQueued(t, h.rt, 0)
+			go func() { waitQueued(t, h.rt, 1); release <- struct{}{} }()
+		} else {
+			release <- struct{}{}
+		}
+	}
+	wg.Wait()
+	if codes[0] != 200 || codes[1] != 200 {
+		t.Fatalf("codes %v", codes)
+	}
+	// With a short wait and the only backend busy: 429 with Retry-After.
+	cfg.QueueTimeout = time.Millisecond
+	if err := h.rt.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	go func() { resp := post(t, h.srv.URL+"/v1/completions", body); resp.Body.Close() }()
+	<-started
+	resp := post(t, h.srv.URL+"/v1/completions", body)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("status %d retry-after %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if e := readErr(t, resp); e.Error.Type != "rate_limit_error" {
+		t.Fatalf("error %+v", e)
+	}
+	release <- struct{}{}
+}
+
+func waitQueued(t *testing.T, rt *Router, n int) {
+	t.Helper()
+	for range 5000 {
+		if rt.Snapshot().Queued == n {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("queue never reached %d", n)
+}
+
+func TestBadInput(t *testing.T) {
+	var hits atomic.Int64
+	b := okBackend(t, "b", &hits)
+	cfg := Defaults()
+	cfg.MaxBodyBytes = 1024
+	h := newHarness(t, cfg, Options{}, b.URL)
+	tests := []struct {
+		name, path, method, body string
+		status                   int
+		code                     string
+	}{
+		{"invalid json", "/v1/chat/completions", "POST", `{"model":"m",`, 400, "invalid_request"},
+		{"wrong type", "/v1/chat/completions", "POST", `{"model":"m","messages":"hi"}`, 400, "invalid_request"},
+		{"missing model", "/v1/completions", "POST", `{"prompt":"x"}`, 400, "missing_model"},
+		{"empty body", "/v1/completions", "POST", ``, 400, "invalid_request"},
+		{"oversize", "/v1/completions", "POST", `{"model":"m","prompt":"` + strings.Repeat("x", 2000) + `"}`, 413, "request_too_large"},
+		{"oversize passthrough", "/v1/embeddings", "POST", strings.Repeat("x", 2000), 413, "request_too_large"},
+		{"get completions", "/v1/completions", "GET", ``, 405, "method_not_allowed"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, h.srv.URL+tc.path, strings.NewReader(tc.body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			if e := readErr(t, resp); e.Error.Code != tc.code {
+				t.Fatalf("code %q, want %q", e.Error.Code, tc.code)
+			}
+		})
+	}
+	// A chunked oversize body (no Content-Length) is cut off too.
+	pr, pw := io.Pipe()
+	go func() {
+		_, _ = io.WriteString(pw, `{"model":"m","prompt":"`+strings.Repeat("y", 4096))
+		pw.Close()
+	}()
+	resp, err := http.Post(h.srv.URL+"/v1/completions", "application/json", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 413 {
+		t.Fatalf("chunked oversize: %d", resp.StatusCode)
+	}
+	resp.Body.Close()
+	if hits.Load() != 0 {
+		t.Fatalf("bad requests reached the backend %d times", hits.Load())
+	}
+}
+
+// TestPrefixAffinity: requests sharing a long document go to one backend;
+// different documents spread over several.
+func TestPrefixAffinity(t *testing.T) {
+	var urls []string
+	for i := range 4 {
+		urls = append(urls, okBackend(t, fmt.Sprint("b", i), nil).URL)
+	}
+	h := newHarness(t, Defaults(), Options{}, urls...)
+	byDoc := map[int]map[string]int{}
+	used := map[string]bool{}
+	for q := range 6 {
+		for doc := range 12 {
+			text := strings.Repeat(fmt.Sprintf("document %d says something long. ", doc), 200)
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, text, q)
+			resp := post(t, h.srv.URL+"/v1/chat/completions", body, DebugRequestHeader, "1")
+			resp.Body.Close()
+			name := resp.Header.Get("X-Backend")
+			if byDoc[doc] == nil {
+				byDoc[doc] = map[string]int{}
+			}
+			byDoc[doc][name]++
+			used[name] = true
+			if q > 0 && !strings.Contains(resp.Header.Get(RouteHeader), "reason=hit") {
+				t.Fatalf("doc %d q %d: %s", doc, q, resp.Header.Get(RouteHeader))
+			}
+		}
+	}
+	for doc, m := range byDoc {
+		if len(m) != 1 {
+			t.Fatalf("doc %d spread over %v", doc, m)
+		}
+	}
+	if len(used) < 3 {
+		t.Fatalf("12 documents used only %d of 4 backends", len(used))
+	}
+	if v := testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "hit")); v != 60 {
+		t.Fatalf("hit decisions %v, want 60", v)
+	}
+}
+
+func TestStrategySwitchAndAdmin(t *testing.T) {
+	b := okBackend(t, "b", nil)
+	h := newHarness(t, Defaults(), Options{}, b.URL)
+	admin := httptest.NewServer(h.rt.AdminHandler(h.reg, nil))
+	defer admin.Close()
+	req, _ := http.NewRequest(http.MethodPut, admin.URL+"/admin/strategy", strings.NewReader(`{"model":"m2","strategy":"least-outstanding"}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("put strategy: %v %v", err, resp)
+	}
+	req, _ = http.NewRequest(http.MethodPut, admin.URL+"/admin/strategy", strings.NewReader(`{"strategy":"round-robin"}`))
+	if resp, _ := http.DefaultClient.Do(req); resp.StatusCode != 400 {
+		t.Fatalf("bad strategy accepted: %d", resp.StatusCode)
+	}
+	for _, m := range []string{"m1", "m2"} {
+		post(t, h.srv.URL+"/v1/completions", `{"model":"`+m+`","prompt":"hello"}`).Body.Close()
+	}
+	if testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("least-outstanding", "least")) != 1 ||
+		testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "cold")) != 1 {
+		t.Fatal("per-model strategy not applied")
+	}
+	resp, err = http.Get(admin.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, name := range []string{"warmfleet_router_decisions_total", "warmfleet_router_decision_seconds", "warmfleet_router_ttfb_seconds",
+		"warmfleet_router_backend_inflight", "warmfleet_router_cached_prefix_fraction", "warmfleet_router_request_duration_seconds"} {
+		if !bytes.Contains(m, []byte(name)) {
+			t.Errorf("metric %s missing", name)
+		}
+	}
+	if bytes.Contains(m, []byte("hello")) {
+		t.Error("prompt text leaked into metrics")
+	}
+	resp, _ = http.Get(admin.URL + "/admin/state")
+	var st State
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || len(st.Backends) != 1 || st.Models["m2"] != balance.LeastOutstanding {
+		t.Fatalf("state %+v %v", st, err)
+	}
+}
+
+func TestModelsAndPassthrough(t *testing.T) {
+	mk := func(ids ...string) *httptest.Server {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/v1/models":
+				var data []string
+				for _, id := range ids {
+					data = append(data, fmt.Sprintf(`{"id":%q,"object":"model"}`, id))
+				}
+				fmt.Fprintf(w, `{"object":"list","data":[%s]}`, strings.Join(data, ","))
+			default:
+				b, _ := io.ReadAll(r.Body)
+				fmt.Fprintf(w, "%s %s?%s %s", r.Method, r.URL.Path, r.URL.RawQuery, b)
+			}
+		}))
+		t.Cleanup(s.Close)
+		return s
+	}
+	h := newHarness(t, Defaults(), Options{}, mk("a", "b").URL, mk("b", "c").URL, deadURL(t, 4))
+	resp, err := http.Get(h.srv.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Data []struct{ ID string }
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if len(list.Data) != 3 {
+		t.Fatalf("models %+v", list)
+	}
+	resp = post(t, h.srv.URL+"/v1/embeddings?x=1", `{"model":"a","input":"q"}`)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != `POST /v1/embeddings?x=1 {"model":"a","input":"q"}` {
+		t.Fatalf("passthrough got %q", b)
+	}
+}
+
+func TestProbesEjectAndReadmit(t *testing.T) {
+	var healthy atomic.Bool
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/metrics":
+			io.WriteString(w, "# HELP x\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1.0\n")
+		case !healthy.Load():
+			w.WriteHeader(500)
+		}
+	}))
+	defer b.Close()
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	h := newHarness(t, Defaults(), Options{Now: clock}, b.URL)
+	h.rt.ProbeOnce(context.Background())
+	if st := h.rt.Snapshot().Backends[0]; st.EjectedUntil.IsZero() || st.Failures != 1 {
+		t.Fatalf("failing probe did not eject: %+v", st)
+	}
+	resp := post(t, h.srv.URL+"/v1/completions", `{"model":"m","prompt":"x"}`)
+	if resp.StatusCode != 503 {
+		t.Fatalf("ejected backend used: %d", resp.StatusCode)
+	}
+	resp.Body.Close()
+	healthy.Store(true)
+	h.rt.ProbeOnce(context.Background()) // still inside the backoff: probes anyway, readmits on success
+	st := h.rt.Snapshot().Backends[0]
+	if !st.EjectedUntil.IsZero() || st.Failures != 0 {
+		t.Fatalf("passing probe did not readmit: %+v", st)
+	}
+	if want := 16000 * 4 / 256; st.IndexCap != want {
+		t.Fatalf("index capacity %d, want %d learned from vllm:cache_config_info", st.IndexCap, want)
+	}
+}
+
+func TestRampUp(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	cfg := Defaults()
+	cfg.RampUp = 100 * time.Second
+	a, b := okBackend(t, "a", nil), okBackend(t, "b", nil)
+	h := newHarness(t, cfg, Options{Now: clock}, a.URL)
+	eps, _ := h.src.Endpoints()
+	h.src.Set(append(eps, Endpoint{URL: b.URL, Ready: true, HoldsWeights: true}))
+	weightOf := func(u string) float64 {
+		for range 1000 {
+			for _, s := range h.rt.Snapshot().Backends {
+				if s.URL == u {
+					return s.Weight
+				}
+			}
+			time.Sleep(time.Millisecond) // the follower applies the change asynchronously
+		}
+		t.Fatalf("backend %s never appeared", u)
+		return 0
+	}
+	if w := weightOf(b.URL); w != 0.05 {
+		t.Fatalf("new endpoint weight %v, want the 0.05 floor", w)
+	}
+	mu.Lock()
+	now = now.Add(50 * time.Second)
+	mu.Unlock()
+	if w := weightOf(b.URL); w != 0.5 {
+		t.Fatalf("half-way weight %v", w)
+	}
+	if w := weightOf(a.URL); w != 1 {
+		t.Fatalf("settled weight %v", w)
+	}
+}
+
+func TestConfigParse(t *testing.T) {
+	cfg := Defaults()
+	good := "strategy: least-outstanding\nload_factor: 1.5\nqueue_timeout: 3s\nmodels:\n  llama: {strategy: random}\nbackends:\n  - url: http://127.0.0.1:8000/\n    models: [llama]\n    max_inflight: 8\n"
+	if err := ParseConfig([]byte(good), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.StrategyFor("llama") != balance.Random || cfg.StrategyFor("x") != balance.LeastOutstanding || cfg.QueueTimeout != 3*time.Second {
+		t.Fatalf("parsed %+v", cfg)
+	}
+	if eps := StaticEndpoints(&cfg); len(eps) != 1 || eps[0].URL != "http://127.0.0.1:8000" || !eps[0].HoldsWeights {
+		t.Fatalf("endpoints %+v", eps)
+	}
+	for _, bad := range []string{"strategy: fastest\n", "load_factor: 0.5\n", "unknown_key: 1\n", "backends:\n  - url: ftp://x\n",
+		"backends:\n  - url: http://a\n  - url: http://a/\n", "block_chars: 1\n", "queue_timeout: soon\n"} {
+		c := Defaults()
+		if err := ParseConfig([]byte(bad), &c); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+	c := Defaults()
+	if err := ParseConfig(nil, &c); err != nil {
+		t.Fatalf("empty config: %v", err)
+	}
+}
+
+func TestParseKVCacheTokens(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int
+	}{
+		{"vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"2048\",gpu_memory_utilization=\"0.9\"} 1.0\n", 32768},
+		{"# comment\nother 1\nvllm:cache_config_info{num_gpu_blocks=\"10\", block_size=\"32\"} 1\n", 320},
+		{"vllm:cache_config_info{block_size=\"16\"} 1\n", 0},
+		{"vllm:cache_config_info{block_size=\"-16\",num_gpu_blocks=\"5\"} 1\n", 0},
+		{"vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"5\"", 0},
+		{"", 0},
+	}
+	for _, tc := range tests {
+		if got := ParseKVCacheTokens(strings.NewReader(tc.in)); got != tc.want {
+			t.Errorf("%q: %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
+func FuzzParseKVCacheTokens(f *testing.F) {
+	f.Add("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"2048\"} 1.0\n")
+	f.Add("vllm:cache_config_info{num_gpu_blocks=\"1073741824\",block_size=\"1073741824\"} 1\n")
+	f.Fuzz(func(t *testing.T, in string) {
+		if n := ParseKVCacheTokens(bufio.NewReader(strings.NewReader(in))); n < 0 || n > 1<<40 {
+			t.Fatalf("implausible size %d", n)
+		}
+	})
+}
+
+func TestStaticSourceRampStarts(t *testing.T) {
+	now := time.Unix(500, 0)
+	src := NewStaticSource([]Endpoint{{URL: "http://a", Ready: true}, {URL: "http://b"}}, func() time.Time { return now })
+	src.Set([]Endpoint{{URL: "http://a", Ready: true}, {URL: "http://b", Ready: true}, {URL: "http://c", Ready: true}})
+	eps, _ := src.Endpoints()
+	if !eps[0].ReadySince.IsZero() || !eps[1].ReadySince.Equal(now) || !eps[2].ReadySince.Equal(now) {
+		t.Fatalf("ramp starts: %+v", eps)
+	}
+}
