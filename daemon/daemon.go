@@ -81,6 +81,8 @@ type Daemon struct {
 	fleet Fleet
 	// images is nil when the image cache is off; set once before Run.
 	images *images
+	// swarm is nil when model files come from S3 only; set once before Run.
+	swarm *swarm
 
 	mu      sync.Mutex
 	fetches map[string]*fetch
@@ -290,6 +292,14 @@ func (d *Daemon) stopFetch(name string, why error) {
 
 func (d *Daemon) removeCache(name string) error {
 	d.stopFetch(name, errors.New("cache removed"))
+	if err := d.swarm.release(name, ""); err != nil {
+		d.log.Warn("stop serving removed model", "model", name, "err", err)
+	}
+	if rec, found, err := d.state.record(name); err == nil && found {
+		if err := d.state.deleteManifests([]string{rec.RevisionID, rec.Updating}, ""); err != nil {
+			return err
+		}
+	}
 	if err := d.store.Remove(name); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sort"
 	"sync"
@@ -24,6 +25,10 @@ import (
 type Origin interface {
 	List(ctx context.Context, src spec.S3URL) ([]s3origin.Object, error)
 	Download(ctx context.Context, obj s3origin.Object, dst s3origin.File, plan s3origin.Plan) error
+	// OpenRange and Verify serve the swarm: an origin node streams shard
+	// ranges, and every node checks the assembled file end to end.
+	OpenRange(ctx context.Context, obj s3origin.Object, off, n int64) (io.ReadCloser, error)
+	Verify(ctx context.Context, obj s3origin.Object, r io.ReaderAt) (s3origin.Verification, error)
 }
 
 // RevisionID names a revision's content: the user's label, if any, and a
@@ -177,9 +182,16 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	f.log.Info("fetching", "revision", revision, "files", len(files), "bytes", total)
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(max(1, f.d.cfg.FileConcurrency))
+	fetchFile := f.fetchFile
+	if f.useSwarm() {
+		// Every file at once: shards wait on manifests, not on each other.
+		fetchFile = f.fetchFileSwarm
+		f.log.Info("fetching through the swarm")
+	} else {
+		g.SetLimit(max(1, f.d.cfg.FileConcurrency))
+	}
 	for i, o := range objs {
-		g.Go(func() error { return f.fetchFile(gctx, stage, revision, o, files[i]) })
+		g.Go(func() error { return fetchFile(gctx, stage, revision, o, files[i]) })
 	}
 	if err := g.Wait(); err != nil {
 		return "", err
@@ -192,7 +204,10 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return "ready", f.markReady(revision, next, path)
+	if err := f.markReady(revision, next, path); err != nil {
+		return "", err
+	}
+	return "ready", f.d.state.deleteManifests([]string{rec.RevisionID, rec.Updating}, revision)
 }
 
 func (f *fetch) publishExisting(revision string, rec cacheRecord) (string, error) {
@@ -220,6 +235,9 @@ func (f *fetch) markReady(revision string, rec cacheRecord, path string) error {
 	}
 	if err := f.d.store.PruneRevisions(f.spec.Name, revision); err != nil {
 		f.log.Warn("prune old revisions", "err", err)
+	}
+	if err := f.d.swarm.release(f.spec.Name, revision); err != nil {
+		f.log.Warn("stop serving old revisions", "err", err)
 	}
 	f.d.metrics.setState(f.spec.Name, api.StateReady)
 	f.d.metrics.cacheBytes.WithLabelValues(f.spec.Name).Set(float64(rec.BytesTotal))

@@ -20,6 +20,11 @@ import (
 //	desired   the fleet's desired state, owned by gossip.BoltStore (LWW records)
 //	caches    model name -> JSON cacheRecord          (what this node has or is fetching)
 //	endpoints URL -> JSON api.Endpoint                (inference endpoints on this node)
+//
+// Version 2 adds:
+//
+//	manifests swarm shard ID (revision/path#index) -> encoded p2p.Manifest
+//	pieces    p2p completion records, owned by p2p.BoltCompletion
 //	parts    name \x00 revision \x00 file path -> bitmap of the file's completed
 //	         download parts (bit i = part i of partSize bytes), so a restart
 //	         resumes without fetching finished ranges again
@@ -31,6 +36,7 @@ var (
 	bucketDesired   = "desired"
 	bucketCaches    = []byte("caches")
 	bucketEndpoints = []byte("endpoints")
+	bucketManifests = []byte("manifests")
 	bucketParts     = []byte("parts")
 	keySchema       = []byte("schema")
 )
@@ -44,6 +50,10 @@ var migrations = []func(tx *bolt.Tx) error{
 			}
 		}
 		return nil
+	},
+	func(tx *bolt.Tx) error { // 1 -> 2: swarm manifests
+		_, err := tx.CreateBucketIfNotExists(bucketManifests)
+		return err
 	},
 }
 

@@ -225,6 +225,10 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn) {
 
 	br := bufio.NewReaderSize(c, 4096)
 	f, err := readFrame(br)
+	if err == nil && f.typ == msgGetManifest {
+		n.serveManifest(c, peerID, string(f.payload))
+		return
+	}
 	if err != nil || f.typ != msgSubscribe || len(f.payload) != 32 {
 		n.log.Info("p2p: bad subscribe", "peer", peerID, "err", err)
 		return
@@ -271,6 +275,75 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn) {
 			return
 		}
 	}
+}
+
+// serveManifest answers a manifest request with the manifest of a verified
+// (complete) shard, or not found.
+func (n *Node) serveManifest(c net.Conn, peerID, shardID string) {
+	n.mu.Lock()
+	var m *Manifest
+	for _, s := range n.shards {
+		if s.m.ShardID == shardID && s.Complete() {
+			m = s.m
+			break
+		}
+	}
+	n.mu.Unlock()
+	if m == nil {
+		_ = writeFrame(c, msgNotFound, nil)
+		return
+	}
+	b, err := m.MarshalBinary()
+	if err != nil {
+		n.log.Error("p2p: encode manifest", "shard", shardID, "err", err)
+		return
+	}
+	if err := writeFrame(c, msgManifest, b); err != nil {
+		n.log.Debug("p2p: send manifest", "peer", peerID, "err", err)
+	}
+}
+
+// ErrNoManifest reports that a peer holds no complete shard of that ID.
+var ErrNoManifest = errors.New("p2p: peer has no manifest for that shard")
+
+// FetchManifest asks the member at addr for the manifest of a shard it
+// holds complete. Members are authenticated, so the manifest is trusted as
+// far as the cluster key is.
+func (n *Node) FetchManifest(ctx context.Context, addr, shardID string) (*Manifest, error) {
+	if !validName(shardID) {
+		return nil, fmt.Errorf("p2p: shard id %q is not valid", shardID)
+	}
+	f := &fetch{n: n}
+	c, _, err := f.dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	_ = c.SetDeadline(n.cfg.Now().Add(n.cfg.StallTimeout))
+	if err := writeFrame(c, msgGetManifest, []byte(shardID)); err != nil {
+		return nil, err
+	}
+	fr, err := readFrameMax(bufio.NewReader(c), maxManifestFrame)
+	if err != nil {
+		return nil, err
+	}
+	switch fr.typ {
+	case msgNotFound:
+		return nil, ErrNoManifest
+	case msgManifest:
+	default:
+		return nil, fmt.Errorf("%w: answer of type %d to a manifest request", errProtocol, fr.typ)
+	}
+	m, err := DecodeManifest(fr.payload)
+	if err != nil {
+		return nil, err
+	}
+	if m.ShardID != shardID {
+		return nil, fmt.Errorf("%w: asked for shard %q, got %q", errProtocol, shardID, m.ShardID)
+	}
+	return m, nil
 }
 
 // uploadSlotWait is how long a request may wait for an upload slot before

@@ -16,14 +16,19 @@ import (
 // frame's payload is the piece index and byte count, and the raw bytes
 // follow outside the frame so the sender can sendfile them.
 const (
-	msgSubscribe byte = 1 + iota // C->S manifest id [32]
-	msgBitfield                  // S->C bitfield of verified pieces
-	msgNotFound                  // S->C shard not open here
-	msgHave                      // S->C piece index u32
-	msgRequest                   // C->S piece index u32
-	msgPiece                     // S->C piece index u32, length u32, then bytes
-	msgBusy                      // S->C piece index u32: no upload slot, ask later
+	msgSubscribe   byte = 1 + iota // C->S manifest id [32]
+	msgBitfield                    // S->C bitfield of verified pieces
+	msgNotFound                    // S->C shard not open here
+	msgHave                        // S->C piece index u32
+	msgRequest                     // C->S piece index u32
+	msgPiece                       // S->C piece index u32, length u32, then bytes
+	msgBusy                        // S->C piece index u32: no upload slot, ask later
+	msgGetManifest                 // C->S shard id (first frame instead of subscribe)
+	msgManifest                    // S->C encoded manifest
 )
+
+// maxManifestFrame bounds a manifest frame: every piece hash plus names.
+const maxManifestFrame = MaxPieces*64 + 4096
 
 const maxFramePayload = MaxPieces/8 + 64
 
@@ -45,13 +50,15 @@ func writeFrame(w io.Writer, typ byte, payload []byte) error {
 
 func u32(v int) []byte { return binary.BigEndian.AppendUint32(nil, uint32(v)) }
 
-func readFrame(r *bufio.Reader) (frame, error) {
+func readFrame(r *bufio.Reader) (frame, error) { return readFrameMax(r, maxFramePayload) }
+
+func readFrameMax(r *bufio.Reader, limit uint32) (frame, error) {
 	var hdr [5]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return frame{}, err
 	}
 	n := binary.BigEndian.Uint32(hdr[1:])
-	if n > maxFramePayload {
+	if n > limit {
 		return frame{}, fmt.Errorf("%w: frame of %d bytes", errProtocol, n)
 	}
 	f := frame{typ: hdr[0], payload: make([]byte, n)}

@@ -8,11 +8,13 @@ package fleetbench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,6 +41,10 @@ type Options struct {
 	SwarmArgs []string
 	// NaiveArgs make the daemon fetch from S3 only (the baseline).
 	NaiveArgs []string
+	// In every daemon argument, {ip} becomes the host's address, {seed}
+	// the first host's, and {keyfile} ClusterKeyFile: gossip and the swarm
+	// need per-host addresses and a shared key.
+	ClusterKeyFile string
 	// PeerBytesMetric is the daemon's counter of bytes received from peers;
 	// default warmfleet_peer_bytes_total. A daemon without it reports null.
 	PeerBytesMetric string
@@ -279,11 +285,23 @@ func warmOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts Opt
 		if err := os.MkdirAll(h.DataDir, 0o755); err != nil {
 			return nil, err
 		}
-		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: lab.S3().Env(), Args: args})
+		r := strings.NewReplacer("{ip}", h.IP.String(), "{seed}", hosts[0].IP.String(), "{keyfile}", opts.ClusterKeyFile)
+		hostArgs := make([]string, len(args))
+		for j, a := range args {
+			hostArgs[j] = r.Replace(a)
+		}
+		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: lab.S3().Env(), Args: hostArgs})
 		if err != nil {
 			return nil, err
 		}
 		daemons[i] = d
+	}
+	if slices.Contains(args, "--gossip") {
+		// The clock starts once the fleet has formed: a node that is alone
+		// when the cache is added would rightly fetch everything itself.
+		if err := waitFleet(ctx, daemons); err != nil {
+			return nil, err
+		}
 	}
 	results := make([]HostResult, len(hosts))
 	errs := make([]error, len(hosts))
@@ -324,6 +342,37 @@ func warmOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts Opt
 		results[i].PeakRSSBytes, results[i].CPUSeconds = ps.PeakRSS, ps.CPU.Seconds()
 	}
 	return results, nil
+}
+
+// waitFleet waits until every daemon sees every other alive.
+func waitFleet(ctx context.Context, daemons []*netlab.Daemon) error {
+	for _, d := range daemons {
+		for {
+			out, err := d.CLI(ctx, "fleet", "-o", "json")
+			var f struct {
+				Members []struct {
+					State string `json:"state"`
+				} `json:"members"`
+			}
+			alive := 0
+			if err == nil && json.Unmarshal(out, &f) == nil {
+				for _, m := range f.Members {
+					if m.State == "alive" {
+						alive++
+					}
+				}
+			}
+			if alive == len(daemons) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("fleet did not form: %s sees %d of %d members alive: %w", d.Host().Name, alive, len(daemons), ctx.Err())
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	return nil
 }
 
 // sampleLinks records each host's received bytes every interval into

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/integration/fleetbench"
 	"github.com/warmfleet/warmfleet/integration/netlab"
 )
@@ -33,6 +34,7 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	dir := fs.String("dir", "", "keep data and daemon logs here (default: a temporary directory, removed)")
 	plot := fs.String("plot", "", "also write a timeline plot (bytes received per host over time) to this SVG file")
 	verbose := fs.Bool("v", false, "log progress to stderr")
+	naiveOnly := fs.Bool("naive-only", false, "measure only the baseline (every host from S3)")
 	if err := parseFlags(fs, e, args, nil); err != nil {
 		return err
 	}
@@ -60,11 +62,29 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	if *plot != "" {
 		sampleEvery = 500 * time.Millisecond
 	}
-	res, err := fleetbench.Run(ctx, fleetbench.Options{
+	opts := fleetbench.Options{
 		Hosts: *hosts, Link: link, S3Link: s3Link, ModelSize: int64(modelSize), Files: *files, Runs: *runs,
-		Bin: bin, Versitygw: *versitygw, DaemonArgs: daemonArgs, Dir: *dir, SampleEvery: sampleEvery,
+		Bin: bin, Versitygw: *versitygw, DaemonArgs: append([]string{"--containerd", "off"}, daemonArgs...), Dir: *dir,
+		SampleEvery: sampleEvery, PeerBytesMetric: `warmfleet_peer_bytes_total{direction="in"}`,
 		Logger: slog.New(slog.NewTextHandler(e.Stderr, &slog.HandlerOptions{Level: level})),
-	})
+	}
+	if !*naiveOnly {
+		keyDir, err := os.MkdirTemp("", "warmfleet-bench-key-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(keyDir)
+		key, err := gossip.GenerateKey()
+		if err != nil {
+			return err
+		}
+		opts.ClusterKeyFile = filepath.Join(keyDir, "cluster.key")
+		if err := os.WriteFile(opts.ClusterKeyFile, []byte(gossip.EncodeKey(key)+"\n"), 0o600); err != nil {
+			return err
+		}
+		opts.SwarmArgs = []string{"--gossip", "{ip}:7946", "--join", "{seed}:7946", "--cluster-key-file", "{keyfile}", "--p2p", "{ip}:7947"}
+	}
+	res, err := fleetbench.Run(ctx, opts)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/p2p"
 )
 
 // defaultAPI is where the daemon listens and clients look by default.
@@ -42,6 +44,8 @@ type daemonFlags struct {
 	clusterKeyFile  string
 	insecureGossip  bool
 	zone            string
+	p2pAddr         string
+	p2pAdvertise    string
 	containerd      string
 	containerdNS    string
 	registryHosts   string
@@ -69,6 +73,8 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.clusterKeyFile, "cluster-key-file", "", "file with the cluster key(s), base64 of 32 bytes (warmfleet keygen)")
 	fs.BoolVar(&f.insecureGossip, "insecure-gossip", false, "DEV ONLY: gossip without encryption or authentication")
 	fs.StringVar(&f.zone, "zone", "", "this node's zone, shown to the fleet")
+	fs.StringVar(&f.p2pAddr, "p2p", "", "peer-to-peer listener ip:port: model files swarm between fleet members (needs --gossip and --cluster-key-file)")
+	fs.StringVar(&f.p2pAdvertise, "p2p-advertise", "", "peer address other members should use, if not --p2p")
 	fs.StringVar(&f.containerd, "containerd", "", "containerd socket for image pre-pulls: unix:///run/containerd/containerd.sock, or off (default: that socket if it exists)")
 	fs.StringVar(&f.containerdNS, "containerd-namespace", "k8s.io", "containerd namespace images are pulled into (kubelet's)")
 	fs.StringVar(&f.registryHosts, "registry-hosts-dir", "", "hosts.toml directory for registry mirrors and plain HTTP, e.g. /etc/containerd/certs.d")
@@ -132,8 +138,29 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		return err
 	}
 	defer d.Close()
+	var swarm *p2p.Node
+	if f.p2pAddr != "" {
+		ln, node, err := startSwarm(ctx, log, f)
+		if err != nil {
+			return err
+		}
+		swarm = node
+		if err := d.SetSwarm(node); err != nil {
+			ln.Close()
+			return err
+		}
+		serveCtx, stopServe := context.WithCancel(ctx)
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			if err := node.Serve(serveCtx, ln); err != nil {
+				log.Error("p2p listener", "err", err)
+			}
+		}()
+		defer func() { stopServe(); <-served }()
+	}
 	if f.gossipAddr != "" {
-		node, err := startGossip(ctx, log, f, labels, addr, d)
+		node, err := startGossip(ctx, log, f, labels, addr, d, swarm != nil)
 		if err != nil {
 			return err
 		}
@@ -216,7 +243,7 @@ func dialContainerd(ctx context.Context, log *slog.Logger, f *daemonFlags, d *da
 }
 
 // startGossip makes the daemon a fleet member.
-func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, apiAddr api.Addr, d *daemon.Daemon) (*gossip.Node, error) {
+func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, apiAddr api.Addr, d *daemon.Daemon, swarm bool) (*gossip.Node, error) {
 	var keys [][]byte
 	switch {
 	case f.clusterKeyFile != "" && f.insecureGossip:
@@ -232,6 +259,9 @@ func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		log.Warn("gossip runs WITHOUT encryption or authentication (--insecure-gossip)")
 	}
 	meta := gossip.Meta{Zone: f.zone, Version: Version()}
+	if swarm {
+		meta.PeerAddr = peerAdvertise(f)
+	}
 	if apiAddr.Network == "tcp" {
 		meta.APIAddr = apiAddr.Address
 	}
@@ -240,6 +270,50 @@ func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		Keyring: keys, Insecure: f.insecureGossip, Labels: labels, Role: gossip.RoleNode, Meta: meta,
 		Desired: d.Desired(), Logger: log.With("component", "gossip"), Registerer: d.Registry(),
 	})
+}
+
+// startSwarm opens the peer listener. Peers authenticate with the cluster
+// key, so the swarm needs one.
+func startSwarm(ctx context.Context, log *slog.Logger, f *daemonFlags) (net.Listener, *p2p.Node, error) {
+	if f.gossipAddr == "" || f.clusterKeyFile == "" {
+		return nil, nil, usageError("--p2p needs --gossip and --cluster-key-file: peers find each other by gossip and authenticate with the cluster key")
+	}
+	keys, err := gossip.LoadKeyFile(f.clusterKeyFile)
+	if err != nil {
+		return nil, nil, usageError("%v", err)
+	}
+	node, err := p2p.NewNode(p2p.Config{NodeID: f.nodeName, ClusterKey: keys[0], Logger: log.With("component", "p2p")})
+	if err != nil {
+		return nil, nil, err
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", f.p2pAddr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("p2p listener: %w", err)
+	}
+	return ln, node, nil
+}
+
+// peerAdvertise is the peer address members dial: --p2p-advertise, else
+// --p2p with an unspecified host replaced by the gossip address's host.
+func peerAdvertise(f *daemonFlags) string {
+	if f.p2pAdvertise != "" {
+		return f.p2pAdvertise
+	}
+	host, port, err := net.SplitHostPort(f.p2pAddr)
+	if err != nil {
+		return f.p2pAddr
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		gossipAddr := f.advertise
+		if gossipAddr == "" {
+			gossipAddr = f.gossipAddr
+		}
+		if gh, _, err := net.SplitHostPort(gossipAddr); err == nil {
+			host = gh
+		}
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // parseWithConfig parses args once to find --config, then again with the

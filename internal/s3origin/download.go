@@ -174,8 +174,14 @@ feed:
 // sink, if set, sees every byte of the part once, in order.
 func (c *Client) fetchPart(ctx context.Context, obj Object, part int, dst File, buf []byte, sink func([]byte)) error {
 	start, n := PartRange(part, obj.Size, c.opts.PartSize)
-	end := start + n
-	what := fmt.Sprintf("get %s part %d (bytes %d-%d)", obj.URL(), part, start, end-1)
+	what := fmt.Sprintf("get %s part %d (bytes %d-%d)", obj.URL(), part, start, start+n-1)
+	return c.fetchRange(ctx, obj, start, start+n, what, dst, buf, sink)
+}
+
+// fetchRange writes bytes [start, end) of obj into dst, resuming a broken
+// connection at the byte where it stopped and retrying throttling and
+// server errors with backoff.
+func (c *Client) fetchRange(ctx context.Context, obj Object, start, end int64, what string, dst File, buf []byte, sink func([]byte)) error {
 	failures := 0
 	for off := start; off < end; {
 		got, err := c.getRange(ctx, obj, off, end, dst, buf, sink)
@@ -194,7 +200,7 @@ func (c *Client) fetchPart(ctx context.Context, obj Object, part int, dst File, 
 			return c.explain(fmt.Errorf("giving up after %d attempts without progress: %w", failures, err), what)
 		}
 		delay := backoff(failures, c.opts.RetryBackoff, rand.Float64())
-		c.opts.Logger.Info("retrying S3 range", "object", obj.URL(), "part", part, "resume_at", off,
+		c.opts.Logger.Info("retrying S3 range", "what", what, "resume_at", off,
 			"attempt", failures+1, "delay", delay, "err", err)
 		t := time.NewTimer(delay)
 		select {
@@ -205,6 +211,41 @@ func (c *Client) fetchPart(ctx context.Context, obj Object, part int, dst File, 
 		}
 	}
 	return nil
+}
+
+// OpenRange streams bytes [off, off+n) of obj, pinned to its ETag, with
+// the same retries and resumption as Download: the byte source of a swarm
+// origin. Closing the reader early stops the transfer.
+func (c *Client) OpenRange(ctx context.Context, obj Object, off, n int64) (io.ReadCloser, error) {
+	if off < 0 || n < 0 || off+n > obj.Size {
+		return nil, fmt.Errorf("range %d+%d of %s (%d bytes): out of bounds", off, n, obj.URL(), obj.Size)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		what := fmt.Sprintf("get %s bytes %d-%d", obj.URL(), off, off+n-1)
+		buf := make([]byte, min(bufSize, max(n, 1)))
+		pw.CloseWithError(c.fetchRange(ctx, obj, off, off+n, what, &pipeFile{w: pw, next: off}, buf, nil))
+	}()
+	return pr, nil
+}
+
+// pipeFile turns the in-order writes of fetchRange into a stream.
+type pipeFile struct {
+	w    *io.PipeWriter
+	next int64
+}
+
+func (p *pipeFile) WriteAt(b []byte, off int64) (int, error) {
+	if off != p.next {
+		return 0, fmt.Errorf("s3origin: stream write at %d, expected %d", off, p.next)
+	}
+	n, err := p.w.Write(b)
+	p.next += int64(n)
+	return n, err
+}
+
+func (p *pipeFile) ReadAt([]byte, int64) (int, error) {
+	return 0, errors.New("s3origin: a stream cannot be read back")
 }
 
 // backoff is the delay before retry number attempt (1-based): exponential

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -488,5 +489,34 @@ func TestDownloadCatchesCorruptDonePart(t *testing.T) {
 		if !errors.Is(err, ErrCorrupt) {
 			t.Errorf("ignoreChecksums=%v: Download over a corrupt done part = %v, want ErrCorrupt", ignoreChecksums, err)
 		}
+	}
+}
+
+func TestOpenRangeStreamsThroughResets(t *testing.T) {
+	s := testenv.StartS3(t)
+	s.CreateBucket(t, "rng")
+	data := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	s.PutObject(t, "rng", "m/f", bytes.NewReader(data), int64(len(data)))
+	proxy := testenv.StartFaultProxy(t, s.Endpoint)
+	proxy.ResetAfter(100_000, 1)
+	c, err := New(t.Context(), Options{Endpoint: proxy.URL(), Region: s.Region, RetryBackoff: time.Millisecond,
+		Credentials: credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := c.List(t.Context(), spec.S3URL{Bucket: "rng", Prefix: "m/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.OpenRange(t.Context(), objs[0], 1000, 500_000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(r)
+	if err != nil || !bytes.Equal(got, data[1000:501_000]) {
+		t.Fatalf("OpenRange read %d bytes, err %v; content equal: %v", len(got), err, bytes.Equal(got, data[1000:501_000]))
+	}
+	if _, err := c.OpenRange(t.Context(), objs[0], int64(len(data))-1, 2); err == nil {
+		t.Fatal("out-of-bounds range accepted")
 	}
 }

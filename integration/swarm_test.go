@@ -1,0 +1,102 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/integration/netlab"
+	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
+)
+
+// TestSwarmPullsOnceFromS3 runs a cold fleet of three daemons with the
+// swarm on: together they read the model from S3 about once, every node
+// ends with a verified copy, and a node joining the warm fleet reads
+// nothing from S3.
+func TestSwarmPullsOnceFromS3(t *testing.T) {
+	lab := netlabtest.New(t, netlab.Options{Hosts: 4, Link: 400 * netlab.Mbit, S3: true})
+	bin := warmfleetBin(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	model, err := lab.S3().SeedModel(ctx, "models", "swarm/", 2, 80<<20, 11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := writeKey(t, "cluster.key")
+	hosts := lab.Hosts()
+	seed := hosts[0].IP.String() + ":7946"
+	start := func(h *netlab.Host) *netlab.Daemon {
+		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: bin, Env: lab.S3().Env(), Args: []string{
+			"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
+			"--gossip", h.IP.String() + ":7946", "--join", seed, "--cluster-key-file", key,
+			"--p2p", h.IP.String() + ":7947",
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	var cold []*netlab.Daemon
+	for _, h := range hosts[:3] {
+		cold = append(cold, start(h))
+	}
+	eventually(t, ctx, "three members", func() error {
+		f, err := fleetView(ctx, cold[0])
+		if err != nil {
+			return err
+		}
+		if len(f.Members) != 3 {
+			return fmt.Errorf("%d members", len(f.Members))
+		}
+		return nil
+	})
+	if _, err := cold[0].CLI(ctx, "cache", "add", "swarm", "--source", model.Source()); err != nil {
+		t.Fatal(err)
+	}
+	ready := func(d *netlab.Daemon) {
+		eventually(t, ctx, d.Host().Name+" ready", func() error {
+			st, err := d.CacheStatus(ctx, "swarm")
+			if err != nil {
+				return err
+			}
+			if !st.Ready {
+				return fmt.Errorf("state %s %s", st.State, st.Error)
+			}
+			return model.Verify(st.Path)
+		})
+	}
+	for _, d := range cold {
+		ready(d)
+	}
+	size := float64(model.Size())
+	var s3Total float64
+	for _, d := range cold {
+		s3, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		peerIn, _, err := d.Metric(ctx, `warmfleet_peer_bytes_total{direction="in"}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %.2f of the model from S3, %.2f from peers", d.Host().Name, s3/size, peerIn/size)
+		s3Total += s3
+	}
+	// Each byte is pulled once by its origin; the end-to-end check of a
+	// file reads nothing from S3 (HEAD only).
+	if s3Total < size || s3Total > 1.1*size {
+		t.Fatalf("cold fleet read %.2fx the model from S3, want about 1x", s3Total/size)
+	}
+
+	// A node joining the warm fleet fills from peers only.
+	late := start(hosts[3])
+	ready(late)
+	s3, _, err := late.Metric(ctx, "warmfleet_s3_bytes_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s3 != 0 {
+		t.Fatalf("joining node read %.0f bytes from S3, want 0", s3)
+	}
+}
