@@ -54,3 +54,6 @@ fmt:
 
 clean:
 	rm -rf $(BIN)
+
+bench-s3: build
+	$(BIN)/warmfleet bench s3
