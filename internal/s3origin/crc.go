@@ -4,7 +4,8 @@ import (
 	"encoding/base64"
 	"fmt"
 	"hash/crc32"
-	"hash/crc64"
+
+	"github.com/minio/crc64nvme"
 )
 
 // crcKind is a CRC S3 uses for full-object checksums. CRCs of adjacent
@@ -20,16 +21,16 @@ type crcKind struct {
 	update func(crc uint64, p []byte) uint64
 }
 
-var (
-	crc64NVMETable = crc64.MakeTable(crc64NVME)
-	crc32CTable    = crc32.MakeTable(crc32.Castagnoli)
-)
+var crc32CTable = crc32.MakeTable(crc32.Castagnoli)
 
 // crcKindFor returns the combinable CRC for a method, or nil.
 func crcKindFor(method string) *crcKind {
 	switch method {
 	case MethodCRC64NVME:
-		return &crcKind{poly: crc64NVME, width: 64, update: func(c uint64, p []byte) uint64 { return crc64.Update(c, crc64NVMETable, p) }}
+		// minio/crc64nvme uses carry-less multiplication where the CPU has it:
+		// 5-10x the table-driven hash/crc64 here, which was half the
+		// daemon's CPU while downloading.
+		return &crcKind{poly: crc64NVME, width: 64, update: crc64nvme.Update}
 	case MethodCRC32C:
 		return &crcKind{poly: uint64(crc32.Castagnoli), width: 32, update: func(c uint64, p []byte) uint64 { return uint64(crc32.Update(uint32(c), crc32CTable, p)) }}
 	case MethodCRC32:

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"hash"
 	"hash/crc32"
-	"hash/crc64"
 	"io"
 	"regexp"
 	"runtime"
@@ -21,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/minio/crc64nvme"
 )
 
 // Verification says how a local copy was checked against its object.
@@ -339,7 +339,7 @@ func readRange(ctx context.Context, r io.ReaderAt, off, n int64, buf []byte, sin
 func newHash(method string) hash.Hash {
 	switch method {
 	case MethodCRC64NVME:
-		return crc64.New(crc64.MakeTable(crc64NVME))
+		return crc64nvme.New()
 	case MethodCRC32C:
 		return crc32.New(crc32.MakeTable(crc32.Castagnoli))
 	case MethodCRC32:
