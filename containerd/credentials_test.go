@@ -74,11 +74,12 @@ func TestRefLocksSerializeOneName(t *testing.T) {
 	var l refLocks
 	unlockA := l.lock("a")
 	unlockB := l.lock("b") // another name does not wait
-	got := make(chan struct{})
+	got, released := make(chan struct{}), make(chan struct{})
 	go func() {
 		u := l.lock("a")
 		close(got)
 		u()
+		close(released)
 	}()
 	select {
 	case <-got:
@@ -87,6 +88,7 @@ func TestRefLocksSerializeOneName(t *testing.T) {
 	}
 	unlockA()
 	<-got
+	<-released
 	unlockB()
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -392,7 +392,7 @@ func TestMergeOrderIndependent(t *testing.T) {
 	clk := newTestClock()
 	base := clk.Now().UnixMilli()
 	db := openDB(t)
-	for trial := range 60 {
+	for trial := range 30 {
 		recs := randomRecords(r, base, 12)
 		var want string
 		for variant := range 4 {

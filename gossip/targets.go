@@ -12,8 +12,10 @@ import (
 //
 // Eligible members have role node, are alive or suspect (a suspect member
 // usually comes back; moving its assignments on every missed probe would
-// start downloads of hundreds of GB for nothing) and carry every label of
-// the spec's selector. When s.Targets.Nodes > 0 only that many are kept: the
+// start downloads of hundreds of GB for nothing; Node.Members never reports
+// suspect today, memberlist does not expose it) and carry every label of the
+// spec's selector. A member whose inventory has not arrived yet has no
+// labels, so selectors skip it until it does. When s.Targets.Nodes > 0 only that many are kept: the
 // highest rendezvous scores hash(spec key, node name), so every node picks
 // the same set without talking, and removing a member moves only the specs
 // it held.
