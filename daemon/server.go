@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
 )
 
@@ -94,15 +95,37 @@ func (d *Daemon) handleCache(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (d *Daemon) handleAddCache(w http.ResponseWriter, r *http.Request) {
-	var req api.AddCacheRequest
-	if err := decodeJSON(w, r, &req); err != nil {
+// decodeSpec reads a request that becomes a spec and validates it,
+// answering 400 itself when it is bad.
+func decodeSpec[R interface{ Spec() spec.Spec }](w http.ResponseWriter, r *http.Request, req *R) (spec.Spec, bool) {
+	if err := decodeJSON(w, r, req); err != nil {
 		writeError(w, http.StatusBadRequest, err)
-		return
+		return spec.Spec{}, false
 	}
-	s := req.Spec()
+	s := (*req).Spec()
 	if err := s.Validate(); err != nil {
 		writeError(w, http.StatusBadRequest, err)
+		return spec.Spec{}, false
+	}
+	return s, true
+}
+
+// writeRemoved answers a DELETE: 204, 404 with notFound, or 500.
+func writeRemoved(w http.ResponseWriter, found bool, err error, notFound error) {
+	switch {
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err)
+	case !found:
+		writeError(w, http.StatusNotFound, notFound)
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+func (d *Daemon) handleAddCache(w http.ResponseWriter, r *http.Request) {
+	var req api.AddCacheRequest
+	s, ok := decodeSpec(w, r, &req)
+	if !ok {
 		return
 	}
 	if err := d.AddCache(r.Context(), s); err != nil {
@@ -120,14 +143,7 @@ func (d *Daemon) handleAddCache(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) handleRemoveCache(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	found, err := d.RemoveCache(r.Context(), name)
-	switch {
-	case err != nil:
-		writeError(w, http.StatusInternalServerError, err)
-	case !found:
-		writeError(w, http.StatusNotFound, fmt.Errorf("model %q is not a desired cache", name))
-	default:
-		w.WriteHeader(http.StatusNoContent)
-	}
+	writeRemoved(w, found, err, fmt.Errorf("model %q is not a desired cache", name))
 }
 
 func (d *Daemon) handleImages(w http.ResponseWriter, r *http.Request) {
@@ -141,13 +157,8 @@ func (d *Daemon) handleImages(w http.ResponseWriter, r *http.Request) {
 
 func (d *Daemon) handleAddImage(w http.ResponseWriter, r *http.Request) {
 	var req api.AddImageRequest
-	if err := decodeJSON(w, r, &req); err != nil {
-		writeError(w, http.StatusBadRequest, err)
-		return
-	}
-	s := req.Spec()
-	if err := s.Validate(); err != nil {
-		writeError(w, http.StatusBadRequest, err)
+	s, ok := decodeSpec(w, r, &req)
+	if !ok {
 		return
 	}
 	if err := d.AddImage(r.Context(), s); err != nil {
@@ -162,14 +173,7 @@ func (d *Daemon) handleAddImage(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) handleRemoveImage(w http.ResponseWriter, r *http.Request) {
 	ref, owner := r.URL.Query().Get("ref"), r.URL.Query().Get("owner")
 	found, err := d.RemoveImage(r.Context(), ref, owner)
-	switch {
-	case err != nil:
-		writeError(w, http.StatusInternalServerError, err)
-	case !found:
-		writeError(w, http.StatusNotFound, fmt.Errorf("no claim on %q by owner %q", ref, owner))
-	default:
-		w.WriteHeader(http.StatusNoContent)
-	}
+	writeRemoved(w, found, err, fmt.Errorf("no claim on %q by owner %q", ref, owner))
 }
 
 func (d *Daemon) handleEndpoints(w http.ResponseWriter, _ *http.Request) {
@@ -203,14 +207,7 @@ func (d *Daemon) handleAddEndpoint(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) handleRemoveEndpoint(w http.ResponseWriter, r *http.Request) {
 	u := r.URL.Query().Get("url")
 	found, err := d.RemoveEndpoint(r.Context(), u)
-	switch {
-	case err != nil:
-		writeError(w, http.StatusInternalServerError, err)
-	case !found:
-		writeError(w, http.StatusNotFound, fmt.Errorf("endpoint %q is not registered", u))
-	default:
-		w.WriteHeader(http.StatusNoContent)
-	}
+	writeRemoved(w, found, err, fmt.Errorf("endpoint %q is not registered", u))
 }
 
 // decodeJSON reads one JSON object, strictly: bounded size, no unknown

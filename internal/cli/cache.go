@@ -224,7 +224,14 @@ func progressLine(st api.CacheStatus, rate float64, width int) string {
 }
 
 func runCacheList(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "cache ls")
+	return listCommand(ctx, e, "cache ls", args, (*api.Client).Caches, printTable)
+}
+
+// listCommand is a client command that takes no arguments, gets one value
+// from the daemon and prints it as a table or, with -o json, as JSON.
+func listCommand[T any](ctx context.Context, e *Env, name string, args []string,
+	get func(*api.Client, context.Context) (T, error), table func(io.Writer, T) error) error {
+	fs := newFlagSet(e, name)
 	var c clientFlags
 	c.register(fs, true)
 	if err := parseFlags(fs, e, args, nil); err != nil {
@@ -237,14 +244,14 @@ func runCacheList(ctx context.Context, e *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	all, err := cl.Caches(ctx)
+	v, err := get(cl, ctx)
 	if err != nil {
 		return err
 	}
 	if c.output == "json" {
-		return writeJSONOut(e.Stdout, all)
+		return writeJSONOut(e.Stdout, v)
 	}
-	return printTable(e.Stdout, all)
+	return table(e.Stdout, v)
 }
 
 func runCacheStatus(ctx context.Context, e *Env, args []string) error {

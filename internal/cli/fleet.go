@@ -14,27 +14,7 @@ import (
 )
 
 func runFleet(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "fleet")
-	var c clientFlags
-	c.register(fs, true)
-	if err := parseFlags(fs, e, args, nil); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError("unexpected arguments %q", fs.Args())
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	f, err := cl.Fleet(ctx)
-	if err != nil {
-		return err
-	}
-	if c.output == "json" {
-		return writeJSONOut(e.Stdout, f)
-	}
-	return printFleet(e.Stdout, f)
+	return listCommand(ctx, e, "fleet", args, (*api.Client).Fleet, printFleet)
 }
 
 func printFleet(w io.Writer, f api.Fleet) error {
@@ -106,29 +86,14 @@ func runEndpointAdd(ctx context.Context, e *Env, args []string) error {
 }
 
 func runEndpointList(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "endpoint ls")
-	var c clientFlags
-	c.register(fs, true)
-	if err := parseFlags(fs, e, args, nil); err != nil {
-		return err
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	eps, err := cl.Endpoints(ctx)
-	if err != nil {
-		return err
-	}
-	if c.output == "json" {
-		return writeJSONOut(e.Stdout, eps)
-	}
-	tw := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODEL\tURL")
-	for _, ep := range eps {
-		fmt.Fprintf(tw, "%s\t%s\n", ep.Model, ep.URL)
-	}
-	return tw.Flush()
+	return listCommand(ctx, e, "endpoint ls", args, (*api.Client).Endpoints, func(w io.Writer, eps []api.Endpoint) error {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "MODEL\tURL")
+		for _, ep := range eps {
+			fmt.Fprintf(tw, "%s\t%s\n", ep.Model, ep.URL)
+		}
+		return tw.Flush()
+	})
 }
 
 func runEndpointRemove(ctx context.Context, e *Env, args []string) error {

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 
@@ -59,27 +60,11 @@ func runImageAdd(ctx context.Context, e *Env, args []string) error {
 }
 
 func runImageList(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "image ls")
-	var c clientFlags
-	c.register(fs, true)
-	if err := parseFlags(fs, e, args, nil); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError("unexpected arguments %q", fs.Args())
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	all, err := cl.Images(ctx)
-	if err != nil {
-		return err
-	}
-	if c.output == "json" {
-		return writeJSONOut(e.Stdout, all)
-	}
-	tw := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
+	return listCommand(ctx, e, "image ls", args, (*api.Client).Images, printImages)
+}
+
+func printImages(w io.Writer, all []api.ImageStatus) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "REF\tSTATE\tPROGRESS\tSIZE\tMANAGED\tOWNERS\tDIGEST\tERROR")
 	for _, im := range all {
 		progress := "-"
