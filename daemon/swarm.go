@@ -30,6 +30,7 @@ const (
 	manifestPoll    = 250 * time.Millisecond
 	originFallback  = 2 * time.Minute  // no manifest from anyone this long: read S3 ourselves
 	peerOriginAfter = 15 * time.Second // a non-origin reads S3 only when no peer delivers for this long
+	swarmFetchSlots = 6
 )
 
 // Swarm is what the daemon needs from the peer-to-peer engine (p2p.Node).
@@ -46,6 +47,10 @@ type swarm struct {
 	p2p       Swarm
 	completes p2p.Completion
 	build     chan struct{}
+	// fetching bounds the shards filled from peers at once: each holds a
+	// connection and buffers per peer, and a few shards at a time already
+	// keep the node's link busy.
+	fetching chan struct{}
 
 	mu      sync.Mutex
 	seeding map[string][]*p2p.Shard // model name -> open shards served to peers
@@ -59,7 +64,8 @@ func (d *Daemon) SetSwarm(s Swarm) error {
 	if err != nil {
 		return err
 	}
-	d.swarm = &swarm{p2p: s, completes: comp, build: make(chan struct{}, 1), seeding: map[string][]*p2p.Shard{}}
+	d.swarm = &swarm{p2p: s, completes: comp, build: make(chan struct{}, 1), fetching: make(chan struct{}, swarmFetchSlots),
+		seeding: map[string][]*p2p.Shard{}}
 	stat := func(name, help string, counter bool, v func(p2p.Stats) float64, labels prometheus.Labels) prometheus.Collector {
 		f := func() float64 { return v(s.Stats()) }
 		if counter {
@@ -169,6 +175,12 @@ func (f *fetch) fetchShard(ctx context.Context, revision string, obj s3origin.Ob
 		return out
 	})
 	open := func(m *p2p.Manifest, originAfter time.Duration) (*p2p.Shard, error) {
+		select {
+		case sw.fetching <- struct{}{}:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+		defer func() { <-sw.fetching }()
 		s, err := sw.p2p.Open(ctx, m, path, sw.completes)
 		if err != nil {
 			return nil, err

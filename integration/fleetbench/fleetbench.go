@@ -41,6 +41,8 @@ type Options struct {
 	SwarmArgs []string
 	// NaiveArgs make the daemon fetch from S3 only (the baseline).
 	NaiveArgs []string
+	// SkipNaive leaves the baseline out (it takes hosts times longer).
+	SkipNaive bool
 	// In every daemon argument, {ip} becomes the host's address, {seed}
 	// the first host's, and {keyfile} ClusterKeyFile: gossip and the swarm
 	// need per-host addresses and a shared key.
@@ -175,6 +177,12 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		args []string
 		lb   time.Duration
 	}{{modeNaive, opts.NaiveArgs, naiveLB}}
+	if opts.SkipNaive {
+		if opts.SwarmArgs == nil {
+			return Result{}, errors.New("bench fleet: nothing to measure without the baseline and the swarm")
+		}
+		modes = modes[:0]
+	}
 	if opts.SwarmArgs != nil {
 		modes = append([]struct {
 			name string
@@ -211,7 +219,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 			res.WarmSeconds, res.WarmRatio, res.S3EgressRatio, res.PeakRSSBytes = &mr.WarmSeconds, &mr.WarmRatio, &mr.S3EgressRatio, &mr.PeakRSSBytes
 		}
 	}
-	if res.WarmSeconds != nil && *res.WarmSeconds > 0 {
+	if res.WarmSeconds != nil && *res.WarmSeconds > 0 && res.NaiveWarmSeconds > 0 {
 		s := res.NaiveWarmSeconds / *res.WarmSeconds
 		res.SwarmSpeedup = &s
 	}

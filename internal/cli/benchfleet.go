@@ -35,6 +35,7 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	plot := fs.String("plot", "", "also write a timeline plot (bytes received per host over time) to this SVG file")
 	verbose := fs.Bool("v", false, "log progress to stderr")
 	naiveOnly := fs.Bool("naive-only", false, "measure only the baseline (every host from S3)")
+	swarmOnly := fs.Bool("swarm-only", false, "measure only the swarm (the baseline takes hosts times longer)")
 	if err := parseFlags(fs, e, args, nil); err != nil {
 		return err
 	}
@@ -68,6 +69,10 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 		SampleEvery: sampleEvery, PeerBytesMetric: `warmfleet_peer_bytes_total{direction="in"}`,
 		Logger: slog.New(slog.NewTextHandler(e.Stderr, &slog.HandlerOptions{Level: level})),
 	}
+	if *naiveOnly && *swarmOnly {
+		return usageError("--naive-only and --swarm-only exclude each other")
+	}
+	opts.SkipNaive = *swarmOnly
 	if !*naiveOnly {
 		keyDir, err := os.MkdirTemp("", "warmfleet-bench-key-")
 		if err != nil {
