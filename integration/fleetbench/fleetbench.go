@@ -7,6 +7,7 @@
 package fleetbench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -43,6 +44,9 @@ type Options struct {
 	NaiveArgs []string
 	// SkipNaive leaves the baseline out (it takes hosts times longer).
 	SkipNaive bool
+	// ScaleOut also measures, with the swarm, the last host joining the
+	// others once they are warm.
+	ScaleOut bool
 	// In every daemon argument, {ip} becomes the host's address, {seed}
 	// the first host's, and {keyfile} ClusterKeyFile: gossip and the swarm
 	// need per-host addresses and a shared key.
@@ -125,6 +129,9 @@ type Result struct {
 	NaivePeakRSSBytes      int64   `json:"naive_peak_rss_bytes"`
 	// SwarmSpeedup is naive over swarm warm time; null without a swarm.
 	SwarmSpeedup *float64 `json:"swarm_speedup"`
+	// ScaleOut is the median run of one host joining the others, warm
+	// (Options.ScaleOut).
+	ScaleOut *ScaleOut `json:"scale_out,omitempty"`
 
 	Modes []ModeResult `json:"modes"`
 }
@@ -219,6 +226,19 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 			res.WarmSeconds, res.WarmRatio, res.S3EgressRatio, res.PeakRSSBytes = &mr.WarmSeconds, &mr.WarmRatio, &mr.S3EgressRatio, &mr.PeakRSSBytes
 		}
 	}
+	if opts.ScaleOut && opts.SwarmArgs != nil && opts.Hosts > 1 {
+		var outs []ScaleOut
+		for i := range opts.Runs {
+			log.Info("bench fleet: scale-out run", "run", i+1, "of", opts.Runs)
+			so, err := scaleOutOnce(ctx, lab, model, opts, slices.Concat(opts.DaemonArgs, opts.SwarmArgs), 2*swarmLB*time.Duration(max(1, opts.Hosts/4))+2*time.Minute)
+			if err != nil {
+				return Result{}, fmt.Errorf("scale-out run %d: %w", i+1, err)
+			}
+			outs = append(outs, so)
+		}
+		slices.SortFunc(outs, func(a, b ScaleOut) int { return cmp.Compare(a.Seconds, b.Seconds) })
+		res.ScaleOut = &outs[len(outs)/2]
+	}
 	if res.WarmSeconds != nil && *res.WarmSeconds > 0 && res.NaiveWarmSeconds > 0 {
 		s := res.NaiveWarmSeconds / *res.WarmSeconds
 		res.SwarmSpeedup = &s
@@ -274,9 +294,15 @@ func LowerBounds(hosts int, size int64, link, s3Link netlab.Rate) (swarm, naive 
 // warmOnce starts a fresh daemon on every host, caches the model on all of
 // them at once and collects each host's figures.
 func warmOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts Options, args []string, cacheName string, timeout time.Duration) ([]HostResult, error) {
+	return warmHosts(ctx, lab, lab.Hosts(), model, opts, args, cacheName, timeout, nil)
+}
+
+// warmHosts starts a cold daemon on each of hosts, caches the model on all
+// of them and measures; then, if after is not nil, calls it with the
+// daemons still running.
+func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model netlab.Model, opts Options, args []string, cacheName string, timeout time.Duration, after func(ctx context.Context, args []string) error) ([]HostResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	hosts := lab.Hosts()
 	daemons := make([]*netlab.Daemon, len(hosts))
 	defer func() {
 		for _, d := range daemons {
@@ -293,12 +319,7 @@ func warmOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts Opt
 		if err := os.MkdirAll(h.DataDir, 0o755); err != nil {
 			return nil, err
 		}
-		r := strings.NewReplacer("{ip}", h.IP.String(), "{seed}", hosts[0].IP.String(), "{keyfile}", opts.ClusterKeyFile)
-		hostArgs := make([]string, len(args))
-		for j, a := range args {
-			hostArgs[j] = r.Replace(a)
-		}
-		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: lab.S3().Env(), Args: hostArgs})
+		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: lab.S3().Env(), Args: hostArgs(args, h, hosts[0], opts)})
 		if err != nil {
 			return nil, err
 		}
@@ -349,7 +370,77 @@ func warmOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts Opt
 		}
 		results[i].PeakRSSBytes, results[i].CPUSeconds = ps.PeakRSS, ps.CPU.Seconds()
 	}
+	if after != nil {
+		if err := after(ctx, args); err != nil {
+			return nil, err
+		}
+	}
 	return results, nil
+}
+
+// ScaleOut is one node joining a warm fleet.
+type ScaleOut struct {
+	Seconds           float64 `json:"seconds"`
+	LowerBoundSeconds float64 `json:"lower_bound_seconds"`
+	Ratio             float64 `json:"ratio"`
+	S3Bytes           int64   `json:"s3_bytes"`
+	PeerBytes         int64   `json:"peer_bytes"`
+}
+
+// scaleOutOnce warms all hosts but the last, then starts the last one and
+// times its cache from peers.
+func scaleOutOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts Options, args []string, timeout time.Duration) (ScaleOut, error) {
+	hosts := lab.Hosts()
+	var out ScaleOut
+	_, err := warmHosts(ctx, lab, hosts[:len(hosts)-1], model, opts, args, "scale-out", timeout, func(ctx context.Context, args []string) error {
+		h := hosts[len(hosts)-1]
+		if err := os.RemoveAll(h.DataDir); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(h.DataDir, 0o755); err != nil {
+			return err
+		}
+		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: lab.S3().Env(), Args: hostArgs(args, h, hosts[0], opts)})
+		if err != nil {
+			return err
+		}
+		defer d.Stop(10 * time.Second)
+		start := time.Now()
+		st, err := d.CacheAdd(ctx, "scale-out", model.Source())
+		if err != nil {
+			return err
+		}
+		if !st.Ready {
+			return fmt.Errorf("joining host: state %q, not ready", st.State)
+		}
+		out.Seconds = time.Since(start).Seconds()
+		s3b, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
+		if err != nil {
+			return err
+		}
+		pb, _, err := d.Metric(ctx, opts.PeerBytesMetric)
+		if err != nil {
+			return err
+		}
+		out.S3Bytes, out.PeerBytes = int64(s3b), int64(pb)
+		return nil
+	})
+	perHost, _ := LowerBounds(1, opts.ModelSize, opts.Link, opts.Link)
+	out.LowerBoundSeconds = perHost.Seconds()
+	if out.LowerBoundSeconds > 0 {
+		out.Ratio = out.Seconds / out.LowerBoundSeconds
+	}
+	return out, err
+}
+
+// hostArgs fills in a host's {ip}, {seed} and {keyfile}.
+func hostArgs(args []string, h, seed *netlab.Host, opts Options) []string {
+	r := strings.NewReplacer("{ip}", h.IP.String(), "{seed}", seed.IP.String(), "{keyfile}", opts.ClusterKeyFile)
+	out := make([]string, len(args))
+	for j, a := range args {
+		out[j] = r.Replace(a)
+	}
+	return out
 }
 
 // waitFleet waits until every daemon sees every other alive.

@@ -35,6 +35,10 @@ func (r Result) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if so := r.ScaleOut; so != nil {
+		fmt.Fprintf(w, "\nscale-out: 1 host joining %d warm ones: %.1f s, lower bound %.1f s, ratio %.2f, %d bytes from S3, %d from peers\n",
+			r.Hosts-1, so.Seconds, so.LowerBoundSeconds, so.Ratio, so.S3Bytes, so.PeerBytes)
+	}
 	if r.SwarmSpeedup != nil {
 		fmt.Fprintf(w, "\nswarm is %.2fx faster than naive\n", *r.SwarmSpeedup)
 	}

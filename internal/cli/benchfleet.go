@@ -36,6 +36,7 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	verbose := fs.Bool("v", false, "log progress to stderr")
 	naiveOnly := fs.Bool("naive-only", false, "measure only the baseline (every host from S3)")
 	swarmOnly := fs.Bool("swarm-only", false, "measure only the swarm (the baseline takes hosts times longer)")
+	scaleOut := fs.Bool("scale-out", false, "also time the last host joining the others once they are warm (swarm)")
 	if err := parseFlags(fs, e, args, nil); err != nil {
 		return err
 	}
@@ -72,7 +73,7 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	if *naiveOnly && *swarmOnly {
 		return usageError("--naive-only and --swarm-only exclude each other")
 	}
-	opts.SkipNaive = *swarmOnly
+	opts.SkipNaive, opts.ScaleOut = *swarmOnly, *scaleOut
 	if !*naiveOnly {
 		keyDir, err := os.MkdirTemp("", "warmfleet-bench-key-")
 		if err != nil {
