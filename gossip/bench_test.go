@@ -66,15 +66,26 @@ func (w *convergenceWatch) observe(at, node string, version uint64) {
 //
 //	go test -run XXX -bench Convergence256 -benchtime 1x ./gossip/
 //
-// "memberlist-lan" runs memberlist's DefaultLANConfig timings as the
+// "memberlist-lan" runs memberlist's DefaultLANConfig gossip timings as the
 // baseline.
+//
+// 256 members in one process share the machine's cores; on a loaded 2-core
+// box their probe acks come late and members flap (suspect, dead, refute),
+// which no real fleet with a core per daemon would see. The failure
+// detector is therefore relaxed here (ProbeTimeout 3s, SuspicionMult 8);
+// the probe interval and every parameter that moves inventory stay at their
+// defaults.
 func BenchmarkConvergence256(b *testing.B) {
+	relaxed := func(t Tuning) Tuning {
+		t.ProbeTimeout, t.SuspicionMult = 3*time.Second, 8
+		return t
+	}
 	for _, tc := range []struct {
 		name string
 		tun  Tuning
 	}{
-		{"warmfleet", Tuning{}},
-		{"memberlist-lan", Tuning{GossipInterval: 200 * time.Millisecond, GossipNodes: 3, RetransmitMult: 4, PushPullInterval: 30 * time.Second}},
+		{"warmfleet", relaxed(Tuning{})},
+		{"memberlist-lan", relaxed(Tuning{GossipInterval: 200 * time.Millisecond, GossipNodes: 3, RetransmitMult: 4, PushPullInterval: 30 * time.Second})},
 	} {
 		b.Run(tc.name, func(b *testing.B) { benchConvergence(b, tc.tun) })
 	}
@@ -157,8 +168,14 @@ func benchConvergence(b *testing.B, tun Tuning) {
 		case <-time.After(10 * time.Second):
 			timeouts++
 			watch.mu.Lock()
-			b.Logf("change %d: %d of %d members after 10s", i, len(watch.seen), nodes-1)
+			fmt.Fprintf(os.Stderr, "bench: change %d: %d of %d members after 10s\n", i, len(watch.seen), nodes-1)
 			watch.mu.Unlock()
+		}
+		if i%10 == 9 {
+			sorted := slices.Sorted(slices.Values(lat))
+			if len(sorted) > 0 {
+				fmt.Fprintf(os.Stderr, "bench: %d changes done, %d converged, median %v, max %v\n", i+1, len(sorted), sorted[len(sorted)/2], sorted[len(sorted)-1])
+			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

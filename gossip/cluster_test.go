@@ -145,37 +145,38 @@ func (c *mockCluster) closeAll() {
 	nodes := c.nodes
 	c.nodes = map[string]*Node{}
 	c.mu.Unlock()
+	// Drain every transport first, competing with the nodes' own readers:
+	// at teardown a lost packet does not matter, a send blocked forever on
+	// a node that stopped reading does (Close waits for its workers).
+	stop := make(chan struct{})
+	for _, mt := range c.mocks {
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-mt.PacketCh():
+				case conn := <-mt.StreamCh():
+					_ = conn.Close()
+				}
+			}
+		}()
+	}
 	var wg sync.WaitGroup
-	for name := range nodes {
-		// Drain first so no node blocks on a peer that already stopped.
-		mt := c.mocks[name]
-		stop := make(chan struct{})
-		c.mu.Lock()
-		c.drains[name] = stop
-		c.mu.Unlock()
+	for _, n := range nodes {
 		wg.Add(1)
-		go func(n *Node) {
+		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			_ = n.Close(ctx)
-			go func() {
-				for {
-					select {
-					case <-stop:
-						return
-					case <-mt.PacketCh():
-					case conn := <-mt.StreamCh():
-						_ = conn.Close()
-					}
-				}
-			}()
-		}(nodes[name])
+		}()
 	}
 	wg.Wait()
+	close(stop)
 	c.mu.Lock()
-	for name, stop := range c.drains {
-		close(stop)
+	for name, s := range c.drains {
+		close(s)
 		delete(c.drains, name)
 	}
 	c.mu.Unlock()
