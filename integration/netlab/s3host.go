@@ -12,8 +12,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/warmfleet/warmfleet/internal/s3put"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
-	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -168,30 +169,13 @@ func (s *S3Host) Client() *s3.Client {
 
 // MakeBucket creates a bucket.
 func (s *S3Host) MakeBucket(ctx context.Context, bucket string) error {
-	if _, err := s.Client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
-		return fmt.Errorf("create bucket %s: %w", bucket, err)
-	}
-	return nil
+	return s3put.MakeBucket(ctx, s.Client(), bucket)
 }
 
 // Put uploads size bytes of body as bucket/key in one streaming request.
 func (s *S3Host) Put(ctx context.Context, bucket, key string, body io.Reader, size int64) error {
-	_, err := s.Client().PutObject(ctx, &s3.PutObjectInput{
-		Bucket:        aws.String(bucket),
-		Key:           aws.String(key),
-		Body:          readerOnly{body},
-		ContentLength: aws.Int64(size),
-	}, s3.WithAPIOptions(v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware))
-	if err != nil {
-		return fmt.Errorf("put s3://%s/%s: %w", bucket, key, err)
-	}
-	return nil
+	return s3put.Put(ctx, s.Client(), bucket, key, body, size)
 }
-
-// readerOnly hides Seek so the SDK streams the body once.
-type readerOnly struct{ r io.Reader }
-
-func (o readerOnly) Read(p []byte) (int, error) { return o.r.Read(p) }
 
 // waitHTTP polls url from inside ns until it answers any HTTP response, the
 // process exits or ctx ends.

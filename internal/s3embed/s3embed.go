@@ -22,8 +22,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/warmfleet/warmfleet/internal/s3put"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
-	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -144,23 +145,11 @@ func (s *Server) client() *s3.Client {
 
 // CreateBucket creates a bucket.
 func (s *Server) CreateBucket(ctx context.Context, name string) error {
-	if _, err := s.client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
-		return fmt.Errorf("embedded S3: create bucket %s: %w", name, err)
-	}
-	return nil
+	return s3put.MakeBucket(ctx, s.client(), name)
 }
 
 // PutObject stores size bytes from r as bucket/key, streaming them through
 // the S3 API. It fits synthmodel's Upload.
 func (s *Server) PutObject(ctx context.Context, bucket, key string, r io.Reader, size int64) error {
-	_, err := s.client().PutObject(ctx, &s3.PutObjectInput{
-		Bucket:        aws.String(bucket),
-		Key:           aws.String(key),
-		Body:          struct{ io.Reader }{r}, // not seekable: stream it once
-		ContentLength: aws.Int64(size),
-	}, s3.WithAPIOptions(v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware))
-	if err != nil {
-		return fmt.Errorf("embedded S3: put s3://%s/%s: %w", bucket, key, err)
-	}
-	return nil
+	return s3put.Put(ctx, s.client(), bucket, key, r, size)
 }

@@ -15,8 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmfleet/warmfleet/internal/s3put"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
-	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -279,10 +280,7 @@ func (s *S3) CreateBucket(tb testing.TB, name string) {
 
 // MakeBucket creates a bucket.
 func (s *S3) MakeBucket(ctx context.Context, name string) error {
-	if _, err := s.NewClient().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
-		return fmt.Errorf("create bucket %s: %w", name, err)
-	}
-	return nil
+	return s3put.MakeBucket(ctx, s.NewClient(), name)
 }
 
 // PutObject uploads size bytes of body as bucket/key or fails the test.
@@ -293,19 +291,9 @@ func (s *S3) PutObject(tb testing.TB, bucket, key string, body io.Reader, size i
 	}
 }
 
-// Put uploads size bytes of body as bucket/key in one request, streaming
-// (the payload is sent unsigned, so body need not be seekable).
+// Put uploads size bytes of body as bucket/key in one request, streaming.
 func (s *S3) Put(ctx context.Context, bucket, key string, body io.Reader, size int64) error {
-	_, err := s.NewClient().PutObject(ctx, &s3.PutObjectInput{
-		Bucket:        aws.String(bucket),
-		Key:           aws.String(key),
-		Body:          onlyReader{body},
-		ContentLength: aws.Int64(size),
-	}, s3.WithAPIOptions(v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware))
-	if err != nil {
-		return fmt.Errorf("put s3://%s/%s: %w", bucket, key, err)
-	}
-	return nil
+	return s3put.Put(ctx, s.NewClient(), bucket, key, body, size)
 }
 
 // PutMultipart uploads body as bucket/key in parts of partSize bytes (the
@@ -363,9 +351,3 @@ func (s *S3) PutParts(ctx context.Context, bucket, key string, body io.Reader, s
 	}
 	return nil
 }
-
-// onlyReader hides Seek and friends so the SDK streams the body once
-// instead of rewinding it to hash it first.
-type onlyReader struct{ r io.Reader }
-
-func (o onlyReader) Read(p []byte) (int, error) { return o.r.Read(p) }
