@@ -100,3 +100,74 @@ func TestSwarmPullsOnceFromS3(t *testing.T) {
 		t.Fatalf("joining node read %.0f bytes from S3, want 0", s3)
 	}
 }
+
+// TestSwarmSurvivesOriginDeath kills one node of a cold fleet mid-way: the
+// shards it was the origin of move to the next node in rank, and the
+// others still finish with verified copies.
+func TestSwarmSurvivesOriginDeath(t *testing.T) {
+	lab := netlabtest.New(t, netlab.Options{Hosts: 3, Link: 200 * netlab.Mbit, S3: true})
+	bin := warmfleetBin(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	model, err := lab.S3().SeedModel(ctx, "models", "fault/", 3, 96<<20, 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := writeKey(t, "cluster.key")
+	hosts := lab.Hosts()
+	var daemons []*netlab.Daemon
+	for _, h := range hosts {
+		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: bin, Env: lab.S3().Env(), Args: []string{
+			"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
+			"--gossip", h.IP.String() + ":7946", "--join", hosts[0].IP.String() + ":7946", "--cluster-key-file", key,
+			"--p2p", h.IP.String() + ":7947",
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		daemons = append(daemons, d)
+	}
+	eventually(t, ctx, "three members", func() error {
+		f, err := fleetView(ctx, daemons[1])
+		if err != nil {
+			return err
+		}
+		if len(f.Members) != 3 {
+			return fmt.Errorf("%d members", len(f.Members))
+		}
+		return nil
+	})
+	if _, err := daemons[1].CLI(ctx, "cache", "add", "fault", "--source", model.Source()); err != nil {
+		t.Fatal(err)
+	}
+	// Kill the node that is furthest into its S3 reads: it is an origin.
+	var victim *netlab.Daemon
+	eventually(t, ctx, "an origin at work", func() error {
+		for _, d := range daemons {
+			if s3, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total"); err == nil && s3 >= 8<<20 {
+				victim = d
+				return nil
+			}
+		}
+		return fmt.Errorf("no node has read 8 MiB from S3 yet")
+	})
+	if err := victim.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("killed %s mid-way", victim.Host().Name)
+	for _, d := range daemons {
+		if d == victim {
+			continue
+		}
+		eventually(t, ctx, d.Host().Name+" ready", func() error {
+			st, err := d.CacheStatus(ctx, "fault")
+			if err != nil {
+				return err
+			}
+			if !st.Ready {
+				return fmt.Errorf("state %s %s", st.State, st.Error)
+			}
+			return model.Verify(st.Path)
+		})
+	}
+}
