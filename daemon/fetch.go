@@ -262,8 +262,22 @@ func (f *fetch) fetchFile(ctx context.Context, stage *nvme.Staging, revision str
 			f.done.Add(min(partSize, fr.Size-int64(i)*partSize))
 		}
 	}
+	// A part counts as done only once its bytes are durable: finished parts
+	// are recorded in batches, each after an fsync of the file, so a power
+	// loss never leaves a part recorded over bytes that never reached disk.
 	var mu sync.Mutex
 	var persistErr error
+	lastFlush := f.d.now()
+	flush := func() { // with mu held
+		err := file.Sync()
+		if err == nil {
+			err = f.d.state.putParts(f.spec.Name, revision, fr.Path, done)
+		}
+		if err != nil && persistErr == nil {
+			persistErr = err
+		}
+		lastFlush = f.d.now()
+	}
 	plan := s3origin.Plan{
 		Done: done.has,
 		OnPart: func(part int, n int64) {
@@ -272,25 +286,33 @@ func (f *fetch) fetchFile(ctx context.Context, stage *nvme.Staging, revision str
 			mu.Lock()
 			defer mu.Unlock()
 			done = done.with(part)
-			if err := f.d.state.putParts(f.spec.Name, revision, fr.Path, done); err != nil && persistErr == nil {
-				persistErr = err
+			if f.d.now().Sub(lastFlush) >= partFlushInterval {
+				flush()
 			}
 		},
 	}
 	dst := &countingFile{File: file, written: f.d.metrics.written.Add}
-	if err := f.d.origin.Download(ctx, obj, dst, plan); err != nil {
-		if errors.Is(err, s3origin.ErrCorrupt) {
-			// The bytes on disk do not match the source: start this file over.
-			if derr := f.d.state.putParts(f.spec.Name, revision, fr.Path, nil); derr != nil {
-				err = errors.Join(err, derr)
-			}
-		}
-		return fmt.Errorf("%s: %w", fr.Path, err)
-	}
+	err = f.d.origin.Download(ctx, obj, dst, plan)
 	mu.Lock()
 	defer mu.Unlock()
+	if errors.Is(err, s3origin.ErrCorrupt) {
+		// The bytes on disk do not match the source: start this file over.
+		done = nil
+		if derr := f.d.state.putParts(f.spec.Name, revision, fr.Path, nil); derr != nil {
+			err = errors.Join(err, derr)
+		}
+	} else {
+		flush() // keep what finished, also when the download stops half way
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", fr.Path, err)
+	}
 	return persistErr
 }
+
+// partFlushInterval is how often finished parts are made durable and
+// recorded while a file downloads.
+const partFlushInterval = 2 * time.Second
 
 // countingFile counts the bytes written through it.
 type countingFile struct {
