@@ -19,6 +19,7 @@ import (
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/p2p"
 )
 
 // Origin is what the daemon needs from where a model's files come from.
@@ -57,6 +58,13 @@ type fetch struct {
 	done   atomic.Int64 // bytes complete, for live progress
 	cancel context.CancelFunc
 	exited chan struct{}
+
+	// Swarm fetches: every shard of the revision, in order, and their
+	// origins for the member set last seen (see originRank).
+	shardIDs   []p2p.ShardSize
+	originsMu  sync.Mutex
+	originsKey string
+	origins    map[string]string
 }
 
 // progress reports live bytes done.
@@ -186,7 +194,10 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	if f.useSwarm() {
 		// Every file at once: shards wait on manifests, not on each other.
 		fetchFile = f.fetchFileSwarm
-		f.log.Info("fetching through the swarm")
+		if f.shardIDs, err = swarmShardIDs(revision, files); err != nil {
+			return "", err
+		}
+		f.log.Info("fetching through the swarm", "shards", len(f.shardIDs))
 	} else {
 		g.SetLimit(max(1, f.d.cfg.FileConcurrency))
 	}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,12 +32,14 @@ const (
 	manifestPoll    = 250 * time.Millisecond
 	originFallback  = 2 * time.Minute  // no manifest from anyone this long: read S3 ourselves
 	peerOriginAfter = 15 * time.Second // a non-origin reads S3 only when no peer delivers for this long
-	swarmFetchSlots = 6
+	originWatch     = time.Second      // how often a follower checks whether it became the origin
+	swarmFetchSlots = 8
 )
 
 // Swarm is what the daemon needs from the peer-to-peer engine (p2p.Node).
 type Swarm interface {
 	Open(ctx context.Context, m *p2p.Manifest, path string, c p2p.Completion) (*p2p.Shard, error)
+	OpenPartial(ctx context.Context, m *p2p.Manifest, path string, c p2p.Completion) (*p2p.Shard, error)
 	Build(ctx context.Context, spec p2p.BuildSpec) (*p2p.Shard, error)
 	FetchManifest(ctx context.Context, addr, shardID string) (*p2p.Manifest, error)
 	Stats() p2p.Stats
@@ -155,69 +159,57 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 	return nil
 }
 
-// fetchShard fills one shard: as its origin from S3, or from peers once
-// some member holds it complete and can hand over its manifest.
+// fetchShard fills one shard: as its origin from S3, from peers once some
+// member holds it complete, or, while another member is still filling it,
+// piece by piece as that member gets each piece.
 func (f *fetch) fetchShard(ctx context.Context, revision string, obj s3origin.Object, fr fileRecord, path string, sr p2p.ShardRange) (*p2p.Shard, error) {
 	sw := f.d.swarm
-	id := fmt.Sprintf("%s/%s#%d", revision, fr.Path, sr.Index)
-	source := func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
-		return f.d.origin.OpenRange(ctx, obj, off, n)
+	spec := p2p.BuildSpec{ShardID: shardID(revision, fr.Path, sr.Index), Name: fr.Path, Path: path, FileSize: fr.Size,
+		Offset: sr.Offset, Length: sr.Length, PieceLength: swarmPieceSize, Completion: sw.completes,
+		Source: func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+			return f.d.origin.OpenRange(ctx, obj, off, n)
+		},
+		Peers: p2p.PeerFunc(func() []string {
+			_, addrs := f.swarmPeers()
+			delete(addrs, f.d.fleet.LocalName())
+			return slices.Collect(maps.Values(addrs))
+		}),
 	}
-	self := f.d.fleet.LocalName()
-	peerAddrs := p2p.PeerFunc(func() []string {
-		names, addrs := f.swarmPeers()
-		var out []string
-		for _, n := range names {
-			if n != self {
-				out = append(out, addrs[n])
-			}
-		}
-		return out
-	})
-	open := func(m *p2p.Manifest, originAfter time.Duration) (*p2p.Shard, error) {
-		select {
-		case sw.fetching <- struct{}{}:
-		case <-ctx.Done():
-			return nil, context.Cause(ctx)
-		}
-		defer func() { <-sw.fetching }()
-		s, err := sw.p2p.Open(ctx, m, path, sw.completes)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := s.Fetch(ctx, p2p.FetchOptions{Peers: peerAddrs, Origin: source, OriginAfter: originAfter}); err != nil {
-			s.Close()
-			return nil, err
-		}
-		return s, nil
-	}
-	if m, err := f.d.state.manifest(id); err != nil {
+	if m, err := f.d.state.manifest(spec.ShardID); err != nil {
 		return nil, err
 	} else if m != nil {
-		return open(m, peerOriginAfter) // resume what an earlier run began
+		return f.fillShard(ctx, spec, m) // resume what an earlier run began
 	}
+	self := f.d.fleet.LocalName()
 	start := f.d.now()
 	for {
 		names, addrs := f.swarmPeers()
-		rank := p2p.Origin(id, names)
+		rank := f.originRank(spec.ShardID, names)
 		// Whoever holds the shard complete hands over its manifest: a node
 		// joining a warm fleet, or the next in rank after an origin died
-		// mid-way, then reads nothing from S3.
+		// mid-way, then reads nothing from S3. Whoever is filling it hands
+		// over its pieces as they come.
+		inProgress := false
 		for _, name := range rank {
 			if name == self {
 				continue
 			}
-			m, err := sw.p2p.FetchManifest(ctx, addrs[name], id)
-			if err != nil {
-				continue // not built yet, or that member is gone: ask the next
+			m, err := sw.p2p.FetchManifest(ctx, addrs[name], spec.ShardID)
+			switch {
+			case err == nil:
+				if err := f.d.state.putManifest(spec.ShardID, m); err != nil {
+					return nil, err
+				}
+				return f.fillShard(ctx, spec, m)
+			case errors.Is(err, p2p.ErrInProgress):
+				inProgress = true
 			}
-			if err := f.d.state.putManifest(id, m); err != nil {
-				return nil, err
-			}
-			return open(m, peerOriginAfter)
 		}
-		if len(rank) == 0 || rank[0] == self || f.d.now().Sub(start) > originFallback {
-			return f.buildShard(ctx, id, obj, fr, path, sr, source)
+		switch {
+		case len(rank) == 0 || rank[0] == self || f.d.now().Sub(start) > originFallback:
+			return f.buildShard(ctx, spec)
+		case inProgress:
+			return f.fillShard(ctx, spec, nil)
 		}
 		select {
 		case <-ctx.Done():
@@ -227,9 +219,133 @@ func (f *fetch) fetchShard(ctx context.Context, revision string, obj s3origin.Ob
 	}
 }
 
+// swarmShardIDs lists every shard of a revision's files in file order.
+func swarmShardIDs(revision string, files []fileRecord) ([]p2p.ShardSize, error) {
+	var ids []p2p.ShardSize
+	for _, fr := range files {
+		if fr.Size == 0 {
+			continue
+		}
+		ranges, err := p2p.SplitFile(fr.Size, swarmShardSize, swarmPieceSize)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", fr.Path, err)
+		}
+		for _, sr := range ranges {
+			ids = append(ids, p2p.ShardSize{ID: shardID(revision, fr.Path, sr.Index), Size: sr.Length})
+		}
+	}
+	return ids, nil
+}
+
+func shardID(revision, path string, index int) string {
+	return fmt.Sprintf("%s/%s#%d", revision, path, index)
+}
+
+// originRank orders the spec's live target nodes for taking over a shard's
+// S3 reads: its balanced origin (p2p.AssignOrigins over every shard of the
+// revision) first, then rendezvous order.
+func (f *fetch) originRank(id string, names []string) []string {
+	key := strings.Join(slices.Sorted(slices.Values(names)), "\x00")
+	f.originsMu.Lock()
+	if f.originsKey != key || f.origins == nil {
+		f.origins, f.originsKey = p2p.AssignOrigins(f.shardIDs, names), key
+	}
+	assigned := f.origins[id]
+	f.originsMu.Unlock()
+	return p2p.OriginRank(id, assigned, names)
+}
+
+// errBecameOrigin stops following a shard whose origin left when this node
+// is next in rank: it then reads the rest from S3 itself.
+var errBecameOrigin = errors.New("origin left; taking over the shard's S3 reads")
+
+// fillShard fills a shard from peers: with its manifest, or without (m nil)
+// while another member is still filling it, learning each piece hash with
+// the piece. It falls back to S3 when no peer delivers for a while, and
+// reads the rest from S3 at once if this node becomes the shard's origin.
+func (f *fetch) fillShard(ctx context.Context, spec p2p.BuildSpec, m *p2p.Manifest) (*p2p.Shard, error) {
+	sw := f.d.swarm
+	select {
+	case sw.fetching <- struct{}{}:
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+	defer func() { <-sw.fetching }()
+	var s *p2p.Shard
+	var err error
+	if m != nil {
+		s, err = sw.p2p.Open(ctx, m, spec.Path, sw.completes)
+	} else {
+		s, err = sw.p2p.OpenPartial(ctx, spec.Skeleton(), spec.Path, sw.completes)
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Take over a partial shard's S3 reads only when the node that was
+	// filling it left and this node is next in rank; a member joining
+	// mid-way changes the ranking too, but the old origin carries on.
+	self := f.d.fleet.LocalName()
+	names, _ := f.swarmPeers()
+	following := ""
+	if rank := f.originRank(spec.ShardID, names); len(rank) > 0 {
+		following = rank[0]
+	}
+	takeOver := func() bool {
+		names, _ := f.swarmPeers()
+		if slices.Contains(names, following) {
+			return false
+		}
+		rank := f.originRank(spec.ShardID, names)
+		if len(rank) == 0 {
+			return false
+		}
+		following = rank[0]
+		return following == self
+	}
+	originAfter := peerOriginAfter
+	for {
+		fctx, cancel := context.WithCancelCause(ctx)
+		if originAfter > 0 && m == nil {
+			go func() {
+				for {
+					select {
+					case <-fctx.Done():
+						return
+					case <-time.After(originWatch):
+					}
+					if takeOver() {
+						cancel(errBecameOrigin)
+						return
+					}
+				}
+			}()
+		}
+		_, err = s.Fetch(fctx, p2p.FetchOptions{Peers: spec.Peers, Origin: spec.Source, OriginAfter: originAfter})
+		became := errors.Is(context.Cause(fctx), errBecameOrigin)
+		cancel(nil)
+		if err == nil {
+			break
+		}
+		if !became || ctx.Err() != nil {
+			s.Close()
+			return nil, err
+		}
+		f.log.Info("taking over a shard whose origin left", "shard", spec.ShardID, "have", s.Have().Count())
+		originAfter = 0
+	}
+	if m == nil {
+		if err := f.d.state.putManifest(spec.ShardID, s.Manifest()); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
 // buildShard pulls a shard from S3 as its origin, one build at a time per
-// node so the node's first shards complete first.
-func (f *fetch) buildShard(ctx context.Context, id string, obj s3origin.Object, fr fileRecord, path string, sr p2p.ShardRange, source p2p.ByteSource) (*p2p.Shard, error) {
+// node so the node's first shards complete first. Peers get each piece as
+// soon as it is in.
+func (f *fetch) buildShard(ctx context.Context, spec p2p.BuildSpec) (*p2p.Shard, error) {
 	sw := f.d.swarm
 	select {
 	case sw.build <- struct{}{}:
@@ -237,12 +353,11 @@ func (f *fetch) buildShard(ctx context.Context, id string, obj s3origin.Object, 
 		return nil, context.Cause(ctx)
 	}
 	defer func() { <-sw.build }()
-	s, err := sw.p2p.Build(ctx, p2p.BuildSpec{ShardID: id, Name: fr.Path, Path: path, FileSize: fr.Size,
-		Offset: sr.Offset, Length: sr.Length, PieceLength: swarmPieceSize, Source: source, Completion: sw.completes})
+	s, err := sw.p2p.Build(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	if err := f.d.state.putManifest(id, s.Manifest()); err != nil {
+	if err := f.d.state.putManifest(spec.ShardID, s.Manifest()); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -271,7 +386,7 @@ func (sw *swarm) release(model, keep string) error {
 	var errs []error
 	var kept []*p2p.Shard
 	for _, s := range sw.seeding[model] {
-		if keep != "" && len(s.Manifest().ShardID) > len(keep) && s.Manifest().ShardID[:len(keep)+1] == keep+"/" {
+		if keep != "" && strings.HasPrefix(s.ShardID(), keep+"/") {
 			kept = append(kept, s)
 			continue
 		}

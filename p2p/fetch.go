@@ -301,7 +301,12 @@ func (f *fetch) fromOriginPiece(ctx context.Context, i int, buf []byte) error {
 		}
 		done += k
 	}
-	if !bytes.Equal(h.Sum(nil), f.s.m.PieceHash(i)) {
+	sum := h.Sum(nil)
+	if want := f.s.pieceHash(i); want == nil {
+		// Nobody hashed this piece yet: the origin is where hashes come
+		// from, and the whole file is checked against S3's checksum later.
+		return f.s.learn(i, sum)
+	} else if !bytes.Equal(sum, want) {
 		f.failed.Add(1)
 		f.n.c.failed.Add(1)
 		return fmt.Errorf("piece %d: %w", i, ErrOriginCorrupt)
@@ -412,12 +417,12 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 		backoff = f.n.cfg.BanDuration
 		return
 	}
-	if err := writeFrame(c, msgSubscribe, f.s.id[:]); err != nil {
+	if err := writeFrame(c, msgSubscribe, append(f.s.skel[:], f.s.m.ShardID...)); err != nil {
 		return
 	}
 	br := bufio.NewReaderSize(c, 64<<10)
 	_ = c.SetReadDeadline(f.n.cfg.Now().Add(f.n.cfg.DialTimeout))
-	fr, err := readFrame(br)
+	fr, err := readFrameMax(br, maxBitfieldFrame)
 	if err != nil || fr.typ != msgBitfield {
 		// Not open there (yet): gossip may list the peer a moment before it
 		// opens the shard, so ask again at the next refresh.
@@ -425,9 +430,11 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
-	has, err := ParseBitfield(fr.payload, f.s.m.NumPieces())
+	has, err := f.learnBitfield(fr.payload)
 	if err != nil {
-		f.n.log.Warn("p2p: bad bitfield", "peer", id, "err", err)
+		f.n.log.Warn("p2p: bad bitfield, banning peer", "peer", id, "err", err)
+		f.n.Ban(id)
+		backoff = f.n.cfg.BanDuration
 		return
 	}
 	pc := &peerConn{f: f, addr: addr, id: id, c: c, br: br, has: has,
@@ -483,6 +490,34 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 	if f.n.Banned(id) {
 		backoff = f.n.cfg.BanDuration
 	}
+}
+
+// learnBitfield parses a peer's bitfield and the hashes that follow it,
+// learning the ones this shard does not know yet.
+func (f *fetch) learnBitfield(payload []byte) (Bitfield, error) {
+	np := f.s.m.NumPieces()
+	bfLen := (np + 7) / 8
+	if len(payload) < bfLen {
+		return Bitfield{}, fmt.Errorf("%w: short bitfield", errProtocol)
+	}
+	has, err := ParseBitfield(payload[:bfLen], np)
+	if err != nil {
+		return Bitfield{}, err
+	}
+	size := f.s.m.Algo.Size()
+	hashes := payload[bfLen:]
+	if len(hashes) != has.Count()*size {
+		return Bitfield{}, fmt.Errorf("%w: %d bytes of hashes for %d pieces", errProtocol, len(hashes), has.Count())
+	}
+	for i := range np {
+		if has.Has(i) {
+			if err := f.s.learn(i, hashes[:size]); err != nil {
+				return Bitfield{}, err
+			}
+			hashes = hashes[size:]
+		}
+	}
+	return has, nil
 }
 
 // requestLoop keeps RequestDepth pieces asked for from this peer.
@@ -568,6 +603,11 @@ func (pc *peerConn) readLoop(ctx context.Context) error {
 		case msgHave:
 			i, err := fr.index(np)
 			if err != nil {
+				return err
+			}
+			if err := f.s.learn(i, fr.payload[4:]); err != nil {
+				f.n.log.Warn("p2p: peer announced a conflicting piece hash, banning it", "peer", pc.id, "shard", f.s.m.ShardID, "piece", i)
+				f.n.Ban(pc.id)
 				return err
 			}
 			f.mu.Lock()
@@ -674,7 +714,9 @@ func (pc *peerConn) hashLoop() {
 			h.Write(j.buf)
 		}
 		if j.last {
-			pc.sums <- bytes.Equal(h.Sum(nil), pc.f.s.m.PieceHash(j.piece))
+			// Requested only after the peer announced it with its hash.
+			want := pc.f.s.pieceHash(j.piece)
+			pc.sums <- want != nil && bytes.Equal(h.Sum(nil), want)
 		}
 		pc.done(j)
 	}

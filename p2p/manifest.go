@@ -98,7 +98,8 @@ const DefaultPieceLength = 8 << 20
 // other nodes, so it must reach them over an authenticated channel (gossip).
 type Manifest struct {
 	// ShardID names the shard across the fleet, for example
-	// "bucket/key@etag#0". It is informational; the swarm keys shards by ID().
+	// "revision/path#0". A node opens at most one shard of an ID, and peers
+	// subscribe to it by ID and SkeletonID.
 	ShardID string
 	// Name is the file name used when the manifest is shown as a torrent.
 	Name string
@@ -285,6 +286,22 @@ func (r *manifestReader) str() string {
 func (m *Manifest) ID() string {
 	id := m.rawID()
 	return hex.EncodeToString(id[:])
+}
+
+// SkeletonID identifies what the manifest describes without its hashes:
+// the SHA-256 of the encoding with every hash zeroed. Nodes that agree on
+// it cut the same bytes into the same pieces, so they can exchange pieces and
+// hashes before anyone knows them all.
+func (m *Manifest) SkeletonID() [32]byte {
+	skel := *m
+	skel.Hashes = make([]byte, len(m.Hashes))
+	return skel.rawID()
+}
+
+func (m *Manifest) clone() *Manifest {
+	c := *m
+	c.Hashes = bytes.Clone(m.Hashes)
+	return &c
 }
 
 func (m *Manifest) rawID() [32]byte {

@@ -76,7 +76,7 @@ type Node struct {
 	conns   chan struct{}
 	c       counters
 	mu      sync.Mutex
-	shards  map[[32]byte]*Shard
+	shards  map[string]*Shard    // by ShardID
 	bans    map[string]time.Time // node id or address -> until
 	serveWG sync.WaitGroup
 }
@@ -121,7 +121,7 @@ func NewNode(cfg Config) (*Node, error) {
 		upLim:   limiter(cfg.UploadLimit),
 		downLim: limiter(cfg.DownloadLimit),
 		conns:   make(chan struct{}, cfg.MaxConns),
-		shards:  map[[32]byte]*Shard{},
+		shards:  map[string]*Shard{},
 		bans:    map[string]time.Time{},
 	}, nil
 }
@@ -229,16 +229,16 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn) {
 		n.serveManifest(c, peerID, string(f.payload))
 		return
 	}
-	if err != nil || f.typ != msgSubscribe || len(f.payload) != 32 {
+	if err != nil || f.typ != msgSubscribe || len(f.payload) <= 32 {
 		n.log.Info("p2p: bad subscribe", "peer", peerID, "err", err)
 		return
 	}
-	var id [32]byte
-	copy(id[:], f.payload)
 	n.mu.Lock()
-	s := n.shards[id]
+	s := n.shards[string(f.payload[32:])]
 	n.mu.Unlock()
-	if s == nil {
+	if s == nil || string(s.skel[:]) != string(f.payload[:32]) {
+		// Not open here, or cut into other pieces (another piece length or
+		// algorithm): nothing to exchange.
 		_ = writeFrame(c, msgNotFound, nil)
 		return
 	}
@@ -278,22 +278,21 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn) {
 }
 
 // serveManifest answers a manifest request with the manifest of a verified
-// (complete) shard, or not found.
+// (complete) shard, in progress when the shard is open with some pieces
+// but not all, or not found.
 func (n *Node) serveManifest(c net.Conn, peerID, shardID string) {
 	n.mu.Lock()
-	var m *Manifest
-	for _, s := range n.shards {
-		if s.m.ShardID == shardID && s.Complete() {
-			m = s.m
-			break
-		}
-	}
+	s := n.shards[shardID]
 	n.mu.Unlock()
-	if m == nil {
+	if s == nil {
 		_ = writeFrame(c, msgNotFound, nil)
 		return
 	}
-	b, err := m.MarshalBinary()
+	if !s.Complete() {
+		_ = writeFrame(c, msgInProgress, u32(s.Have().Count()))
+		return
+	}
+	b, err := s.Manifest().MarshalBinary()
 	if err != nil {
 		n.log.Error("p2p: encode manifest", "shard", shardID, "err", err)
 		return
@@ -306,8 +305,14 @@ func (n *Node) serveManifest(c net.Conn, peerID, shardID string) {
 // ErrNoManifest reports that a peer holds no complete shard of that ID.
 var ErrNoManifest = errors.New("p2p: peer has no manifest for that shard")
 
+// ErrInProgress reports that a peer has the shard open and is filling it
+// (its origin reading S3, or a peer downloading): its pieces can be fetched
+// with OpenPartial before the manifest is complete.
+var ErrInProgress = errors.New("p2p: peer is still filling that shard")
+
 // FetchManifest asks the member at addr for the manifest of a shard it
-// holds complete. Members are authenticated, so the manifest is trusted as
+// holds complete (ErrInProgress if it is filling it, ErrNoManifest if it has
+// not opened it). Members are authenticated, so the manifest is trusted as
 // far as the cluster key is.
 func (n *Node) FetchManifest(ctx context.Context, addr, shardID string) (*Manifest, error) {
 	if !validName(shardID) {
@@ -332,6 +337,8 @@ func (n *Node) FetchManifest(ctx context.Context, addr, shardID string) (*Manife
 	switch fr.typ {
 	case msgNotFound:
 		return nil, ErrNoManifest
+	case msgInProgress:
+		return nil, ErrInProgress
 	case msgManifest:
 	default:
 		return nil, fmt.Errorf("%w: answer of type %d to a manifest request", errProtocol, fr.typ)
@@ -357,13 +364,18 @@ type serverConn struct {
 	peer string
 	wmu  sync.Mutex // one frame (and its piece bytes) at a time
 	mu   sync.Mutex
-	have []int // pending have notifications
+	have []haveNote // pending have notifications
 	wake chan struct{}
 }
 
-func (sc *serverConn) notify(i int) {
+type haveNote struct {
+	piece int
+	hash  []byte
+}
+
+func (sc *serverConn) notify(i int, hash []byte) {
 	sc.mu.Lock()
-	sc.have = append(sc.have, i)
+	sc.have = append(sc.have, haveNote{i, hash})
 	sc.mu.Unlock()
 	select {
 	case sc.wake <- struct{}{}:
@@ -382,9 +394,9 @@ func (sc *serverConn) sendHaves(done <-chan struct{}) {
 		pending := sc.have
 		sc.have = nil
 		sc.mu.Unlock()
-		for _, i := range pending {
+		for _, h := range pending {
 			sc.wmu.Lock()
-			err := writeFrame(sc.c, msgHave, u32(i))
+			err := writeFrame(sc.c, msgHave, append(u32(h.piece), h.hash...))
 			sc.wmu.Unlock()
 			if err != nil {
 				sc.c.Close()

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 )
@@ -92,4 +93,79 @@ func TestOriginMovesLittle(t *testing.T) {
 			t.Fatalf("adding a 9th node moved %.3f of shards, want about %.3f", frac, want)
 		}
 	})
+}
+
+func TestAssignOriginsIsBalancedAndAgreed(t *testing.T) {
+	nodes := []string{"h0", "h1", "h2", "h3", "h4", "h5", "h6", "h7"}
+	var shards []ShardSize
+	for f := range 4 {
+		for i := range 8 {
+			shards = append(shards, ShardSize{fmt.Sprintf("rev/file-%d#%d", f, i), 32})
+		}
+	}
+	a := AssignOrigins(shards, nodes)
+	load := map[string]int{}
+	for _, s := range shards {
+		load[a[s.ID]]++
+	}
+	for _, n := range nodes {
+		if load[n] != 4 {
+			t.Fatalf("%s is origin of %d shards, want 4 (%v)", n, load[n], load)
+		}
+	}
+	// Unequal shards (files with a short tail) balance by bytes: no node
+	// more than one shard above the fair share.
+	uneven := []ShardSize{{"r/a#0", 32}, {"r/a#1", 8}, {"r/b#0", 32}, {"r/b#1", 8}}
+	bytes := map[string]int64{}
+	for id, n := range AssignOrigins(uneven, nodes[:3]) {
+		for _, s := range uneven {
+			if s.ID == id {
+				bytes[n] += s.Size
+			}
+		}
+	}
+	for n, b := range bytes {
+		if b > 80/3+32 {
+			t.Fatalf("%s reads %d of 80 bytes (%v)", n, b, bytes)
+		}
+	}
+	// Another node, with the members listed in another order, agrees.
+	shuffled := slices.Clone(nodes)
+	slices.Reverse(shuffled)
+	if b := AssignOrigins(shards, append(shuffled, "h3")); !maps.Equal(a, b) {
+		t.Fatal("assignment depends on member order")
+	}
+	// A node leaving moves its own shards and few others.
+	c := AssignOrigins(shards, nodes[1:])
+	moved := 0
+	for _, s := range shards {
+		id := s.ID
+		if a[id] != "h0" && c[id] != a[id] {
+			moved++
+		}
+		if c[id] == "h0" {
+			t.Fatal("departed node still an origin")
+		}
+	}
+	if moved > len(shards)/4 {
+		t.Fatalf("%d shards not owned by the departed node moved", moved)
+	}
+}
+
+func TestOriginRank(t *testing.T) {
+	nodes := []string{"a", "b", "c", "d"}
+	plain := Origin("s", nodes)
+	for _, assigned := range append(slices.Clone(nodes), "gone") {
+		rank := OriginRank("s", assigned, nodes)
+		if len(rank) != len(nodes) {
+			t.Fatalf("rank %v", rank)
+		}
+		want := plain
+		if slices.Contains(nodes, assigned) {
+			want = append([]string{assigned}, slices.DeleteFunc(slices.Clone(plain), func(n string) bool { return n == assigned })...)
+		}
+		if !slices.Equal(rank, want) {
+			t.Fatalf("assigned %s: rank %v, want %v", assigned, rank, want)
+		}
+	}
 }

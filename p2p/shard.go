@@ -1,8 +1,10 @@
 package p2p
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -17,19 +19,26 @@ import (
 // Shard is a shard opened on a node: its file, which pieces are verified,
 // and the downloaders subscribed to it. Verified pieces are served to peers
 // until Close.
+//
+// A shard may be open before its manifest is complete (OpenPartial): its
+// origin learns each piece hash as it reads the piece from S3, and peers
+// learn it with the piece's have notice, so pieces flow to the fleet while
+// the origin is still reading the rest. Every piece is still verified
+// against its hash before it counts as present.
 type Shard struct {
-	n     *Node
-	m     *Manifest
-	id    [32]byte
-	hexID string
-	path  string
-	comp  Completion
+	n    *Node
+	m    *Manifest // Hashes filled in under mu as they become known
+	skel [32]byte  // the manifest's SkeletonID: what peers subscribe to
+	key  string    // completion key
+	path string
+	comp Completion
 
 	fileMu sync.RWMutex // readers: uploads and writes; writer: Close
 	file   *os.File
 	ino    uint64 // fileIdentity, kept in completion records
 
 	mu       sync.Mutex
+	known    Bitfield // piece hash known (a superset of have)
 	have     Bitfield // verified: served and counted as present
 	durable  Bitfield // verified and fdatasynced, as stored in comp
 	subs     map[*serverConn]struct{}
@@ -46,6 +55,28 @@ func (n *Node) Open(ctx context.Context, m *Manifest, path string, comp Completi
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
+	known := NewBitfield(m.NumPieces())
+	for i := range m.NumPieces() {
+		known.Set(i)
+	}
+	return n.open(m.clone(), known, path, comp)
+}
+
+// OpenPartial registers a shard whose piece hashes are not known yet (m's
+// Hashes are ignored): the ones a previous run stored with its completion
+// are restored, the others are learned from the origin (Fetch with an
+// Origin computes them from what it reads) or from peers that hold the
+// piece. The manifest is complete once the shard is.
+func (n *Node) OpenPartial(ctx context.Context, m *Manifest, path string, comp Completion) (*Shard, error) {
+	skel := m.clone()
+	skel.Hashes = make([]byte, skel.NumPieces()*skel.Algo.Size())
+	if err := skel.Validate(); err != nil {
+		return nil, err
+	}
+	return n.open(skel, NewBitfield(skel.NumPieces()), path, comp)
+}
+
+func (n *Node) open(m *Manifest, known Bitfield, path string, comp Completion) (*Shard, error) {
 	if comp == nil {
 		return nil, errors.New("p2p: open: nil completion store")
 	}
@@ -53,25 +84,25 @@ func (n *Node) Open(ctx context.Context, m *Manifest, path string, comp Completi
 	if err != nil {
 		return nil, err
 	}
-	id := m.rawID()
-	s := &Shard{n: n, m: m, id: id, hexID: m.ID(), path: path, comp: comp, file: f, ino: ino,
-		have: NewBitfield(m.NumPieces()), subs: map[*serverConn]struct{}{}, fullCh: make(chan struct{})}
-	stored, err := comp.Load(s.hexID)
+	skel := m.SkeletonID()
+	s := &Shard{n: n, m: m, skel: skel, key: hex.EncodeToString(skel[:]), path: path, comp: comp, file: f, ino: ino,
+		known: known, have: NewBitfield(m.NumPieces()), subs: map[*serverConn]struct{}{}, fullCh: make(chan struct{})}
+	stored, err := comp.Load(s.key)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("p2p: open %s: %w", m.ShardID, err)
 	}
 	if stored != nil {
-		bf, recIno, err := parseCompletion(stored, m.NumPieces())
+		rec, err := parseCompletion(stored, m)
 		switch {
 		case err != nil:
 			n.log.Warn("p2p: ignoring corrupt completion record", "shard", m.ShardID, "err", err)
-		case fresh || recIno != ino:
+		case fresh || rec.ino != ino:
 			// The file was recreated or cut short since the record was
 			// written: its bytes are not the ones that were verified.
 			n.log.Warn("p2p: file changed since completion was recorded, starting over", "shard", m.ShardID, "path", path)
 		default:
-			s.have = bf
+			s.restore(rec)
 		}
 	}
 	s.durable = s.have.Clone()
@@ -80,12 +111,33 @@ func (n *Node) Open(ctx context.Context, m *Manifest, path string, comp Completi
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if _, dup := n.shards[id]; dup {
+	if _, dup := n.shards[m.ShardID]; dup {
 		f.Close()
-		return nil, fmt.Errorf("p2p: shard %s (%s) already open", m.ShardID, shortID(id))
+		return nil, fmt.Errorf("p2p: shard %s already open", m.ShardID)
 	}
-	n.shards[id] = s
+	n.shards[m.ShardID] = s
 	return s, nil
+}
+
+// restore adopts the verified pieces of a completion record: a piece
+// counts only if its stored hash agrees with what the shard knows.
+func (s *Shard) restore(rec completion) {
+	size := s.m.Algo.Size()
+	for i := range s.m.NumPieces() {
+		if !rec.have.Has(i) {
+			continue
+		}
+		h := rec.hashes[i*size : (i+1)*size]
+		if s.known.Has(i) {
+			if !bytes.Equal(h, s.m.PieceHash(i)) {
+				continue
+			}
+		} else {
+			copy(s.m.Hashes[i*size:], h)
+			s.known.Set(i)
+		}
+		s.have.Set(i)
+	}
 }
 
 // openShardFile opens (creating) the file and makes it exactly FileSize
@@ -139,26 +191,78 @@ func fileIdentity(f *os.File, st os.FileInfo) uint64 {
 	return id
 }
 
-// A completion record is a magic, the file's inode and the bitfield.
-var completionMagic = []byte("WFC1")
+// A completion record is a magic, the file's identity, the bitfield of
+// durable pieces and the hash of every piece (zero where unknown), so a
+// shard opened before its manifest was complete resumes too.
+var completionMagic = []byte("WFC2")
 
-func completionRecord(ino uint64, bf Bitfield) []byte {
+type completion struct {
+	ino    uint64
+	have   Bitfield
+	hashes []byte
+}
+
+func completionRecord(ino uint64, bf Bitfield, hashes []byte) []byte {
 	b := append([]byte{}, completionMagic...)
 	b = binary.BigEndian.AppendUint64(b, ino)
-	return append(b, bf.b...)
+	b = append(b, bf.b...)
+	return append(b, hashes...)
 }
 
-func parseCompletion(b []byte, n int) (Bitfield, uint64, error) {
-	if len(b) < len(completionMagic)+8 || string(b[:len(completionMagic)]) != string(completionMagic) {
-		return Bitfield{}, 0, errors.New("p2p: not a completion record")
+func parseCompletion(b []byte, m *Manifest) (completion, error) {
+	np := m.NumPieces()
+	head := len(completionMagic) + 8
+	bfLen := (np + 7) / 8
+	if len(b) != head+bfLen+np*m.Algo.Size() || string(b[:len(completionMagic)]) != string(completionMagic) {
+		return completion{}, errors.New("p2p: not a completion record for this shard")
 	}
-	ino := binary.BigEndian.Uint64(b[len(completionMagic):])
-	bf, err := ParseBitfield(b[len(completionMagic)+8:], n)
-	return bf, ino, err
+	bf, err := ParseBitfield(b[head:head+bfLen], np)
+	if err != nil {
+		return completion{}, err
+	}
+	return completion{ino: binary.BigEndian.Uint64(b[len(completionMagic):]), have: bf, hashes: b[head+bfLen:]}, nil
 }
 
-// Manifest returns the shard's manifest.
-func (s *Shard) Manifest() *Manifest { return s.m }
+// Manifest returns the shard's manifest: a copy, complete once the shard
+// is (before that, unknown piece hashes are zero).
+func (s *Shard) Manifest() *Manifest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m.clone()
+}
+
+// ShardID returns the shard's fleet-wide name.
+func (s *Shard) ShardID() string { return s.m.ShardID }
+
+// pieceHash returns the hash of piece i, or nil while it is unknown.
+func (s *Shard) pieceHash(i int) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.known.Has(i) {
+		return nil
+	}
+	return s.m.PieceHash(i)
+}
+
+// learn records the hash of piece i as told by a peer or computed from
+// the origin's bytes. A different hash for a piece whose hash is known is an
+// error: one of the two sources is lying or broken.
+func (s *Shard) learn(i int, h []byte) error {
+	if len(h) != s.m.Algo.Size() {
+		return fmt.Errorf("%w: hash of %d bytes", errProtocol, len(h))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.known.Has(i) {
+		if !bytes.Equal(h, s.m.PieceHash(i)) {
+			return fmt.Errorf("%w: conflicting hash for piece %d", errProtocol, i)
+		}
+		return nil
+	}
+	copy(s.m.Hashes[i*len(h):], h)
+	s.known.Set(i)
+	return nil
+}
 
 // Path returns the file holding the shard.
 func (s *Shard) Path() string { return s.path }
@@ -184,8 +288,8 @@ func (s *Shard) Complete() bool {
 // stored so a later Open resumes.
 func (s *Shard) Close() error {
 	s.n.mu.Lock()
-	if s.n.shards[s.id] == s {
-		delete(s.n.shards, s.id)
+	if s.n.shards[s.m.ShardID] == s {
+		delete(s.n.shards, s.m.ShardID)
 	}
 	s.n.mu.Unlock()
 	s.mu.Lock()
@@ -212,10 +316,18 @@ func (s *Shard) subscribe(sc *serverConn) bool {
 	if s.closed {
 		return false
 	}
-	// The bitfield goes out under the lock so no have is sent before it or lost.
+	// The bitfield goes out under the lock so no have is sent before it or
+	// lost. The hash of every piece held follows it, for a downloader whose
+	// manifest is still partial.
+	payload := s.have.Bytes()
+	for i := range s.m.NumPieces() {
+		if s.have.Has(i) {
+			payload = append(payload, s.m.PieceHash(i)...)
+		}
+	}
 	sc.wmu.Lock()
 	_ = sc.c.SetWriteDeadline(s.n.cfg.Now().Add(s.n.cfg.DialTimeout))
-	err := writeFrame(sc.c, msgBitfield, s.have.Bytes())
+	err := writeFrame(sc.c, msgBitfield, payload)
 	_ = sc.c.SetWriteDeadline(time.Time{})
 	sc.wmu.Unlock()
 	if err != nil {
@@ -286,7 +398,7 @@ func (s *Shard) Recheck(ctx context.Context) (found int, err error) {
 		if err != nil {
 			return found, fmt.Errorf("p2p: recheck %s: %w", s.path, err)
 		}
-		if string(h.Sum(nil)) == string(s.m.PieceHash(i)) {
+		if want := s.pieceHash(i); want != nil && bytes.Equal(h.Sum(nil), want) {
 			s.markVerified(i)
 			found++
 		}
@@ -303,8 +415,9 @@ func (s *Shard) markVerified(i int) {
 	}
 	s.have.Set(i)
 	full := s.have.Full()
+	h := bytes.Clone(s.m.PieceHash(i))
 	for sc := range s.subs {
-		sc.notify(i)
+		sc.notify(i, h)
 	}
 	s.mu.Unlock()
 	s.n.c.verified.Add(1)
@@ -319,6 +432,7 @@ func (s *Shard) markVerified(i int) {
 func (s *Shard) Sync() error {
 	s.mu.Lock()
 	snap := s.have.Clone()
+	hashes := bytes.Clone(s.m.Hashes)
 	same := string(snap.b) == string(s.durable.b)
 	s.mu.Unlock()
 	if same {
@@ -334,7 +448,7 @@ func (s *Shard) Sync() error {
 	if err != nil {
 		return fmt.Errorf("p2p: sync %s: %w", s.path, err)
 	}
-	if err := s.comp.Store(s.hexID, completionRecord(s.ino, snap)); err != nil {
+	if err := s.comp.Store(s.key, completionRecord(s.ino, snap, hashes)); err != nil {
 		return err
 	}
 	s.mu.Lock()

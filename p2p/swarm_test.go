@@ -248,7 +248,7 @@ func stallingPeer(t *testing.T, m *Manifest) (addr string, requests func() int) 
 				for i := range m.NumPieces() {
 					full.Set(i)
 				}
-				_ = writeFrame(c, msgBitfield, full.Bytes())
+				_ = writeFrame(c, msgBitfield, append(full.Bytes(), m.Hashes...))
 				fr, err := readFrame(br)
 				if err != nil {
 					return

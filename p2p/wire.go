@@ -16,21 +16,25 @@ import (
 // frame's payload is the piece index and byte count, and the raw bytes
 // follow outside the frame so the sender can sendfile them.
 const (
-	msgSubscribe   byte = 1 + iota // C->S manifest id [32]
-	msgBitfield                    // S->C bitfield of verified pieces
+	msgSubscribe   byte = 1 + iota // C->S skeleton id [32], shard id
+	msgBitfield                    // S->C bitfield of verified pieces, then their hashes in order
 	msgNotFound                    // S->C shard not open here
-	msgHave                        // S->C piece index u32
+	msgHave                        // S->C piece index u32, piece hash
 	msgRequest                     // C->S piece index u32
 	msgPiece                       // S->C piece index u32, length u32, then bytes
 	msgBusy                        // S->C piece index u32: no upload slot, ask later
 	msgGetManifest                 // C->S shard id (first frame instead of subscribe)
 	msgManifest                    // S->C encoded manifest
+	msgInProgress                  // S->C shard open but incomplete: pieces held u32
 )
 
 // maxManifestFrame bounds a manifest frame: every piece hash plus names.
 const maxManifestFrame = MaxPieces*64 + 4096
 
 const maxFramePayload = MaxPieces/8 + 64
+
+// maxBitfieldFrame bounds a bitfield frame: the bits and a hash per piece.
+const maxBitfieldFrame = MaxPieces/8 + MaxPieces*64
 
 var errProtocol = errors.New("p2p: protocol violation")
 

@@ -5,11 +5,13 @@ package netlabtest
 
 import (
 	"context"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,8 +49,28 @@ func New(tb testing.TB, opts netlab.Options) *netlab.Lab {
 		if err := lab.Close(); err != nil {
 			tb.Errorf("close lab: %v", err)
 		}
+		if tb.Failed() {
+			logTails(tb, opts.Dir, 80)
+		}
 	})
 	return lab
+}
+
+// logTails logs the last lines of every process log under dir, so a failed
+// multi-host test shows what its daemons said.
+func logTails(tb testing.TB, dir string, lines int) {
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || filepath.Ext(path) != ".log" {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		all := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		tb.Logf("==== %s (last %d of %d lines)\n%s", path, min(lines, len(all)), len(all), strings.Join(all[max(0, len(all)-lines):], "\n"))
+		return nil
+	})
 }
 
 // FaultFront is an netlab.Options.S3Front that puts testenv's FaultProxy in
