@@ -178,6 +178,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.fleet != nil {
 		fleetChanged = d.fleet.OnChange()
 	}
+	if err := d.reseed(ctx); err != nil {
+		d.log.Error("reopen cached shards for peers", "err", err)
+	}
 	for {
 		if err := d.reconcile(ctx); err != nil {
 			d.log.Error("reconcile", "err", err)

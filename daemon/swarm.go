@@ -16,6 +16,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/nvme"
@@ -30,10 +31,17 @@ const (
 	swarmShardSize  = 32 << 20
 	swarmPieceSize  = 4 << 20
 	manifestPoll    = 250 * time.Millisecond
+	probeAllEvery   = 8                // polls: every member is asked each 2 s, the origin each 250 ms
 	originFallback  = 2 * time.Minute  // no manifest from anyone this long: read S3 ourselves
 	peerOriginAfter = 15 * time.Second // a non-origin reads S3 only when no peer delivers for this long
 	originWatch     = time.Second      // how often a follower checks whether it became the origin
 	swarmFetchSlots = 8
+	// originReads is the S3 reads in flight per shard an origin builds.
+	// Few, so its pieces complete one after another and reach the fleet
+	// early (four at once took 5 s to land the first 4 MiB piece when eight
+	// origins shared a 200 Mbit S3 link); two keep a read queued behind the
+	// one streaming.
+	originReads = 2
 )
 
 // Swarm is what the daemon needs from the peer-to-peer engine (p2p.Node).
@@ -165,7 +173,7 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 func (f *fetch) fetchShard(ctx context.Context, revision string, obj s3origin.Object, fr fileRecord, path string, sr p2p.ShardRange) (*p2p.Shard, error) {
 	sw := f.d.swarm
 	spec := p2p.BuildSpec{ShardID: shardID(revision, fr.Path, sr.Index), Name: fr.Path, Path: path, FileSize: fr.Size,
-		Offset: sr.Offset, Length: sr.Length, PieceLength: swarmPieceSize, Completion: sw.completes,
+		Offset: sr.Offset, Length: sr.Length, PieceLength: swarmPieceSize, Completion: sw.completes, Concurrency: originReads,
 		Source: func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
 			return f.d.origin.OpenRange(ctx, obj, off, n)
 		},
@@ -182,6 +190,7 @@ func (f *fetch) fetchShard(ctx context.Context, revision string, obj s3origin.Ob
 	}
 	self := f.d.fleet.LocalName()
 	start := f.d.now()
+	polls := 0
 	for {
 		names, addrs := f.swarmPeers()
 		rank := f.originRank(spec.ShardID, names)
@@ -189,12 +198,27 @@ func (f *fetch) fetchShard(ctx context.Context, revision string, obj s3origin.Ob
 		// joining a warm fleet, or the next in rank after an origin died
 		// mid-way, then reads nothing from S3. Whoever is filling it hands
 		// over its pieces as they come.
+		// While the origin has not started, asking it alone is enough: the
+		// others open a shard only after its origin did. Everyone is asked
+		// now and then, for when the ranking moved (a member joined or the
+		// origin left).
+		probe := rank
+		if polls%probeAllEvery != 0 && len(rank) > 0 && rank[0] != self {
+			probe = rank[:1]
+		}
+		polls++
 		inProgress := false
-		for _, name := range rank {
+		for _, name := range probe {
 			if name == self {
 				continue
 			}
 			m, err := sw.p2p.FetchManifest(ctx, addrs[name], spec.ShardID)
+			if err == nil && m.SkeletonID() != spec.Skeleton().SkeletonID() {
+				// Cut otherwise (another version's piece length), or a
+				// member that lies: its sizes must not size our file.
+				f.log.Warn("peer's manifest does not describe our shard", "peer", name, "shard", spec.ShardID)
+				continue
+			}
 			switch {
 			case err == nil:
 				if err := f.d.state.putManifest(spec.ShardID, m); err != nil {
@@ -320,7 +344,7 @@ func (f *fetch) fillShard(ctx context.Context, spec p2p.BuildSpec, m *p2p.Manife
 				}
 			}()
 		}
-		_, err = s.Fetch(fctx, p2p.FetchOptions{Peers: spec.Peers, Origin: spec.Source, OriginAfter: originAfter})
+		_, err = s.Fetch(fctx, p2p.FetchOptions{Peers: spec.Peers, Origin: spec.Source, OriginAfter: originAfter, OriginConcurrency: spec.Concurrency})
 		became := errors.Is(context.Cause(fctx), errBecameOrigin)
 		cancel(nil)
 		if err == nil {
@@ -362,6 +386,64 @@ func (f *fetch) buildShard(ctx context.Context, spec p2p.BuildSpec) (*p2p.Shard,
 		return nil, err
 	}
 	return s, nil
+}
+
+// reseed opens the shards of every ready revision again after a restart,
+// so the node serves what it holds: the fleet's joiners and stragglers
+// count on it. Paths come from our own file records, never from a
+// manifest. A shard whose completion does not cover it (its file changed
+// on disk) stays closed; the revision itself is still verified and served
+// locally.
+func (d *Daemon) reseed(ctx context.Context) error {
+	if d.swarm == nil {
+		return nil
+	}
+	recs, err := d.state.records()
+	if err != nil {
+		return err
+	}
+	for name, rec := range recs {
+		if rec.State != api.StateReady || rec.Path == "" {
+			continue
+		}
+		ids, err := swarmShardIDs(rec.RevisionID, rec.Files)
+		if err != nil {
+			return err
+		}
+		paths := map[string]string{}
+		for _, fr := range rec.Files {
+			ranges, err := p2p.SplitFile(fr.Size, swarmShardSize, swarmPieceSize)
+			if err != nil {
+				return err
+			}
+			for _, sr := range ranges {
+				paths[shardID(rec.RevisionID, fr.Path, sr.Index)] = filepath.Join(rec.Path, filepath.FromSlash(fr.Path))
+			}
+		}
+		var shards []*p2p.Shard
+		for _, id := range ids {
+			m, err := d.state.manifest(id.ID)
+			if err != nil || m == nil {
+				continue // fetched from S3 directly, or never finished
+			}
+			s, err := d.swarm.p2p.Open(ctx, m, paths[id.ID], d.swarm.completes)
+			if err != nil {
+				d.log.Warn("cannot serve shard", "model", name, "shard", id.ID, "err", err)
+				continue
+			}
+			if !s.Complete() {
+				s.Close()
+				d.log.Warn("shard on disk no longer matches its record; not serving it", "model", name, "shard", id.ID)
+				continue
+			}
+			shards = append(shards, s)
+		}
+		d.swarm.keep(name, shards)
+		if len(shards) > 0 {
+			d.log.Info("serving cached shards to peers", "model", name, "shards", len(shards))
+		}
+	}
+	return nil
 }
 
 // keep holds a model's open shards so they are served to peers; they close

@@ -12,8 +12,8 @@ import (
 
 // TestSwarmPullsOnceFromS3 runs a cold fleet of three daemons with the
 // swarm on: together they read the model from S3 about once, every node
-// ends with a verified copy, and a node joining the warm fleet reads
-// nothing from S3.
+// ends with a verified copy, and after the three restart, a node joining the
+// warm fleet reads nothing from S3.
 func TestSwarmPullsOnceFromS3(t *testing.T) {
 	lab := netlabtest.New(t, netlab.Options{Hosts: 4, Link: 400 * netlab.Mbit, S3: true})
 	bin := warmfleetBin(t)
@@ -89,7 +89,17 @@ func TestSwarmPullsOnceFromS3(t *testing.T) {
 		t.Fatalf("cold fleet read %.2fx the model from S3, want about 1x", s3Total/size)
 	}
 
-	// A node joining the warm fleet fills from peers only.
+	// The warm nodes restart (an upgrade, a reboot): they serve what they
+	// hold again, so a node joining the fleet now still fills from peers
+	// only.
+	for _, d := range cold {
+		if err := d.Restart(ctx, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range cold {
+		ready(d)
+	}
 	late := start(hosts[3])
 	ready(late)
 	s3, _, err := late.Metric(ctx, "warmfleet_s3_bytes_total")
@@ -155,6 +165,7 @@ func TestSwarmSurvivesOriginDeath(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("killed %s mid-way", victim.Host().Name)
+	var s3Total float64
 	for _, d := range daemons {
 		if d == victim {
 			continue
@@ -169,5 +180,111 @@ func TestSwarmSurvivesOriginDeath(t *testing.T) {
 			}
 			return model.Verify(st.Path)
 		})
+		s3, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s3Total += s3
+	}
+	// One survivor takes over each of the victim's shards; the others keep
+	// following, so the survivors together still read the model about once.
+	if size := float64(model.Size()); s3Total > 1.1*size {
+		t.Fatalf("survivors read %.2fx the model from S3, want about 1x", s3Total/size)
+	}
+}
+
+// TestSwarmBansCorruptingPeer has a warm member serve corrupt bytes (a
+// proxy in front of its peer port flips bits past the handshake): a node
+// joining the fleet detects the bad pieces, bans that member, and fills
+// from the honest one, still without reading S3.
+func TestSwarmBansCorruptingPeer(t *testing.T) {
+	lab := netlabtest.New(t, netlab.Options{Hosts: 3, Link: 400 * netlab.Mbit, S3: true})
+	bin := warmfleetBin(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	model, err := lab.S3().SeedModel(ctx, "models", "corrupt/", 2, 64<<20, 13)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := writeKey(t, "cluster.key")
+	hosts := lab.Hosts()
+	bad := hosts[0]
+	// The bad member's daemon listens on 7948; members reach it through the
+	// proxy on 7947, the address it advertises.
+	proxy, err := bad.Proxy(bad.IP.String()+":7947", bad.IP.String()+":7948")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(h *netlab.Host, p2p ...string) *netlab.Daemon {
+		if len(p2p) == 0 {
+			p2p = []string{"--p2p", h.IP.String() + ":7947"}
+		}
+		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: bin, Env: lab.S3().Env(), Args: append([]string{
+			"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
+			"--gossip", h.IP.String() + ":7946", "--join", hosts[0].IP.String() + ":7946", "--cluster-key-file", key,
+		}, p2p...)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	warm := []*netlab.Daemon{
+		start(bad, "--p2p", bad.IP.String()+":7948", "--p2p-advertise", bad.IP.String()+":7947"),
+		start(hosts[1]),
+	}
+	eventually(t, ctx, "two members", func() error {
+		f, err := fleetView(ctx, warm[1])
+		if err != nil {
+			return err
+		}
+		if len(f.Members) != 2 {
+			return fmt.Errorf("%d members", len(f.Members))
+		}
+		return nil
+	})
+	if _, err := warm[1].CLI(ctx, "cache", "add", "corrupt", "--source", model.Source()); err != nil {
+		t.Fatal(err)
+	}
+	ready := func(d *netlab.Daemon) {
+		eventually(t, ctx, d.Host().Name+" ready", func() error {
+			st, err := d.CacheStatus(ctx, "corrupt")
+			if err != nil {
+				return err
+			}
+			if !st.Ready {
+				return fmt.Errorf("state %s %s", st.State, st.Error)
+			}
+			return model.Verify(st.Path)
+		})
+	}
+	for _, d := range warm {
+		ready(d)
+	}
+	// From now on every 256 KiB-th byte the bad member sends past its
+	// first 64 KiB is flipped: handshakes and bitfields pass, piece bytes do
+	// not.
+	proxy.SetMangle(func(off int64, p []byte) {
+		for i := range p {
+			if o := off + int64(i); o >= 64<<10 && o%(256<<10) == 0 {
+				p[i] ^= 0x01
+			}
+		}
+	})
+	joiner := start(hosts[2])
+	ready(joiner)
+	metric := func(name string) float64 {
+		v, _, err := joiner.Metric(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	banned, failed, s3 := metric("warmfleet_peers_banned_total"), metric(`warmfleet_pieces_total{result="failed"}`), metric("warmfleet_s3_bytes_total")
+	t.Logf("joiner: %v peers banned, %v pieces failed, %v bytes from S3", banned, failed, s3)
+	if failed < 1 || banned < 1 {
+		t.Fatalf("corrupt pieces went unnoticed: %v failed, %v bans", failed, banned)
+	}
+	if s3 != 0 {
+		t.Fatalf("joiner read %v bytes from S3; the honest member holds everything", s3)
 	}
 }

@@ -46,6 +46,9 @@ type daemonFlags struct {
 	zone            string
 	p2pAddr         string
 	p2pAdvertise    string
+	p2pUpload       byteSize
+	p2pDownload     byteSize
+	p2pMaxUploads   int
 	containerd      string
 	containerdNS    string
 	registryHosts   string
@@ -75,6 +78,9 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.zone, "zone", "", "this node's zone, shown to the fleet")
 	fs.StringVar(&f.p2pAddr, "p2p", "", "peer-to-peer listener ip:port: model files swarm between fleet members (needs --gossip and --cluster-key-file)")
 	fs.StringVar(&f.p2pAdvertise, "p2p-advertise", "", "peer address other members should use, if not --p2p")
+	fs.Var(&f.p2pUpload, "p2p-upload-limit", "bytes per second served to peers, e.g. 500MiB (0 = unlimited)")
+	fs.Var(&f.p2pDownload, "p2p-download-limit", "bytes per second taken from peers, e.g. 1GiB (0 = unlimited; S3 reads are not counted)")
+	fs.IntVar(&f.p2pMaxUploads, "p2p-max-uploads", 4, "pieces served to peers at once; more requests are told to ask elsewhere, so local readers keep their share")
 	fs.StringVar(&f.containerd, "containerd", "", "containerd socket for image pre-pulls: unix:///run/containerd/containerd.sock, or off (default: that socket if it exists)")
 	fs.StringVar(&f.containerdNS, "containerd-namespace", "k8s.io", "containerd namespace images are pulled into (kubelet's)")
 	fs.StringVar(&f.registryHosts, "registry-hosts-dir", "", "hosts.toml directory for registry mirrors and plain HTTP, e.g. /etc/containerd/certs.d")
@@ -282,7 +288,11 @@ func startSwarm(ctx context.Context, log *slog.Logger, f *daemonFlags) (net.List
 	if err != nil {
 		return nil, nil, usageError("%v", err)
 	}
-	node, err := p2p.NewNode(p2p.Config{NodeID: f.nodeName, ClusterKey: keys[0], Logger: log.With("component", "p2p")})
+	if f.p2pMaxUploads < 1 {
+		return nil, nil, usageError("--p2p-max-uploads must be at least 1, got %d", f.p2pMaxUploads)
+	}
+	node, err := p2p.NewNode(p2p.Config{NodeID: f.nodeName, ClusterKey: keys[0], Logger: log.With("component", "p2p"),
+		MaxUploads: f.p2pMaxUploads, UploadLimit: float64(f.p2pUpload), DownloadLimit: float64(f.p2pDownload)})
 	if err != nil {
 		return nil, nil, err
 	}
