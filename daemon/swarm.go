@@ -376,7 +376,12 @@ func (f *fetch) buildShard(ctx context.Context, spec p2p.BuildSpec) (*p2p.Shard,
 	case <-ctx.Done():
 		return nil, context.Cause(ctx)
 	}
-	defer func() { <-sw.build }()
+	// The next build may start once this one's last reads are under way:
+	// no gap in this origin's S3 reads, nor in the pieces its followers get.
+	var release sync.Once
+	done := func() { release.Do(func() { <-sw.build }) }
+	defer done()
+	spec.ReadsStarted = done
 	s, err := sw.p2p.Build(ctx, spec)
 	if err != nil {
 		return nil, err

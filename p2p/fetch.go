@@ -51,6 +51,10 @@ type FetchOptions struct {
 	RequestDepth int
 	// SyncInterval is how often verified pieces are made durable (default 2s).
 	SyncInterval time.Duration
+	// ReadsStarted, if set, is called once every missing piece is being
+	// read or verified, so no further origin read will start: an origin can
+	// begin its next shard while this one's last reads stream in.
+	ReadsStarted func()
 }
 
 // FetchResult counts what one fetch moved.
@@ -92,6 +96,7 @@ type fetch struct {
 	changedCh    chan struct{}
 	rnd          *rand.Rand
 	originFails  int
+	readsStarted sync.Once
 }
 
 // Fetch fills the shard's missing pieces from peers and the origin, serving
@@ -243,7 +248,11 @@ func (f *fetch) originWorker(ctx context.Context) {
 				f.st.inflight[i] = true
 			}
 		}
+		started := f.o.ReadsStarted != nil && f.st.allStarted()
 		f.mu.Unlock()
+		if started {
+			f.readsStarted.Do(f.o.ReadsStarted)
+		}
 		if i < 0 {
 			if !waitChange(ctx, ch, wait) {
 				return

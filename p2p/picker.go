@@ -43,3 +43,13 @@ func pickForOrigin(st *pickState) int {
 	}
 	return -1
 }
+
+// allStarted reports whether every piece is verified or being fetched.
+func (st *pickState) allStarted() bool {
+	for i := range st.inflight {
+		if !st.inflight[i] && !st.have.Has(i) {
+			return false
+		}
+	}
+	return true
+}

@@ -241,3 +241,41 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// ReadsStarted fires once, while the last reads are still streaming: the
+// daemon starts its next build then.
+func TestBuildReportsReadsStarted(t *testing.T) {
+	data := randomData(t, 8*testPiece)
+	open := make(chan struct{})
+	src, _ := gatedSource(data, int64(7*testPiece), open) // the last piece is held
+	n := startNode(t, "origin", nil)
+	spec := buildSpec(data, filepath.Join(n.dir, "f"), n.comp, src)
+	var calls atomic.Int32
+	started := make(chan struct{})
+	spec.ReadsStarted = func() {
+		if calls.Add(1) == 1 {
+			close(started)
+		}
+	}
+	built := make(chan error, 1)
+	go func() {
+		s, err := n.Build(context.Background(), spec)
+		if err == nil {
+			s.Close()
+		}
+		built <- err
+	}()
+	<-started // must come although the last piece is still being read
+	select {
+	case err := <-built:
+		t.Fatalf("build ended (%v) with its last read held", err)
+	default:
+	}
+	close(open)
+	if err := <-built; err != nil {
+		t.Fatal(err)
+	}
+	if c := calls.Load(); c != 1 {
+		t.Fatalf("ReadsStarted called %d times", c)
+	}
+}

@@ -80,7 +80,7 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.p2pAdvertise, "p2p-advertise", "", "peer address other members should use, if not --p2p")
 	fs.Var(&f.p2pUpload, "p2p-upload-limit", "bytes per second served to peers, e.g. 500MiB (0 = unlimited)")
 	fs.Var(&f.p2pDownload, "p2p-download-limit", "bytes per second taken from peers, e.g. 1GiB (0 = unlimited; S3 reads are not counted)")
-	fs.IntVar(&f.p2pMaxUploads, "p2p-max-uploads", 4, "pieces served to peers at once; more requests are told to ask elsewhere, so local readers keep their share")
+	fs.IntVar(&f.p2pMaxUploads, "p2p-max-uploads", 8, "pieces served to peers at once; more requests are told to ask elsewhere, so local readers keep their share")
 	fs.StringVar(&f.containerd, "containerd", "", "containerd socket for image pre-pulls: unix:///run/containerd/containerd.sock, or off (default: that socket if it exists)")
 	fs.StringVar(&f.containerdNS, "containerd-namespace", "k8s.io", "containerd namespace images are pulled into (kubelet's)")
 	fs.StringVar(&f.registryHosts, "registry-hosts-dir", "", "hosts.toml directory for registry mirrors and plain HTTP, e.g. /etc/containerd/certs.d")
