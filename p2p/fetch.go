@@ -380,8 +380,7 @@ type peerConn struct {
 	has     Bitfield // under f.mu
 	pending []int    // requested pieces in answer order, under f.mu
 	busy    time.Time
-	free    chan []byte
-	nbufs   int
+	held    chan struct{} // receive buffers this connection holds
 	hashCh  chan pieceJob
 	writeCh chan pieceJob
 	sums    chan bool   // hasher -> writer: did piece match, in piece order
@@ -447,7 +446,7 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 		return
 	}
 	pc := &peerConn{f: f, addr: addr, id: id, c: c, br: br, has: has,
-		free:    make(chan []byte, buffersPerPeerConn),
+		held:    make(chan struct{}, buffersPerPeerConn),
 		hashCh:  make(chan pieceJob, buffersPerPeerConn),
 		writeCh: make(chan pieceJob, buffersPerPeerConn),
 		sums:    make(chan bool, buffersPerPeerConn)}
@@ -668,20 +667,17 @@ func (pc *peerConn) readPiece(ctx context.Context, fr frame, np int) error {
 		return fmt.Errorf("%w: piece %d not asked for next", errProtocol, i)
 	}
 	for done := int64(0); done < size; {
-		var buf []byte
+		// A connection holds at most buffersPerPeerConn buffers, so one
+		// slow writer cannot take the whole pool.
 		select {
-		case buf = <-pc.free:
-		default:
-			if pc.nbufs < buffersPerPeerConn {
-				pc.nbufs++
-				buf = make([]byte, chunkSize)
-			} else {
-				select {
-				case buf = <-pc.free:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
+		case pc.held <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		buf, err := f.n.recv.get(ctx)
+		if err != nil {
+			<-pc.held
+			return err
 		}
 		k := min(int64(len(buf)), size-done)
 		if err := f.n.downLim.WaitN(ctx, int(k)); err != nil {
@@ -707,7 +703,8 @@ func (pc *peerConn) readPiece(ctx context.Context, fr frame, np int) error {
 
 func (pc *peerConn) done(j pieceJob) {
 	if j.refs.Add(-1) == 0 {
-		pc.free <- j.buf[:cap(j.buf)]
+		pc.f.n.recv.put(j.buf)
+		<-pc.held
 	}
 }
 

@@ -35,6 +35,10 @@ type Config struct {
 	UploadLimit, DownloadLimit float64
 	// MaxConns caps accepted connections (default 256).
 	MaxConns int
+	// ReceiveBuffers bounds the 256 KiB buffers holding piece bytes between
+	// the socket, the hasher and the disk, over all connections (default
+	// 64, 16 MiB).
+	ReceiveBuffers int
 	// DialTimeout bounds dial plus handshake (default 3s).
 	DialTimeout time.Duration
 	// StallTimeout abandons a peer that sends nothing for this long while we
@@ -74,6 +78,7 @@ type Node struct {
 	upLim   *rate.Limiter
 	downLim *rate.Limiter
 	conns   chan struct{}
+	recv    *bufPool
 	c       counters
 	mu      sync.Mutex
 	shards  map[string]*Shard    // by ShardID
@@ -107,6 +112,9 @@ func NewNode(cfg Config) (*Node, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = 256
 	}
+	if cfg.ReceiveBuffers <= 0 {
+		cfg.ReceiveBuffers = 64
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -121,6 +129,7 @@ func NewNode(cfg Config) (*Node, error) {
 		upLim:   limiter(cfg.UploadLimit),
 		downLim: limiter(cfg.DownloadLimit),
 		conns:   make(chan struct{}, cfg.MaxConns),
+		recv:    newBufPool(cfg.ReceiveBuffers),
 		shards:  map[string]*Shard{},
 		bans:    map[string]time.Time{},
 	}, nil

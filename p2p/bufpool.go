@@ -1,0 +1,38 @@
+package p2p
+
+import "context"
+
+// bufPool bounds and recycles the node's receive buffers. Peer connections
+// come and go with every shard, and per-connection buffers left each one's
+// worth of garbage behind, which the Go heap kept as RSS; one pool shared by
+// all connections bounds what receiving can hold however many peers and
+// shards are open, and reuses it.
+type bufPool struct {
+	slots chan struct{} // one per buffer that may exist
+	free  chan []byte
+}
+
+func newBufPool(n int) *bufPool {
+	return &bufPool{slots: make(chan struct{}, n), free: make(chan []byte, n)}
+}
+
+// get returns a free buffer, allocating one while under the bound, or
+// waits for one to be put back.
+func (p *bufPool) get(ctx context.Context) ([]byte, error) {
+	select {
+	case b := <-p.free:
+		return b, nil
+	default:
+	}
+	select {
+	case b := <-p.free:
+		return b, nil
+	case p.slots <- struct{}{}:
+		return make([]byte, chunkSize), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// put returns a buffer from get; it never blocks.
+func (p *bufPool) put(b []byte) { p.free <- b[:cap(b)] }
