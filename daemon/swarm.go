@@ -30,8 +30,8 @@ import (
 const (
 	swarmShardSize  = 32 << 20
 	swarmPieceSize  = 4 << 20
-	manifestPoll    = 250 * time.Millisecond
-	probeAllEvery   = 8                // polls: every member is asked each 2 s, the origin each 250 ms
+	manifestPoll    = 500 * time.Millisecond
+	probeAllEvery   = 8                // polls: every member is asked each 4 s, the origin each 500 ms
 	originFallback  = 2 * time.Minute  // no manifest from anyone this long: read S3 ourselves
 	peerOriginAfter = 15 * time.Second // a non-origin reads S3 only when no peer delivers for this long
 	originWatch     = time.Second      // how often a follower checks whether it became the origin

@@ -27,6 +27,7 @@ type Options struct {
 	Hosts     int
 	Link      netlab.Rate // every host's link, both directions
 	S3Link    netlab.Rate // the S3 host's link; zero means Link
+	MTU       int         // every link's MTU; zero keeps 1500
 	ModelSize int64
 	Files     int
 	// Runs per mode; the figures are medians. Default 1.
@@ -111,6 +112,7 @@ type ModeResult struct {
 type Result struct {
 	Hosts      int    `json:"hosts"`
 	Link       string `json:"link"`
+	MTU        int    `json:"mtu,omitempty"`
 	S3Link     string `json:"s3_link"`
 	ModelBytes int64  `json:"model_bytes"`
 	Files      int    `json:"files"`
@@ -159,7 +161,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		dir = d
 	}
 	lab, err := netlab.New(ctx, netlab.Options{
-		Hosts: opts.Hosts, Link: opts.Link, S3: true, S3Link: opts.S3Link,
+		Hosts: opts.Hosts, Link: opts.Link, S3: true, S3Link: opts.S3Link, MTU: opts.MTU,
 		Versitygw: opts.Versitygw, Dir: dir, Logger: log,
 	})
 	if err != nil {
@@ -175,7 +177,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 
 	swarmLB, naiveLB := LowerBounds(opts.Hosts, opts.ModelSize, opts.Link, opts.S3Link)
 	res := Result{
-		Hosts: opts.Hosts, Link: opts.Link.String(), S3Link: opts.S3Link.String(),
+		Hosts: opts.Hosts, Link: opts.Link.String(), S3Link: opts.S3Link.String(), MTU: opts.MTU,
 		ModelBytes: opts.ModelSize, Files: opts.Files, Runs: opts.Runs,
 		LowerBoundSeconds: swarmLB.Seconds(), NaiveLowerBoundSeconds: naiveLB.Seconds(),
 	}

@@ -23,6 +23,7 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	fs.Var(&link, "link", "every host's link rate, both directions (200mbit, 1gbit, ...)")
 	var s3Link netlab.Rate
 	fs.Var(&s3Link, "s3-link", "the S3 host's link rate (default: --link)")
+	mtu := fs.Int("mtu", 0, "every link's MTU, e.g. 9000 for jumbo frames as in most GPU clusters (default: 1500)")
 	modelSize := byteSize(1 << 30)
 	fs.Var(&modelSize, "model-size", "model size, split evenly over --files")
 	files := fs.Int("files", 4, "files in the model")
@@ -42,6 +43,9 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return usageError("unexpected arguments %q", fs.Args())
+	}
+	if *mtu != 0 && (*mtu < 576 || *mtu > 65535) {
+		return usageError("--mtu %d: want 576..65535", *mtu)
 	}
 	if *output != "table" && *output != "json" {
 		return usageError("-o %q: want table or json", *output)
@@ -65,7 +69,7 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 		sampleEvery = 500 * time.Millisecond
 	}
 	opts := fleetbench.Options{
-		Hosts: *hosts, Link: link, S3Link: s3Link, ModelSize: int64(modelSize), Files: *files, Runs: *runs,
+		Hosts: *hosts, Link: link, S3Link: s3Link, MTU: *mtu, ModelSize: int64(modelSize), Files: *files, Runs: *runs,
 		Bin: bin, Versitygw: *versitygw, DaemonArgs: append([]string{"--containerd", "off"}, daemonArgs...), Dir: *dir,
 		SampleEvery: sampleEvery, PeerBytesMetric: `warmfleet_peer_bytes_total{direction="in"}`,
 		Logger: slog.New(slog.NewTextHandler(e.Stderr, &slog.HandlerOptions{Level: level})),
