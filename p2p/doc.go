@@ -1,7 +1,10 @@
 // Package p2p moves model shards between warmfleet nodes.
 //
 // A shard is a byte range of one file, described by a Manifest that lists a
-// hash per piece. A Node listens for fleet members (authenticated with the
+// hash per piece. A shard may be open before its manifest is complete: its
+// origin (Build) learns each hash as it reads the piece from S3, and every
+// piece travels with its hash, so the fleet receives pieces while the origin
+// is still reading. A Node listens for fleet members (authenticated with the
 // shared cluster key), serves the verified pieces of every shard it has
 // opened, and fills shards from peers and, when allowed, from an origin byte
 // source such as S3. Pieces are streamed straight to their offset in the
