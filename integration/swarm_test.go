@@ -26,46 +26,16 @@ func TestSwarmPullsOnceFromS3(t *testing.T) {
 	key := writeKey(t, "cluster.key")
 	hosts := lab.Hosts()
 	seed := hosts[0].IP.String() + ":7946"
-	start := func(h *netlab.Host) *netlab.Daemon {
-		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: bin, Env: lab.S3().Env(), Args: []string{
-			"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
-			"--gossip", h.IP.String() + ":7946", "--join", seed, "--cluster-key-file", key,
-			"--p2p", h.IP.String() + ":7947",
-		}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
+	start := func(h *netlab.Host) *netlab.Daemon { return startSwarmDaemon(t, ctx, lab, h, bin, key, seed) }
 	var cold []*netlab.Daemon
 	for _, h := range hosts[:3] {
 		cold = append(cold, start(h))
 	}
-	eventually(t, ctx, "three members", func() error {
-		f, err := fleetView(ctx, cold[0])
-		if err != nil {
-			return err
-		}
-		if len(f.Members) != 3 {
-			return fmt.Errorf("%d members", len(f.Members))
-		}
-		return nil
-	})
+	waitMembers(t, ctx, cold[0], 3)
 	if _, err := cold[0].CLI(ctx, "cache", "add", "swarm", "--source", model.Source()); err != nil {
 		t.Fatal(err)
 	}
-	ready := func(d *netlab.Daemon) {
-		eventually(t, ctx, d.Host().Name+" ready", func() error {
-			st, err := d.CacheStatus(ctx, "swarm")
-			if err != nil {
-				return err
-			}
-			if !st.Ready {
-				return fmt.Errorf("state %s %s", st.State, st.Error)
-			}
-			return model.Verify(st.Path)
-		})
-	}
+	ready := func(d *netlab.Daemon) { waitReady(t, ctx, d, "swarm", model) }
 	for _, d := range cold {
 		ready(d)
 	}
@@ -127,26 +97,9 @@ func TestSwarmSurvivesOriginDeath(t *testing.T) {
 	hosts := lab.Hosts()
 	var daemons []*netlab.Daemon
 	for _, h := range hosts {
-		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: bin, Env: lab.S3().Env(), Args: []string{
-			"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
-			"--gossip", h.IP.String() + ":7946", "--join", hosts[0].IP.String() + ":7946", "--cluster-key-file", key,
-			"--p2p", h.IP.String() + ":7947",
-		}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		daemons = append(daemons, d)
+		daemons = append(daemons, startSwarmDaemon(t, ctx, lab, h, bin, key, hosts[0].IP.String()+":7946"))
 	}
-	eventually(t, ctx, "three members", func() error {
-		f, err := fleetView(ctx, daemons[1])
-		if err != nil {
-			return err
-		}
-		if len(f.Members) != 3 {
-			return fmt.Errorf("%d members", len(f.Members))
-		}
-		return nil
-	})
+	waitMembers(t, ctx, daemons[1], 3)
 	if _, err := daemons[1].CLI(ctx, "cache", "add", "fault", "--source", model.Source()); err != nil {
 		t.Fatal(err)
 	}
@@ -170,16 +123,7 @@ func TestSwarmSurvivesOriginDeath(t *testing.T) {
 		if d == victim {
 			continue
 		}
-		eventually(t, ctx, d.Host().Name+" ready", func() error {
-			st, err := d.CacheStatus(ctx, "fault")
-			if err != nil {
-				return err
-			}
-			if !st.Ready {
-				return fmt.Errorf("state %s %s", st.State, st.Error)
-			}
-			return model.Verify(st.Path)
-		})
+		waitReady(t, ctx, d, "fault", model)
 		s3, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
 		if err != nil {
 			t.Fatal(err)
@@ -215,50 +159,17 @@ func TestSwarmBansCorruptingPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := func(h *netlab.Host, p2p ...string) *netlab.Daemon {
-		if len(p2p) == 0 {
-			p2p = []string{"--p2p", h.IP.String() + ":7947"}
-		}
-		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: bin, Env: lab.S3().Env(), Args: append([]string{
-			"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
-			"--gossip", h.IP.String() + ":7946", "--join", hosts[0].IP.String() + ":7946", "--cluster-key-file", key,
-		}, p2p...)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
+	seed := hosts[0].IP.String() + ":7946"
 	warm := []*netlab.Daemon{
-		start(bad, "--p2p", bad.IP.String()+":7948", "--p2p-advertise", bad.IP.String()+":7947"),
-		start(hosts[1]),
+		startSwarmDaemon(t, ctx, lab, bad, bin, key, seed, "--p2p", bad.IP.String()+":7948", "--p2p-advertise", bad.IP.String()+":7947"),
+		startSwarmDaemon(t, ctx, lab, hosts[1], bin, key, seed),
 	}
-	eventually(t, ctx, "two members", func() error {
-		f, err := fleetView(ctx, warm[1])
-		if err != nil {
-			return err
-		}
-		if len(f.Members) != 2 {
-			return fmt.Errorf("%d members", len(f.Members))
-		}
-		return nil
-	})
+	waitMembers(t, ctx, warm[1], 2)
 	if _, err := warm[1].CLI(ctx, "cache", "add", "corrupt", "--source", model.Source()); err != nil {
 		t.Fatal(err)
 	}
-	ready := func(d *netlab.Daemon) {
-		eventually(t, ctx, d.Host().Name+" ready", func() error {
-			st, err := d.CacheStatus(ctx, "corrupt")
-			if err != nil {
-				return err
-			}
-			if !st.Ready {
-				return fmt.Errorf("state %s %s", st.State, st.Error)
-			}
-			return model.Verify(st.Path)
-		})
-	}
 	for _, d := range warm {
-		ready(d)
+		waitReady(t, ctx, d, "corrupt", model)
 	}
 	// From now on every 256 KiB-th byte the bad member sends past its
 	// first 64 KiB is flipped: handshakes and bitfields pass, piece bytes do
@@ -270,8 +181,8 @@ func TestSwarmBansCorruptingPeer(t *testing.T) {
 			}
 		}
 	})
-	joiner := start(hosts[2])
-	ready(joiner)
+	joiner := startSwarmDaemon(t, ctx, lab, hosts[2], bin, key, seed)
+	waitReady(t, ctx, joiner, "corrupt", model)
 	metric := func(name string) float64 {
 		v, _, err := joiner.Metric(ctx, name)
 		if err != nil {
@@ -287,4 +198,51 @@ func TestSwarmBansCorruptingPeer(t *testing.T) {
 	if s3 != 0 {
 		t.Fatalf("joiner read %v bytes from S3; the honest member holds everything", s3)
 	}
+}
+
+// startSwarmDaemon runs a daemon on h that joins the fleet at seed with the
+// swarm on; p2p replaces the default --p2p h:7947 when given.
+func startSwarmDaemon(t *testing.T, ctx context.Context, lab *netlab.Lab, h *netlab.Host, bin, key, seed string, p2p ...string) *netlab.Daemon {
+	t.Helper()
+	if len(p2p) == 0 {
+		p2p = []string{"--p2p", h.IP.String() + ":7947"}
+	}
+	d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: bin, Env: lab.S3().Env(), Args: append([]string{
+		"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
+		"--gossip", h.IP.String() + ":7946", "--join", seed, "--cluster-key-file", key,
+	}, p2p...)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// waitMembers waits until d sees n members.
+func waitMembers(t *testing.T, ctx context.Context, d *netlab.Daemon, n int) {
+	t.Helper()
+	eventually(t, ctx, fmt.Sprintf("%d members", n), func() error {
+		f, err := fleetView(ctx, d)
+		if err != nil {
+			return err
+		}
+		if len(f.Members) != n {
+			return fmt.Errorf("%d members", len(f.Members))
+		}
+		return nil
+	})
+}
+
+// waitReady waits until d has cache name ready with model's exact bytes.
+func waitReady(t *testing.T, ctx context.Context, d *netlab.Daemon, name string, model netlab.Model) {
+	t.Helper()
+	eventually(t, ctx, d.Host().Name+" ready", func() error {
+		st, err := d.CacheStatus(ctx, name)
+		if err != nil {
+			return err
+		}
+		if !st.Ready {
+			return fmt.Errorf("state %s %s", st.State, st.Error)
+		}
+		return model.Verify(st.Path)
+	})
 }
