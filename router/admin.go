@@ -21,6 +21,9 @@ type BackendState struct {
 	HoldsWeights bool      `json:"holds_weights"`
 	Weight       float64   `json:"weight"`
 	Inflight     int       `json:"inflight"`
+	Prefilling   int       `json:"prefilling"`     // in flight, no first byte yet
+	PendingBlock int       `json:"pending_blocks"` // estimated prompt blocks queued for prefill
+	Recent       float64   `json:"recent_traffic"` // decayed request count (traffic-share bound)
 	Limit        int       `json:"limit"`
 	IndexBlocks  int       `json:"index_blocks"`
 	IndexCap     int       `json:"index_capacity"`
@@ -47,7 +50,8 @@ func (rt *Router) Snapshot() State {
 	}
 	for _, b := range rt.order {
 		st.Backends = append(st.Backends, BackendState{URL: b.url, Models: b.ep.Models, Node: b.ep.Node, Ready: b.ep.Ready,
-			HoldsWeights: b.ep.HoldsWeights, Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Inflight: b.inflight, Limit: b.limit,
+			HoldsWeights: b.ep.HoldsWeights, Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Inflight: b.inflight, Prefilling: b.prefilling,
+			PendingBlock: b.pending, Recent: b.recent, Limit: b.limit,
 			IndexBlocks: rt.index.Len(b.slot), IndexCap: b.kvSize, EjectedUntil: b.ejectedUntil, Failures: b.failures})
 	}
 	return st

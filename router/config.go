@@ -27,6 +27,10 @@ type Config struct {
 	MaxBlocks        int     `yaml:"max_blocks"`        // leading blocks hashed per request
 	RendezvousBlocks int     `yaml:"rendezvous_blocks"` // blocks past the common prefix in the cold key
 	Slack            float64 `yaml:"slack"`             // tolerated extra expected wait, as a fraction of the prompt, for affinity
+	DecodeWeight     float64 `yaml:"decode_weight"`     // a request past its first token in the load bound (1: plain in-flight)
+	ShareFactor      float64 `yaml:"share_factor"`      // recent traffic above this x fair share loses affinity
+	ShareHalfLife    int     `yaml:"share_half_life"`   // decisions over which recent traffic halves
+	BalanceSlack     float64 `yaml:"balance_slack"`     // cap on the extra expected wait a new group takes for balance (0: none)
 	CharsPerToken    float64 `yaml:"chars_per_token"`   // to size the index from KV cache tokens
 	KVCacheTokens    int     `yaml:"kv_cache_tokens"`   // default backend KV cache size
 	MaxInflight      int     `yaml:"max_inflight"`      // default backend concurrency limit (0: none)
@@ -43,7 +47,8 @@ type Config struct {
 	ProbeTimeout   time.Duration `yaml:"probe_timeout"`
 	EjectBase      time.Duration `yaml:"eject_base"` // first passive ejection; doubles per failure
 	EjectMax       time.Duration `yaml:"eject_max"`
-	RampUp         time.Duration `yaml:"ramp_up"` // a new endpoint reaches a full share after this
+	Eject5xx       int           `yaml:"eject_5xx"` // consecutive 5xx answers that eject a backend (0: never)
+	RampUp         time.Duration `yaml:"ramp_up"`   // a new endpoint reaches a full share after this
 
 	SessionHeader string `yaml:"session_header"` // request header whose value is mixed into the hash
 	DebugHeader   bool   `yaml:"debug_header"`   // answer X-Warmfleet-Debug with X-Warmfleet-Route
@@ -74,6 +79,9 @@ func Defaults() Config {
 		MaxBlocks:        1024,
 		RendezvousBlocks: 16,
 		Slack:            0.5,
+		DecodeWeight:     1,
+		ShareFactor:      1.1,
+		ShareHalfLife:    256,
 		CharsPerToken:    4,
 		KVCacheTokens:    262144,
 		MaxBodyBytes:     16 << 20,
@@ -87,6 +95,7 @@ func Defaults() Config {
 		ProbeTimeout:     2 * time.Second,
 		EjectBase:        time.Second,
 		EjectMax:         30 * time.Second,
+		Eject5xx:         5,
 		RampUp:           60 * time.Second,
 		SessionHeader:    "X-Session-Id",
 		DebugHeader:      true,
@@ -133,6 +142,15 @@ func (c *Config) Validate() error {
 	if c.Slack < 0 || c.Slack > 100 {
 		errs = append(errs, fmt.Errorf("slack %v must be in [0, 100]", c.Slack))
 	}
+	if c.BalanceSlack < 0 || c.BalanceSlack > 100 {
+		errs = append(errs, fmt.Errorf("balance_slack %v must be in [0, 100]", c.BalanceSlack))
+	}
+	if c.DecodeWeight <= 0 || c.DecodeWeight > 1 {
+		errs = append(errs, fmt.Errorf("decode_weight %v must be in (0, 1]", c.DecodeWeight))
+	}
+	if c.ShareFactor < 1 || c.ShareFactor > 100 || c.ShareHalfLife < 1 {
+		errs = append(errs, fmt.Errorf("share_factor %v must be in [1, 100] and share_half_life %d >= 1", c.ShareFactor, c.ShareHalfLife))
+	}
 	if c.MinLoadBound < 1 {
 		errs = append(errs, fmt.Errorf("min_load_bound %d must be >= 1", c.MinLoadBound))
 	}
@@ -142,8 +160,8 @@ func (c *Config) Validate() error {
 	if c.CharsPerToken <= 0 || c.KVCacheTokens < 1 || c.MaxInflight < 0 {
 		errs = append(errs, errors.New("chars_per_token and kv_cache_tokens must be positive, max_inflight >= 0"))
 	}
-	if c.MaxBodyBytes < 1 || c.MaxQueue < 0 || c.MaxRetries < 0 || c.QueueTimeout < 0 {
-		errs = append(errs, errors.New("max_body_bytes must be positive; max_queue, max_retries, queue_timeout >= 0"))
+	if c.MaxBodyBytes < 1 || c.MaxQueue < 0 || c.MaxRetries < 0 || c.QueueTimeout < 0 || c.Eject5xx < 0 {
+		errs = append(errs, errors.New("max_body_bytes must be positive; max_queue, max_retries, queue_timeout, eject_5xx >= 0"))
 	}
 	if c.EjectBase <= 0 || c.EjectMax < c.EjectBase || c.ConnectTimeout <= 0 || c.ProbeTimeout <= 0 || c.BodyTimeout <= 0 {
 		errs = append(errs, errors.New("eject_base, connect_timeout, probe_timeout, body_timeout must be positive and eject_max >= eject_base"))

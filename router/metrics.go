@@ -64,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"code"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmfleet_router_backend_ejections_total",
-			Help: "Times a backend was ejected after a connect error, timeout or failed probe.",
+			Help: "Times a backend was ejected after a connect error, timeout, run of 5xx answers or failed probe.",
 		}, []string{"backend"}),
 		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "warmfleet_router_backend_healthy",

@@ -103,11 +103,20 @@ func (rt *Router) fail(w http.ResponseWriter, e *oai.APIError) {
 }
 
 // readBody reads at most MaxBodyBytes within BodyTimeout.
+//
+// The buffer is not pooled: the transport may still be writing a request
+// body after RoundTrip returns and only a Close says when it is done, but a
+// body with its own Close is not one net/http recognises as in memory, so
+// it flushes the headers separately and has net copy the body through a
+// freshly allocated buffer: more garbage and a write more than this
+// allocation, measured (see the bench's overhead phase).
 func (rt *Router) readBody(w http.ResponseWriter, r *http.Request, cfg *Config) ([]byte, *oai.APIError) {
-	tooLarge := &oai.APIError{Status: http.StatusRequestEntityTooLarge, Type: oai.TypeInvalidRequest, Code: "request_too_large",
-		Message: fmt.Sprintf("request body exceeds the router's limit of %d bytes", cfg.MaxBodyBytes)}
+	tooLarge := func() *oai.APIError { // built only when needed: no garbage per request
+		return &oai.APIError{Status: http.StatusRequestEntityTooLarge, Type: oai.TypeInvalidRequest, Code: "request_too_large",
+			Message: fmt.Sprintf("request body exceeds the router's limit of %d bytes", cfg.MaxBodyBytes)}
+	}
 	if r.ContentLength > cfg.MaxBodyBytes {
-		return nil, tooLarge
+		return nil, tooLarge()
 	}
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(cfg.BodyTimeout))
@@ -120,7 +129,7 @@ func (rt *Router) readBody(w http.ResponseWriter, r *http.Request, cfg *Config) 
 		if _, err = io.ReadFull(r.Body, body); err == nil {
 			var extra [1]byte
 			if n, _ := r.Body.Read(extra[:]); n > 0 {
-				return nil, tooLarge
+				return nil, tooLarge()
 			}
 		}
 	} else {
@@ -131,7 +140,7 @@ func (rt *Router) readBody(w http.ResponseWriter, r *http.Request, cfg *Config) 
 			Message: "could not read the request body: " + err.Error()}
 	}
 	if int64(len(body)) > cfg.MaxBodyBytes {
-		return nil, tooLarge
+		return nil, tooLarge()
 	}
 	return body, nil
 }
@@ -164,9 +173,9 @@ func (rt *Router) inference(w *statusWriter, r *http.Request) string {
 			Param: "model", Message: "you must provide a model parameter"})
 		return ""
 	}
-	hasher := rt.hasher(&cfg)
-	keys, _ := hasher.Blocks(nil, req.Model, &req, r.Header.Get(cfg.SessionHeader))
-	rr := &routeRequest{model: req.Model, keys: keys, strategy: cfg.StrategyFor(req.Model), hashTime: time.Since(start)}
+	kp := rt.blockKeys(&cfg, &req, req.Model, r.Header.Get(cfg.SessionHeader))
+	defer rt.putKeys(kp)
+	rr := &routeRequest{model: req.Model, keys: *kp, strategy: cfg.StrategyFor(req.Model), hashTime: time.Since(start)}
 	rt.forward(w, r, body, rr, &cfg)
 	return string(rr.strategy)
 }
@@ -267,7 +276,11 @@ func (rt *Router) send(w *statusWriter, r *http.Request, body []byte, got *route
 		out.Body = http.NoBody
 	}
 	resp, err := rt.client.Do(out)
-	rt.markSent(b, err)
+	status := 0
+	if err == nil {
+		status = resp.StatusCode
+	}
+	rt.markSent(b, status, err)
 	if err != nil {
 		var de *dialError
 		if errors.As(err, &de) {

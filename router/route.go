@@ -28,8 +28,9 @@ func (rt *Router) Route(ctx context.Context, body []byte, session string) (Route
 	if req.Model == "" {
 		return Route{}, errors.New("missing model")
 	}
-	keys, _ := rt.hasher(&cfg).Blocks(nil, req.Model, &req, session)
-	got, err := rt.acquire(ctx, &routeRequest{model: req.Model, keys: keys, strategy: cfg.StrategyFor(req.Model)})
+	kp := rt.blockKeys(&cfg, &req, req.Model, session)
+	defer rt.putKeys(kp)
+	got, err := rt.acquire(ctx, &routeRequest{model: req.Model, keys: *kp, strategy: cfg.StrategyFor(req.Model)})
 	if err != nil {
 		return Route{}, err
 	}

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/oai"
 	"github.com/warmfleet/warmfleet/router/prefix"
 )
 
@@ -49,6 +51,7 @@ type Router struct {
 	client  *http.Client
 	probe   *http.Client
 	bufs    sync.Pool // *[]byte copy buffers for streaming
+	keyBufs sync.Pool // *[]uint64 block hash buffers, one per request in flight
 
 	mu       sync.Mutex
 	cfg      Config
@@ -58,6 +61,9 @@ type Router struct {
 	index    *prefix.Index
 	freed    chan struct{} // closed and replaced when a slot frees up
 	queued   int
+	// shareDecay is the per-decision decay of backend.recent (0: not yet
+	// derived from the config).
+	shareDecay float64
 	// scratch space for decisions, used under mu
 	depth   []int
 	cands   []balance.Candidate
@@ -76,8 +82,15 @@ type backend struct {
 
 	inflight     int
 	pending      int // prompt blocks sent but not yet answered with a first byte
+	prefilling   int // requests sent but not yet answered with a first byte
 	failures     int
 	ejectedUntil time.Time
+	serverErrors int              // consecutive 5xx answers
+	gauge        prometheus.Gauge // its in-flight series, looked up once
+
+	// recent is the traffic routed here, decayed per decision (half-life
+	// ShareHalfLife decisions), for the traffic-share bound.
+	recent float64
 }
 
 // dialError marks a failure to connect: nothing was sent, so the request may
@@ -129,6 +142,12 @@ func New(cfg Config, opts Options) (*Router, error) {
 			},
 			MaxIdleConnsPerHost: 256,
 			IdleConnTimeout:     90 * time.Second,
+			// A body that fits the write buffer is copied into it; a larger
+			// one is handed to the connection, and net's generic copy then
+			// allocates a fresh buffer per request (12-32 KiB of garbage for
+			// a typical prompt, the router's largest allocation at high
+			// rates).
+			WriteBufferSize: 64 << 10,
 			// Pass bytes through as they are: no transparent gzip.
 			DisableCompression: true,
 			ForceAttemptHTTP2:  false,
@@ -189,6 +208,7 @@ func (rt *Router) Apply(cfg Config) error {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	rt.cfg = cfg
+	rt.shareDecay = 0
 	for _, b := range rt.order {
 		rt.configureLocked(b)
 	}
@@ -253,7 +273,7 @@ func (rt *Router) syncLocked(eps []Endpoint) {
 				continue
 			}
 			rt.slots[slot] = true
-			b = &backend{url: u, id: prefix.BackendID(u), slot: slot}
+			b = &backend{url: u, id: prefix.BackendID(u), slot: slot, gauge: rt.metrics.inflight.WithLabelValues(u)}
 			rt.backends[u] = b
 			rt.order = append(rt.order, b)
 			rt.metrics.healthy.WithLabelValues(u).Set(1)
@@ -276,8 +296,28 @@ func (rt *Router) syncLocked(eps []Endpoint) {
 }
 
 func (rt *Router) wakeLocked() {
+	if rt.queued == 0 {
+		return // nobody waits: spare the allocation on every release
+	}
 	close(rt.freed)
 	rt.freed = make(chan struct{})
+}
+
+// blockKeys hashes req into a pooled buffer; the caller returns it with
+// putKeys once the request is done (the index keeps copies, not the slice).
+func (rt *Router) blockKeys(cfg *Config, req *oai.Request, model, session string) *[]uint64 {
+	kp, _ := rt.keyBufs.Get().(*[]uint64)
+	if kp == nil {
+		kp = new([]uint64)
+	}
+	*kp, _ = rt.hasher(cfg).Blocks((*kp)[:0], model, req, session)
+	return kp
+}
+
+func (rt *Router) putKeys(kp *[]uint64) {
+	if cap(*kp) <= 4096 { // do not pin the buffers of rare huge prompts
+		rt.keyBufs.Put(kp)
+	}
 }
 
 func (rt *Router) hasher(cfg *Config) prefix.Hasher {
@@ -327,6 +367,7 @@ func (rt *Router) prefilledLocked(r *routed) {
 	if r.pending != nil && !r.pending.done {
 		r.pending.done = true
 		r.b.pending -= r.pending.blocks
+		r.b.prefilling--
 	}
 }
 
@@ -335,7 +376,7 @@ func (rt *Router) release(r *routed) {
 	b := r.b
 	rt.prefilledLocked(r)
 	b.inflight--
-	rt.metrics.inflight.WithLabelValues(b.url).Set(float64(b.inflight))
+	b.gauge.Set(float64(b.inflight))
 	rt.wakeLocked()
 	rt.mu.Unlock()
 }
@@ -404,30 +445,48 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		}
 	}
 	for _, b := range members {
-		c := balance.Candidate{ID: b.id, Inflight: b.inflight, Limit: b.limit, Pending: b.pending,
-			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights}
+		c := balance.Candidate{ID: b.id, Inflight: b.inflight, Limit: b.limit, Pending: b.pending, Prefilling: b.prefilling,
+			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights, Recent: b.recent}
 		if len(req.keys) > 0 {
 			c.Matched = depth[b.slot]
 		}
 		cands = append(cands, c)
 	}
+	var rnd uint64
+	if req.strategy != balance.PrefixAware { // prefix-aware draws no randomness
+		rnd = rt.rand()
+	}
 	d := balance.Decide(balance.Input{
 		Strategy: req.strategy, LoadFactor: rt.cfg.LoadFactor, MinBound: rt.cfg.MinLoadBound, Candidates: cands, Keys: req.keys,
-		Common: common, RendezvousBlocks: rt.cfg.RendezvousBlocks, Slack: rt.cfg.Slack, Rand: rt.rand(), Retry: len(req.tried) > 0,
+		Common: common, RendezvousBlocks: rt.cfg.RendezvousBlocks, Slack: rt.cfg.Slack, Rand: rnd, Retry: len(req.tried) > 0,
+		ShareFactor: rt.cfg.ShareFactor, DecodeWeight: rt.cfg.DecodeWeight, BalanceSlack: rt.cfg.BalanceSlack,
 	})
 	if d.Pick < 0 {
 		return routed{}, errFull
 	}
 	b := members[d.Pick]
+	rt.countLocked(b)
 	b.inflight++
 	uncached := max(len(req.keys)-d.Matched, 0)
 	b.pending += uncached
-	rt.metrics.inflight.WithLabelValues(b.url).Set(float64(b.inflight))
+	b.prefilling++
+	b.gauge.Set(float64(b.inflight))
 	if len(req.keys) > 0 {
 		rt.index.Insert(b.slot, req.keys)
 	}
 	return routed{b: b, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
 		pending: &pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched}, nil
+}
+
+// countLocked records one request for b in the decayed traffic counts.
+func (rt *Router) countLocked(b *backend) {
+	if rt.shareDecay == 0 {
+		rt.shareDecay = math.Exp2(-1 / float64(max(rt.cfg.ShareHalfLife, 1)))
+	}
+	for _, o := range rt.order {
+		o.recent *= rt.shareDecay
+	}
+	b.recent++
 }
 
 // acquire picks a backend, waiting up to QueueTimeout while every eligible
@@ -485,14 +544,23 @@ func (rt *Router) acquire(ctx context.Context, req *routeRequest) (routed, error
 	}
 }
 
-// markSent records the outcome of an attempt for passive health checking.
-func (rt *Router) markSent(b *backend, err error) {
+// markSent records the outcome of an attempt for passive health checking:
+// connect errors and timeouts eject at once, a run of Eject5xx consecutive
+// 5xx answers ejects too (an engine that answers but fails every request).
+func (rt *Router) markSent(b *backend, status int, err error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	var de *dialError
 	var ne net.Error
 	switch {
+	case err == nil && serverError(status):
+		b.serverErrors++
+		if n := rt.cfg.Eject5xx; n > 0 && b.serverErrors >= n {
+			b.serverErrors = 0
+			rt.ejectLocked(b, fmt.Sprintf("%d consecutive 5xx answers", n))
+		}
 	case err == nil:
+		b.serverErrors = 0
 		if b.failures > 0 {
 			rt.healthyLocked(b)
 		}
@@ -503,10 +571,16 @@ func (rt *Router) markSent(b *backend, err error) {
 	}
 }
 
+// serverError reports whether an answer counts against the backend's
+// health. 501 (not implemented) says nothing about health.
+func serverError(status int) bool {
+	return status >= 500 && status <= 599 && status != http.StatusNotImplemented
+}
+
 func (rt *Router) explain(r routed, attempts int) string {
 	d := r.decision
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "backend=%s; reason=%s; matched=%d/%d; common=%d; bound=%d; inflight=%d; eligible=%d; attempts=%d; preferred_matched=%d",
-		r.b.url, d.Reason, d.Matched, r.blocks, r.common, r.bound, r.inflight, r.eligible, attempts, r.prefMatched)
+	fmt.Fprintf(&sb, "backend=%s; reason=%s; matched=%d/%d; common=%d; bound=%d; inflight=%d; share=%.2f; eligible=%d; attempts=%d; preferred_matched=%d",
+		r.b.url, d.Reason, d.Matched, r.blocks, r.common, r.bound, r.inflight, d.Share, r.eligible, attempts, r.prefMatched)
 	return sb.String()
 }

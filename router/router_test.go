@@ -518,7 +518,8 @@ func TestConfigParse(t *testing.T) {
 		t.Fatalf("endpoints %+v", eps)
 	}
 	for _, bad := range []string{"strategy: fastest\n", "load_factor: 0.5\n", "unknown_key: 1\n", "backends:\n  - url: ftp://x\n",
-		"backends:\n  - url: http://a\n  - url: http://a/\n", "block_chars: 1\n", "queue_timeout: soon\n"} {
+		"backends:\n  - url: http://a\n  - url: http://a/\n", "block_chars: 1\n", "queue_timeout: soon\n",
+		"share_factor: 0.5\n", "share_half_life: 0\n", "decode_weight: 2\n", "decode_weight: 0\n", "eject_5xx: -1\n"} {
 		c := Defaults()
 		if err := ParseConfig([]byte(bad), &c); err == nil {
 			t.Errorf("accepted %q", bad)
@@ -566,5 +567,138 @@ func TestStaticSourceRampStarts(t *testing.T) {
 	eps, _ := src.Endpoints()
 	if !eps[0].ReadySince.IsZero() || !eps[1].ReadySince.Equal(now) || !eps[2].ReadySince.Equal(now) {
 		t.Fatalf("ramp starts: %+v", eps)
+	}
+}
+
+// TestEjectOn5xxBurst: a backend that answers but fails every request is
+// ejected after Eject5xx consecutive 5xx answers; a success in between
+// resets the count, and 501 does not count.
+func TestEjectOn5xxBurst(t *testing.T) {
+	tests := []struct {
+		name     string
+		statuses []int
+		ejected  bool
+	}{
+		{name: "burst of 500s ejects", statuses: []int{500, 502, 503}, ejected: true},
+		{name: "a success resets the run", statuses: []int{500, 500, 200, 500, 500}, ejected: false},
+		{name: "4xx is the caller's fault", statuses: []int{400, 404, 429, 400}, ejected: false},
+		{name: "501 says nothing about health", statuses: []int{501, 501, 501}, ejected: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var next atomic.Int32
+			b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				i := int(next.Add(1)) - 1
+				w.WriteHeader(tc.statuses[min(i, len(tc.statuses)-1)])
+			}))
+			defer b.Close()
+			cfg := Defaults()
+			cfg.Eject5xx = 3
+			h := newHarness(t, cfg, Options{}, b.URL)
+			for i, want := range tc.statuses {
+				resp := post(t, h.srv.URL+"/v1/completions", `{"model":"m","prompt":"x"}`)
+				resp.Body.Close()
+				if resp.StatusCode != want {
+					t.Fatalf("request %d: status %d, want the backend's %d passed through", i, resp.StatusCode, want)
+				}
+			}
+			st := h.rt.Snapshot().Backends[0]
+			if got := !st.EjectedUntil.IsZero(); got != tc.ejected {
+				t.Fatalf("ejected %v, want %v (%+v)", got, tc.ejected, st)
+			}
+			resp := post(t, h.srv.URL+"/v1/completions", `{"model":"m","prompt":"x"}`)
+			resp.Body.Close()
+			if tc.ejected && resp.StatusCode != http.StatusServiceUnavailable {
+				t.Fatalf("ejected backend still used: %d", resp.StatusCode)
+			}
+		})
+	}
+}
+
+// TestLoadSignals: a request counts as prefilling (with its uncached blocks
+// pending) until its first byte, then only as in flight; every decision adds
+// to the backend's recent traffic.
+func TestLoadSignals(t *testing.T) {
+	release, first := make(chan struct{}), make(chan struct{})
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		<-release
+		_, _ = io.WriteString(w, "data: a\n\n")
+		w.(http.Flusher).Flush()
+		<-first
+	}))
+	defer b.Close()
+	h := newHarness(t, Defaults(), Options{}, b.URL)
+	prompt := strings.Repeat("x", 4*256)
+	done := make(chan *http.Response)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"`+prompt+`"}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- resp
+	}()
+	waitFor(t, func() bool { return h.rt.Snapshot().Backends[0].Inflight == 1 })
+	st := h.rt.Snapshot().Backends[0]
+	if st.Prefilling != 1 || st.PendingBlock != 4 || st.Recent != 1 {
+		t.Fatalf("before the first byte: %+v, want 1 prefilling, 4 pending blocks, recent 1", st)
+	}
+	close(release)
+	resp := <-done
+	buf := make([]byte, 3)
+	if _, err := io.ReadFull(resp.Body, buf); err != nil {
+		t.Fatal(err)
+	}
+	st = h.rt.Snapshot().Backends[0]
+	if st.Prefilling != 0 || st.PendingBlock != 0 || st.Inflight != 1 {
+		t.Fatalf("after the first byte: %+v, want decoding only", st)
+	}
+	close(first)
+	resp.Body.Close()
+	waitFor(t, func() bool { return h.rt.Snapshot().Backends[0].Inflight == 0 })
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestConcurrentBodiesIntact sends many distinct bodies of several sizes
+// concurrently; the backend checks each against what the client sent (the
+// request path shares pooled key buffers and the transport's write buffer).
+func TestConcurrentBodiesIntact(t *testing.T) {
+	var bad atomic.Int64
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if fmt.Sprint(len(b), ":", string(b[len(b)-40:])) != r.Header.Get("X-Want") {
+			bad.Add(1)
+		}
+		_, _ = io.WriteString(w, "{}")
+	}))
+	defer backend.Close()
+	h := newHarness(t, Defaults(), Options{}, backend.URL, okBackend(t, "other", nil).URL)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 40 {
+				size := 3000 + (g*40+i)*97%20000 // across several size classes
+				prompt := fmt.Sprintf("%0*d", size, g*1000+i)
+				body := `{"model":"m","prompt":"` + prompt + `"}`
+				resp := post(t, h.srv.URL+"/v1/completions", body, "X-Want", fmt.Sprint(len(body), ":", body[len(body)-40:]))
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	if n := bad.Load(); n > 0 {
+		t.Fatalf("%d bodies arrived changed", n)
 	}
 }

@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"slices"
-
 	"context"
 	"crypto/rand"
 	"errors"
@@ -13,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -77,7 +76,7 @@ func runRouter(ctx context.Context, e *Env, args []string) error {
 	fs.Var(strategyFlag{&strategy}, "strategy", "default strategy: prefix-aware, least-outstanding or random")
 	configFile := fs.String("config", "", "YAML config file (backends, per-model strategies, limits); re-read on SIGHUP")
 	hashKeyFile := fs.String("hash-key-file", "", "per-fleet secret keying prompt hashes (replicas must share it; default: random per process)")
-	loadFactor := fs.Float64("load-factor", 1.25, "c: no backend above ceil(c x mean in-flight)")
+	loadFactor := fs.Float64("load-factor", router.Defaults().LoadFactor, "c: no backend above ceil(c x mean in-flight)")
 	maxInflight := fs.Int("max-inflight", 0, "default per-backend concurrency limit (0: none)")
 	maxBody := fs.Int64("max-body-bytes", 16<<20, "largest accepted request body")
 	var join listFlag
@@ -341,16 +340,24 @@ func runBenchRouter(ctx context.Context, e *Env, args []string) error {
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")
 	fs.BoolVar(&o.Saturation, "saturation", o.Saturation, "also measure saturated throughput with a closed loop")
 	fs.IntVar(&o.ClosedPerBE, "closed-clients", o.ClosedPerBE, "closed-loop clients per backend")
-	fs.Float64Var(&o.LoadFactor, "load-factor", o.LoadFactor, "router load factor c")
+	fs.Float64Var(&o.LoadFactor, "load-factor", o.LoadFactor, "router load factor c (0: the router's default)")
 	fs.Float64Var(&o.Slack, "slack", o.Slack, "router slack (0: the router's default)")
+	fs.Float64Var(&o.DecodeWeight, "decode-weight", o.DecodeWeight, "router decode weight in the load bound (0: the router's default)")
+	fs.Float64Var(&o.ShareFactor, "share-factor", o.ShareFactor, "router traffic share factor (0: the router's default)")
+	fs.Float64Var(&o.BalanceSlack, "balance-slack", o.BalanceSlack, "router balance slack (0: the router's default)")
+	fs.IntVar(&o.ShareHalfLife, "share-half-life", o.ShareHalfLife, "router traffic share half-life in decisions (0: the router's default)")
 	fs.IntVar(&o.OverheadRate, "overhead-rate", o.OverheadRate, "requests/s for the overhead phase (0: skip)")
 	fs.DurationVar(&o.OverheadDuration, "overhead-duration", o.OverheadDuration, "length of each overhead round")
 	fs.IntVar(&o.OverheadRounds, "overhead-rounds", o.OverheadRounds, "overhead rounds per mode")
 	fs.IntVar(&o.DecisionBackends, "decision-backends", o.DecisionBackends, "backends for the decision-time phase (0: skip)")
 	fs.IntVar(&o.DecisionPrompt, "prompt-bytes", o.DecisionPrompt, "prompt size for the decision-time and overhead phases")
 	output := fs.String("o", "text", "output format: text or json")
+	plot := fs.String("plot", "", "also write a TTFT CDF plot to this SVG file")
 	if err := parseFlags(fs, e, args, nil); err != nil {
 		return err
+	}
+	if *plot != "" && !strings.HasSuffix(strings.ToLower(*plot), ".svg") {
+		return usageError("--plot writes SVG: the file name must end in .svg")
 	}
 	if fs.NArg() > 0 {
 		return usageError("unexpected arguments %q", fs.Args())
@@ -388,8 +395,35 @@ func runBenchRouter(ctx context.Context, e *Env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *plot != "" {
+		if err := writePlot(*plot, res); err != nil {
+			return err
+		}
+	}
 	if *output == "json" {
 		return bench.WriteJSON(e.Stdout, res)
 	}
 	return bench.WriteText(e.Stdout, res)
+}
+
+// writePlot writes the TTFT CDF SVG, replacing the file only when complete.
+func writePlot(path string, res *bench.Results) error {
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	if err := bench.WriteSVG(f, res); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("plot: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("plot: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	return nil
 }

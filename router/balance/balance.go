@@ -34,9 +34,11 @@ type Reason string
 
 // Reasons. Hit: the backend expected to hold the longest prefix beyond what
 // every backend holds. Cold: no backend holds more than the common prefix,
-// so rendezvous hashing decided. Overflow: the preferred backend was at its
-// load bound or limit, the next best by the same score took it. Retry: an
-// earlier attempt could not be sent. Random/Least: the other strategies.
+// so rendezvous hashing among backends not above their fair share of traffic
+// decided. Overflow: the backend holding the longest prefix (or, for a cold
+// request, the rendezvous choice at its load bound or limit) could not take
+// it; the next best by the same score did. Retry: an earlier attempt could
+// not be sent. Random/Least: the other strategies.
 const (
 	Hit      Reason = "hit"
 	Cold     Reason = "cold"
@@ -58,12 +60,28 @@ type Candidate struct {
 	// prefilling (the router's estimate): in-flight counts say little about
 	// LLM load because most in-flight time is decode.
 	Pending int
+	// Prefilling is how many of the in-flight requests have not had their
+	// first token yet.
+	Prefilling int
+	// Recent is its recent traffic: requests routed to it, decayed (only
+	// ratios between candidates matter).
+	Recent float64
 }
 
 // Input is everything one decision depends on.
 type Input struct {
 	Strategy   Strategy
 	LoadFactor float64 // c in ceil(c x mean in-flight); 1.25 if <= 1
+	// DecodeWeight is what a request past its first token counts for in the
+	// load bound, relative to one still waiting for prefill: decoding
+	// sequences cost an engine far less per step than a prefill. 1 (plain
+	// in-flight count) unless in (0, 1].
+	DecodeWeight float64
+	// BalanceSlack caps how much longer (as a fraction of the request's
+	// blocks) the expected wait may be on the backend a new group is sent to
+	// for balance than on the best backend overall. 0: no cap beyond Slack
+	// among the backends at or under their fair share.
+	BalanceSlack float64
 	// MinBound is a floor under every load bound: at low load the bare rule
 	// (ceil(1.25 x 2 / 8) = 1) would push a second request off the backend
 	// holding its prefix although that backend is nearly idle. 1 if zero.
@@ -82,8 +100,12 @@ type Input struct {
 	// blocks) may be on a backend than on the best one, and still let
 	// prefix affinity or rendezvous decide. 0.5 if zero; negative: none.
 	Slack float64
-	Rand  uint64 // caller-supplied randomness (random strategy, tie-breaks)
-	Retry bool   // this is a second or later attempt
+	// ShareFactor s bounds traffic: a backend whose recent traffic exceeds
+	// s x its fair share (by weight) keeps no affinity and takes no new
+	// prefix group. 1.1 if below 1.
+	ShareFactor float64
+	Rand        uint64 // caller-supplied randomness (random strategy, tie-breaks)
+	Retry       bool   // this is a second or later attempt
 }
 
 // Decision is the outcome.
@@ -94,6 +116,8 @@ type Decision struct {
 	Bound     int  // the pick's load bound (prefix-aware)
 	Full      bool // no candidate is below its own limit: queue or refuse
 	Matched   int  // blocks the pick is expected to hold
+	// Share is the pick's recent traffic over its fair share (prefix-aware).
+	Share float64
 }
 
 func (in *Input) loadFactor() float64 {
@@ -110,6 +134,20 @@ func weight(c *Candidate) float64 {
 	return min(c.Weight, 1)
 }
 
+func (in *Input) decodeWeight() float64 {
+	if !(in.DecodeWeight > 0 && in.DecodeWeight <= 1) { // also NaN
+		return 1
+	}
+	return in.DecodeWeight
+}
+
+// load is c's load for the bound: prefilling requests count 1, decoding
+// ones dw.
+func load(c *Candidate, dw float64) float64 {
+	pre := min(max(c.Prefilling, 0), c.Inflight)
+	return float64(pre) + dw*float64(c.Inflight-pre)
+}
+
 func underLimit(c *Candidate) bool { return c.Limit <= 0 || c.Inflight < c.Limit }
 
 // Bounds returns each candidate's load bound: ceil(c x (total+1) x w / sum w),
@@ -117,13 +155,20 @@ func underLimit(c *Candidate) bool { return c.Limit <= 0 || c.Inflight < c.Limit
 // shares scaled by ramp-up weight, but at least minBound. Some candidate is
 // always below its bound.
 func Bounds(cands []Candidate, c float64, minBound int, dst []int) []int {
-	total, wsum := 0, 0.0
+	return LoadBounds(cands, c, 1, minBound, dst)
+}
+
+// LoadBounds is Bounds over prefill-weighted load: a request past its first
+// token counts decodeWeight (0..1) instead of 1. A candidate may take the
+// request while load+1 <= its bound.
+func LoadBounds(cands []Candidate, c, decodeWeight float64, minBound int, dst []int) []int {
+	total, wsum := 0.0, 0.0
 	for i := range cands {
-		total += cands[i].Inflight
+		total += load(&cands[i], decodeWeight)
 		wsum += weight(&cands[i])
 	}
 	for i := range cands {
-		b := int(math.Ceil(c * float64(total+1) * weight(&cands[i]) / wsum))
+		b := int(math.Ceil(c * (total + 1) * weight(&cands[i]) / wsum))
 		dst = append(dst, max(b, minBound, 1))
 	}
 	return dst
@@ -246,67 +291,152 @@ func better(a, b *Candidate, ra, rb float64) bool {
 	return ra > rb
 }
 
-// decidePrefix: among backends under their load bound and limit, those
-// whose expected time to first token (pending prefill plus this request's
-// uncached blocks) is within Slack of the best are acceptable; of those the
-// longest expected cached prefix wins, then a warm node, then rendezvous.
+// cost is the expected wait for the first token in blocks of prefill: what
+// is queued on the backend plus this request's uncached blocks.
 func cost(c *Candidate, blocks int) int {
 	return max(c.Pending, 0) + max(blocks-c.Matched, 0)
 }
 
+func (in *Input) shareFactor() float64 {
+	if !(in.ShareFactor >= 1) { // also NaN
+		return 1.1
+	}
+	return in.ShareFactor
+}
+
+// Shares returns each candidate's recent traffic over its fair share (1 is
+// exactly fair; 0 for all when there is no history yet).
+func Shares(cands []Candidate, dst []float64) []float64 {
+	sum, wsum := 0.0, 0.0
+	for i := range cands {
+		sum += max(cands[i].Recent, 0)
+		wsum += weight(&cands[i])
+	}
+	for i := range cands {
+		s := 0.0
+		if sum > 0 {
+			s = max(cands[i].Recent, 0) / sum * wsum / weight(&cands[i])
+		}
+		dst = append(dst, s)
+	}
+	return dst
+}
+
+// Tiers rank candidates for one request; the lowest non-empty tier wins and
+// the prefix score decides within it.
+const (
+	tierHit  = iota // holds more than the common prefix; passes every bound
+	tierCold        // at most its fair share of traffic; passes every bound: may start a new group
+	tierFair        // passes every bound, above its fair share but within ShareFactor
+	tierLoad        // under the load bound, but over ShareFactor or beyond slack
+	tierOver        // only under its own limit
+	tierNone        // at its own limit
+)
+
+// decidePrefix ranks the candidates in tiers (see the constants): a backend
+// expected to hold more than the common prefix keeps the request if it is
+// under its load bound and own limit, within Slack of the best expected time
+// to first token among backends within their traffic share, and not above
+// ShareFactor x its fair share of recent traffic. Otherwise a backend at or
+// under its fair share starts the group (within Slack of the best such
+// backend), chosen by rendezvous so replicas agree. Bounds are relaxed in
+// that order before the request is refused.
 func decidePrefix(in Input) Decision {
 	d := Decision{Pick: -1, Preferred: -1}
 	var boundBuf [64]int
-	var rvBuf [64]float64
-	var okBuf [64]bool
-	bounds := Bounds(in.Candidates, in.loadFactor(), in.MinBound, boundBuf[:0])
-	rv := rvBuf[:0]
+	var rvBuf, shareBuf, loadBuf [64]float64
+	var costBuf [64]int
+	var tierBuf [64]int8
+	n := len(in.Keys)
+	dw := in.decodeWeight()
+	bounds := LoadBounds(in.Candidates, in.loadFactor(), dw, in.MinBound, boundBuf[:0])
+	shares := Shares(in.Candidates, shareBuf[:0])
 	key := RendezvousKey(in.Keys, in.Common, in.RendezvousBlocks)
+	rv, loads, costs := rvBuf[:0], loadBuf[:0], costBuf[:0]
+	equal := true
+	for i := range in.Candidates {
+		equal = equal && weight(&in.Candidates[i]) == weight(&in.Candidates[0])
+	}
 	for i := range in.Candidates {
 		c := &in.Candidates[i]
-		rv = append(rv, Rendezvous(key, c.ID, weight(c)))
+		if equal {
+			// -w/log(u) is increasing in u: with equal weights the raw
+			// hash orders backends the same, without a logarithm each.
+			rv = append(rv, float64(mix(key^mix(c.ID))>>11))
+		} else {
+			rv = append(rv, Rendezvous(key, c.ID, weight(c)))
+		}
+		loads = append(loads, load(c, dw))
+		costs = append(costs, cost(c, n))
 	}
-	n := len(in.Keys)
 	slack := in.Slack
 	if slack == 0 {
 		slack = 0.5
 	}
-	ok := okBuf[:0]
-	minCost := math.MaxInt
-	anyUnderLimit := false
+	sf := in.shareFactor()
+	// The expected-wait filter compares backends that pass the other
+	// bounds: one over its traffic share does not set the pace, and a
+	// backend under its fair share is compared with its peers, so a new
+	// group goes where traffic is short unless that costs more than slack.
+	minCost, minFair, minAny := math.MaxInt, math.MaxInt, math.MaxInt
 	for i := range in.Candidates {
 		c := &in.Candidates[i]
-		anyUnderLimit = anyUnderLimit || underLimit(c)
 		if d.Preferred < 0 || better(c, &in.Candidates[d.Preferred], rv[i], rv[d.Preferred]) {
 			d.Preferred = i
 		}
-		allowed := c.Inflight+1 <= bounds[i] && underLimit(c)
-		ok = append(ok, allowed)
-		if allowed {
-			minCost = min(minCost, cost(c, n))
-		}
-	}
-	limit := math.MaxInt
-	if slack >= 0 && minCost < math.MaxInt {
-		limit = minCost + max(1, int(slack*float64(n)))
-	}
-	for i := range in.Candidates {
-		c := &in.Candidates[i]
-		if !ok[i] || cost(c, n) > limit {
+		if !underLimit(c) || loads[i]+1 > float64(bounds[i]) {
 			continue
 		}
-		if d.Pick < 0 || better(c, &in.Candidates[d.Pick], rv[i], rv[d.Pick]) {
-			d.Pick = i
+		minAny = min(minAny, costs[i])
+		if shares[i] <= sf {
+			minCost = min(minCost, costs[i])
+		}
+		if shares[i] <= 1 {
+			minFair = min(minFair, costs[i])
 		}
 	}
-	if d.Pick < 0 && anyUnderLimit {
-		// Only saturated backends were under their bound; the others have
-		// room by their own limits, so exceed the bound rather than refuse.
-		for i := range in.Candidates {
-			c := &in.Candidates[i]
-			if underLimit(c) && (d.Pick < 0 || better(c, &in.Candidates[d.Pick], rv[i], rv[d.Pick])) {
-				d.Pick = i
-			}
+	if minCost == math.MaxInt {
+		minCost = minAny
+	}
+	within := func(base int) int {
+		if slack < 0 || base == math.MaxInt {
+			return math.MaxInt
+		}
+		return base + max(1, int(slack*float64(n)))
+	}
+	limit, limitFair := within(minCost), within(minFair)
+	if bs := in.BalanceSlack; bs > 0 && minCost < math.MaxInt {
+		// A new group may wait this much longer than on the best backend
+		// to go where traffic is short.
+		limitFair = min(limitFair, minCost+max(1, int(bs*float64(n))))
+	}
+	tiers := tierBuf[:0]
+	for i := range in.Candidates {
+		c := &in.Candidates[i]
+		fair := shares[i] <= 1 && costs[i] <= limitFair
+		t := tierNone
+		switch {
+		case !underLimit(c):
+		case loads[i]+1 > float64(bounds[i]):
+			t = tierOver
+		case shares[i] > sf || (costs[i] > limit && !fair):
+			t = tierLoad
+		case c.Matched > in.Common:
+			t = tierHit
+		case fair:
+			t = tierCold
+		default:
+			t = tierFair
+		}
+		tiers = append(tiers, int8(t))
+	}
+	for i := range in.Candidates {
+		if tiers[i] == tierNone {
+			continue
+		}
+		if d.Pick < 0 || tiers[i] < tiers[d.Pick] ||
+			(tiers[i] == tiers[d.Pick] && better(&in.Candidates[i], &in.Candidates[d.Pick], rv[i], rv[d.Pick])) {
+			d.Pick = i
 		}
 	}
 	if d.Pick < 0 {
@@ -314,9 +444,11 @@ func decidePrefix(in Input) Decision {
 		return d
 	}
 	p := &in.Candidates[d.Pick]
-	d.Bound, d.Matched = bounds[d.Pick], p.Matched
+	d.Bound, d.Matched, d.Share = bounds[d.Pick], p.Matched, shares[d.Pick]
 	switch {
-	case d.Pick != d.Preferred:
+	case d.Pick != d.Preferred && (in.Candidates[d.Preferred].Matched > in.Common || tiers[d.Preferred] >= tierOver):
+		// Lost affinity, or the rendezvous choice was at a hard bound. A
+		// cold request steered to a backend with less traffic is Cold.
 		d.Reason = Overflow
 	case p.Matched > in.Common:
 		d.Reason = Hit

@@ -287,3 +287,188 @@ func TestDecideEmpty(t *testing.T) {
 		t.Fatalf("got %+v", d)
 	}
 }
+
+func TestShares(t *testing.T) {
+	c := cands(4)
+	if got := Shares(c, nil); got[0] != 0 || got[3] != 0 {
+		t.Fatalf("no history: %v, want zeros", got)
+	}
+	c[0].Recent, c[1].Recent, c[2].Recent, c[3].Recent = 4, 2, 2, 0
+	got := Shares(c, nil)
+	for i, want := range []float64{2, 1, 1, 0} {
+		if math.Abs(got[i]-want) > 1e-9 {
+			t.Fatalf("shares %v, want [2 1 1 0]", got)
+		}
+	}
+	c[3].Weight, c[3].Recent = 0.5, 1 // ramping: half a share is its fair part
+	got = Shares(c, nil)
+	if want := 1.0 / 9 * 3.5 / 0.5; math.Abs(got[3]-want) > 1e-9 {
+		t.Fatalf("ramping share %v, want %v", got[3], want)
+	}
+}
+
+func TestLoadBoundsDecodeWeight(t *testing.T) {
+	c := cands(4)
+	c[0].Inflight, c[0].Prefilling = 10, 1 // nine decoding
+	c[1].Inflight, c[1].Prefilling = 2, 2
+	plain := Bounds(c, 1.25, 1, nil)
+	weighted := LoadBounds(c, 1.25, 0.1, 1, nil)
+	// plain: ceil(1.25*13/4)=5; weighted total 1+0.9+2=3.9: ceil(1.25*4.9/4)=2
+	if plain[0] != 5 || weighted[0] != 2 {
+		t.Fatalf("bounds plain %v weighted %v", plain, weighted)
+	}
+	in := Input{Strategy: PrefixAware, Candidates: c, Keys: keys(1, 10), LoadFactor: 1.25, DecodeWeight: 0.1, MinBound: 1}
+	c[0].Matched = 10
+	// Backend 0 carries 1.9 weighted load: 1.9+1 > 2, over; with decode
+	// counted in full it is over too; a decode-light weight and a higher
+	// factor keep it.
+	if d := Decide(in); d.Pick == 0 {
+		t.Fatalf("picked backend 0 over its weighted bound: %+v", d)
+	}
+	in.LoadFactor = 2
+	if d := Decide(in); d.Pick != 0 || d.Reason != Hit {
+		t.Fatalf("decode-weighted bound should keep the hit: %+v", d)
+	}
+	in.DecodeWeight = 1
+	if d := Decide(in); d.Pick == 0 {
+		t.Fatalf("plain in-flight bound should push it off: %+v", d)
+	}
+}
+
+// TestDecidePrefixShares covers the traffic-share bound and where new
+// groups start.
+func TestDecidePrefixShares(t *testing.T) {
+	k := keys(9, 20)
+	cold := RendezvousKey(k, 0, 0)
+	tests := []struct {
+		name         string
+		setup        func(c []Candidate)
+		want         func(c []Candidate) int
+		reason       Reason
+		balanceSlack float64
+	}{
+		{name: "hit within its share factor keeps affinity", setup: func(c []Candidate) {
+			even(c)
+			c[2].Recent, c[2].Matched = 1.08, 12
+		}, want: fixed(2), reason: Hit},
+		{name: "hit above its share factor overflows to the next longest match", setup: func(c []Candidate) {
+			even(c)
+			c[2].Recent, c[2].Matched = 1.5, 12
+			c[5].Matched = 6
+		}, want: fixed(5), reason: Overflow},
+		{name: "cold avoids backends above their fair share", setup: func(c []Candidate) {
+			even(c)
+			top := rendezvousWinner(c, cold)
+			c[top].Recent = 1.05 // the rendezvous choice has had more than its share
+		}, want: func(c []Candidate) int {
+			others := append([]Candidate(nil), c...)
+			for i := range others {
+				if others[i].Recent > 1 {
+					others[i].Weight = 1e-9
+				}
+			}
+			return rendezvousWinner(others, cold)
+		}, reason: Cold},
+		{name: "cold goes above fair share only when the others are at their limits", setup: func(c []Candidate) {
+			even(c)
+			for i := range c {
+				c[i].Inflight, c[i].Limit = 3, 3
+			}
+			c[4].Recent, c[4].Limit = 1.05, 0
+		}, want: fixed(4), reason: Overflow},
+		{name: "a fair backend with a long queue loses to a fair idle one", setup: func(c []Candidate) {
+			even(c)
+			for i := range c {
+				c[i].Recent = 2 // over fair share: not eligible to start groups
+			}
+			c[1].Recent, c[1].Pending = 0.5, 100
+			c[6].Recent = 0.5
+		}, want: fixed(6), reason: Cold},
+		{name: "no history: plain rendezvous", setup: func(c []Candidate) {}, want: func(c []Candidate) int { return rendezvousWinner(c, cold) }, reason: Cold},
+		{name: "without a balance slack a new group waits for the backend short of traffic", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Recent, c[i].Pending = 1.05, 5 // all a little over their share, short queues
+			}
+			c[3].Recent, c[3].Pending = 0.5, 60 // short of traffic, long queue
+		}, want: fixed(3), reason: Cold},
+		{name: "a balance slack caps that wait", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Recent, c[i].Pending = 1.05, 5
+			}
+			c[3].Recent, c[3].Pending = 0.5, 60
+		}, balanceSlack: 0.5, want: func(c []Candidate) int {
+			others := append([]Candidate(nil), c...)
+			others[3].Weight = 1e-9
+			return rendezvousWinner(others, cold)
+		}, reason: Cold},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cands(8)
+			tc.setup(c)
+			d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: k, ShareFactor: 1.1, BalanceSlack: tc.balanceSlack})
+			if want := tc.want(c); d.Pick != want || d.Reason != tc.reason {
+				t.Fatalf("got pick %d reason %s, want %d %s (%+v)", d.Pick, d.Reason, want, tc.reason, d)
+			}
+		})
+	}
+}
+
+func even(c []Candidate) {
+	for i := range c {
+		c[i].Recent = 1
+	}
+}
+
+func fixed(i int) func([]Candidate) int { return func([]Candidate) int { return i } }
+
+// TestShareBoundBalancesGroups replays Zipf-popular prefix groups through
+// the decision with the caller's bookkeeping (decayed traffic, the index
+// remembering where each group went) and checks both halves of the bargain:
+// traffic stays near even and most requests still find their group.
+func TestShareBoundBalancesGroups(t *testing.T) {
+	const n, groups, reqs = 8, 200, 20000
+	c := cands(n)
+	where := map[int]int{} // group -> backend holding it
+	counts := make([]int, n)
+	hits, repeats := 0, 0
+	decay := math.Exp2(-1.0 / 256)
+	rng := mix(42)
+	for r := range reqs {
+		rng = mix(rng + uint64(r))
+		// Zipf-ish: group g with weight 1/(g+1).
+		g := int(math.Floor(math.Pow(float64(groups+1), float64(rng>>11)/(1<<53)))) - 1
+		k := keys(uint64(g)+100, 16)
+		held, seen := where[g]
+		for i := range c {
+			c[i].Matched = 0
+		}
+		if seen {
+			c[held].Matched = 16
+			repeats++
+		}
+		d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: k, ShareFactor: 1.1})
+		if d.Pick < 0 {
+			t.Fatalf("request %d: no pick", r)
+		}
+		if seen && d.Pick == held {
+			hits++
+		}
+		where[g] = d.Pick
+		for i := range c {
+			c[i].Recent *= decay
+		}
+		c[d.Pick].Recent++
+		counts[d.Pick]++
+	}
+	top := 0
+	for _, x := range counts {
+		top = max(top, x)
+	}
+	if busiest := float64(top) / (reqs / n); busiest > 1.1 {
+		t.Fatalf("busiest backend %.3f x mean (counts %v)", busiest, counts)
+	}
+	if frac := float64(hits) / float64(repeats); frac < 0.8 {
+		t.Fatalf("only %.2f of repeated groups kept their backend", frac)
+	}
+}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +12,6 @@ import (
 	"runtime"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -26,20 +26,24 @@ import (
 
 // Options control a benchmark run.
 type Options struct {
-	Backends     int
-	Load         float64 // offered prefill work / fleet prefill capacity
-	Requests     int     // per workload
-	Workloads    []string
-	Strategies   []balance.Strategy
-	TracesDir    string
-	TraceOffset  int
-	Sim          llmsim.Config // per backend (runs on a virtual clock; TimeScale is ignored)
-	Seed         uint64
-	Saturation   bool // also measure throughput with a closed loop
-	ClosedPerBE  int  // closed-loop clients per backend
-	RouterMaxInf int  // router's per-backend concurrency limit (0: sim MaxSeqs)
-	LoadFactor   float64
-	Slack        float64 // router slack (0: router default)
+	Backends      int
+	Load          float64 // offered prefill work / fleet prefill capacity
+	Requests      int     // per workload
+	Workloads     []string
+	Strategies    []balance.Strategy
+	TracesDir     string
+	TraceOffset   int
+	Sim           llmsim.Config // per backend (runs on a virtual clock; TimeScale is ignored)
+	Seed          uint64
+	Saturation    bool // also measure throughput with a closed loop
+	ClosedPerBE   int  // closed-loop clients per backend
+	RouterMaxInf  int  // router's per-backend concurrency limit (0: sim MaxSeqs)
+	LoadFactor    float64
+	Slack         float64 // router slack (0: router default)
+	ShareFactor   float64 // router share factor (0: router default)
+	DecodeWeight  float64 // router decode weight (0: router default)
+	BalanceSlack  float64 // router balance slack (0: router default)
+	ShareHalfLife int     // router share half-life in decisions (0: router default)
 
 	OverheadRate     int           // requests per second for the overhead phase (0 skips it)
 	OverheadDuration time.Duration // per round
@@ -58,7 +62,7 @@ func DefaultOptions() Options {
 	return Options{
 		Backends: 8, Load: 0.8, Requests: 1000, Workloads: AllWorkloads(),
 		Strategies: []balance.Strategy{balance.Random, balance.LeastOutstanding, balance.PrefixAware},
-		TracesDir:  "../shared/traces", Sim: sim, Seed: 1, Saturation: true, ClosedPerBE: 12, LoadFactor: 1.25,
+		TracesDir:  "../shared/traces", Sim: sim, Seed: 1, Saturation: true, ClosedPerBE: 12,
 		OverheadRate: 1000, OverheadDuration: 2 * time.Second, OverheadRounds: 3,
 		DecisionBackends: 64, DecisionPrompt: 16000, DecisionSamples: 20000,
 	}
@@ -92,6 +96,9 @@ type OptionsSummary struct {
 	PrefillPerToken string  `json:"prefill_per_token"`
 	DecodePerToken  string  `json:"decode_per_token"`
 	LoadFactor      float64 `json:"load_factor"`
+	ShareFactor     float64 `json:"share_factor"`
+	BalanceSlack    float64 `json:"balance_slack"`
+	Slack           float64 `json:"slack"`
 }
 
 // WorkloadResult is one workload under every strategy.
@@ -106,20 +113,25 @@ type WorkloadResult struct {
 
 // StrategyResult is one strategy on one workload. Times are simulated seconds.
 type StrategyResult struct {
-	Strategy       balance.Strategy   `json:"strategy"`
-	HitRate        float64            `json:"kv_hit_rate"`
-	TTFTp50        float64            `json:"ttft_p50_s"`
-	TTFTp95        float64            `json:"ttft_p95_s"`
-	TTFTp99        float64            `json:"ttft_p99_s"`
-	OpenThroughput float64            `json:"open_loop_rps"`
-	Throughput     float64            `json:"saturated_rps,omitempty"`
-	SatHitRate     float64            `json:"saturated_kv_hit_rate,omitempty"`
-	BusiestShare   float64            `json:"busiest_share_over_mean"`
-	Rejected429    int                `json:"rejected_429"`
-	Rejected503    int                `json:"rejected_503"`
-	Errors         int                `json:"errors"`
-	Reasons        map[string]float64 `json:"decisions_by_reason"`
-	WallSeconds    float64            `json:"wall_seconds"`
+	Strategy       balance.Strategy `json:"strategy"`
+	HitRate        float64          `json:"kv_hit_rate"`
+	TTFTp50        float64          `json:"ttft_p50_s"`
+	TTFTp95        float64          `json:"ttft_p95_s"`
+	TTFTp99        float64          `json:"ttft_p99_s"`
+	OpenThroughput float64          `json:"open_loop_rps"`
+	Throughput     float64          `json:"saturated_rps,omitempty"`
+	SatHitRate     float64          `json:"saturated_kv_hit_rate,omitempty"`
+	BusiestShare   float64          `json:"busiest_share_over_mean"`
+	// BusiestWork is the busiest backend's computed prompt tokens (not
+	// served from cache) over the mean: the load that sets TTFT.
+	BusiestWork float64            `json:"busiest_prefill_over_mean"`
+	Rejected429 int                `json:"rejected_429"`
+	Rejected503 int                `json:"rejected_503"`
+	Errors      int                `json:"errors"`
+	Reasons     map[string]float64 `json:"decisions_by_reason"`
+	WallSeconds float64            `json:"wall_seconds"`
+	// TTFTs are the successful requests' TTFTs in seconds (for plots).
+	TTFTs []float64 `json:"-"`
 }
 
 func (o *Options) logf(format string, args ...any) {
@@ -139,7 +151,7 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 	res := &Results{Machine: Machine{CPUs: runtime.NumCPU(), LoadAvg1: loadAvg(), GoVersion: runtime.Version()},
 		Options: OptionsSummary{Backends: o.Backends, Load: o.Load, Requests: o.Requests, KVBlocks: o.Sim.KVBlocks, BlockTokens: o.Sim.BlockTokens,
 			MaxSeqs: o.Sim.MaxSeqs, PrefillPerToken: o.Sim.PrefillPerToken.String(), DecodePerToken: o.Sim.DecodePerToken.String(),
-			LoadFactor: o.LoadFactor}}
+			LoadFactor: o.routerConfig().LoadFactor, ShareFactor: o.routerConfig().ShareFactor, BalanceSlack: o.routerConfig().BalanceSlack, Slack: o.routerConfig().Slack}}
 	tok := llmsim.Tokenizer{CharsPerToken: o.Sim.CharsPerToken, BlockTokens: o.Sim.BlockTokens}
 	for _, name := range o.Workloads {
 		var w Workload
@@ -195,6 +207,30 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 	return res, nil
 }
 
+// routerConfig is the router configuration the options produce.
+func (o *Options) routerConfig() router.Config {
+	cfg := router.Defaults()
+	if o.LoadFactor > 0 {
+		cfg.LoadFactor = o.LoadFactor
+	}
+	if o.Slack > 0 {
+		cfg.Slack = o.Slack
+	}
+	if o.DecodeWeight > 0 {
+		cfg.DecodeWeight = o.DecodeWeight
+	}
+	if o.ShareFactor > 0 {
+		cfg.ShareFactor = o.ShareFactor
+	}
+	if o.ShareHalfLife > 0 {
+		cfg.ShareHalfLife = o.ShareHalfLife
+	}
+	if o.BalanceSlack > 0 {
+		cfg.BalanceSlack = o.BalanceSlack
+	}
+	return cfg
+}
+
 // fleet is N simulators and a router, all listening on 127.0.0.1.
 type fleet struct {
 	reg     *prometheus.Registry
@@ -240,12 +276,8 @@ func startFleetWith(ctx context.Context, o *Options, n int, st balance.Strategy,
 			stops[i]()
 		}
 	}
-	cfg := router.Defaults()
+	cfg := o.routerConfig()
 	cfg.Strategy = st
-	cfg.LoadFactor = o.LoadFactor
-	if o.Slack > 0 {
-		cfg.Slack = o.Slack
-	}
 	// No router-side limit by default: simulators queue like vLLM does, and
 	// the router queue waits in wall time, which a virtual clock cannot see.
 	cfg.MaxInflight = o.RouterMaxInf
@@ -291,8 +323,13 @@ func startFleetWith(ctx context.Context, o *Options, n int, st balance.Strategy,
 	return f, nil
 }
 
+// newClient is the load generator's client. It runs in the router's process,
+// so its garbage (net's generic copy allocates a buffer per request body that
+// does not fit the write buffer) would trigger collections that stall the
+// router being measured: bodies up to 64 KiB are copied into the buffer.
 func newClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxIdleConns: 4096, DisableCompression: true, IdleConnTimeout: time.Minute}}
+	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxIdleConns: 4096, DisableCompression: true,
+		IdleConnTimeout: time.Minute, WriteBufferSize: 64 << 10}}
 }
 
 func runStrategy(ctx context.Context, o *Options, w *Workload, st balance.Strategy) (StrategyResult, error) {
@@ -328,13 +365,14 @@ func runStrategy(ctx context.Context, o *Options, w *Workload, st balance.Strate
 		}
 	}
 	sr.TTFTp50, sr.TTFTp95, sr.TTFTp99 = quantile(ttfts, 0.5), quantile(ttfts, 0.95), quantile(ttfts, 0.99)
+	sr.TTFTs = ttfts
 	sr.OpenThroughput = float64(len(ttfts)) / elapsed.Seconds()
 	stats, err := scrape(ctx, client, f.simURLs)
 	if err != nil {
 		f.stop()
 		return sr, err
 	}
-	sr.HitRate, sr.BusiestShare = stats.hitRate(), stats.busiest()
+	sr.HitRate, sr.BusiestShare, sr.BusiestWork = stats.hitRate(), busiest(stats.requests), busiest(stats.computed())
 	sr.Reasons = reasons(f.reg)
 	f.stop()
 	if o.Saturation {
@@ -419,7 +457,7 @@ type outcome struct {
 // count its next request first).
 func (d *driver) send(ctx context.Context, r *Request) outcome {
 	start := d.clock.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.base+r.Path, strings.NewReader(string(r.Body)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.base+r.Path, bytes.NewReader(r.Body))
 	if err != nil {
 		return outcome{err: err}
 	}
@@ -546,7 +584,7 @@ func (d *driver) closedLoop(ctx context.Context, reqs []Request, clients int) (i
 // sendReal posts one request in wall-clock time (overhead phase).
 func sendReal(ctx context.Context, c *http.Client, base string, r *Request) outcome {
 	start := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+r.Path, strings.NewReader(string(r.Body)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+r.Path, bytes.NewReader(r.Body))
 	if err != nil {
 		return outcome{err: err}
 	}
@@ -603,20 +641,29 @@ func (s simStats) hitRate() float64 {
 	return h / q
 }
 
-// busiest is the busiest backend's request count over the mean.
-func (s simStats) busiest() float64 {
-	if len(s.requests) == 0 {
+// computed is each backend's prompt tokens not served from its cache.
+func (s simStats) computed() []float64 {
+	out := make([]float64, len(s.queries))
+	for i := range s.queries {
+		out[i] = s.queries[i] - s.hits[i]
+	}
+	return out
+}
+
+// busiest is the largest value over the mean.
+func busiest(xs []float64) float64 {
+	if len(xs) == 0 {
 		return 0
 	}
 	top, sum := 0.0, 0.0
-	for _, r := range s.requests {
+	for _, r := range xs {
 		top = max(top, r)
 		sum += r
 	}
 	if sum == 0 {
 		return 0
 	}
-	return top / (sum / float64(len(s.requests)))
+	return top / (sum / float64(len(xs)))
 }
 
 // scrape reads the simulators' own vLLM-style metrics over HTTP.
