@@ -43,6 +43,8 @@ func (d *Daemon) Handler(token string) http.Handler {
 	mux.HandleFunc("GET /v1/endpoints", d.handleEndpoints)
 	mux.HandleFunc("POST /v1/endpoints", d.handleAddEndpoint)
 	mux.HandleFunc("DELETE /v1/endpoints", d.handleRemoveEndpoint)
+	mux.HandleFunc("GET /v1/gossip/keys", d.handleListGossipKeys)
+	mux.HandleFunc("POST /v1/gossip/keys", d.handleGossipKeyOp)
 	if token == "" {
 		return mux
 	}

@@ -6,9 +6,12 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func envInt(name string, def int) int {
@@ -34,12 +37,38 @@ type convergenceWatch struct {
 	need    int
 	last    time.Time
 	done    chan struct{}
+	// rumors counts, per member, the rumor copies of the change it received
+	// (news or not): a member that converged with none missed the broadcast
+	// and was repaired by a digest pull or push/pull.
+	rumors map[string]int
+}
+
+func (w *convergenceWatch) rumor(at, node string, version uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done != nil && node == w.node && version >= w.version {
+		w.rumors[at]++
+	}
+}
+
+// missedRumor returns how many members converged without a rumor copy.
+func (w *convergenceWatch) missedRumor() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c := 0
+	for at := range w.seen {
+		if w.rumors[at] == 0 {
+			c++
+		}
+	}
+	return c
 }
 
 func (w *convergenceWatch) arm(node string, version uint64, need int) {
 	w.mu.Lock()
 	w.node, w.version, w.need = node, version, need
 	w.seen = make(map[string]bool, need)
+	w.rumors = make(map[string]int, need)
 	w.done = make(chan struct{})
 	w.mu.Unlock()
 }
@@ -66,8 +95,17 @@ func (w *convergenceWatch) observe(at, node string, version uint64) {
 //
 //	go test -run XXX -bench Convergence256 -benchtime 1x ./gossip/
 //
+// "rumor-mult3" is warmfleet with session 1's BroadcastRetransmitMult of 3
+// (the tail this issue is about); "rumor+digest" adds the digest path (off
+// by default, see digest.go).
 // "memberlist-lan" runs memberlist's DefaultLANConfig gossip timings as the
 // baseline.
+//
+// Besides latency and idle cost it reports missed-rumor (member-changes
+// that converged without receiving a single rumor copy, so by digest pull or
+// push/pull), digest-pulls (records fetched after a digest) and
+// starved-pct (share of gossip packets, while we had broadcasts queued, in
+// which memberlist's own messages left less than 600 bytes for ours).
 //
 // 256 members in one process share the machine's cores; on a loaded 2-core
 // box their probe acks come late and members flap (suspect, dead, refute),
@@ -85,7 +123,9 @@ func BenchmarkConvergence256(b *testing.B) {
 		tun  Tuning
 	}{
 		{"warmfleet", relaxed(Tuning{})},
-		{"memberlist-lan", relaxed(Tuning{GossipInterval: 200 * time.Millisecond, GossipNodes: 3, RetransmitMult: 4, PushPullInterval: 30 * time.Second})},
+		{"rumor+digest", relaxed(Tuning{DigestInterval: 250 * time.Millisecond})},
+		{"rumor-mult3", relaxed(Tuning{BroadcastRetransmitMult: 3})},
+		{"memberlist-lan", relaxed(Tuning{GossipInterval: 200 * time.Millisecond, GossipNodes: 3, RetransmitMult: 4, BroadcastRetransmitMult: 4, PushPullInterval: 30 * time.Second})},
 	} {
 		b.Run(tc.name, func(b *testing.B) { benchConvergence(b, tc.tun) })
 	}
@@ -102,6 +142,7 @@ func benchConvergence(b *testing.B, tun Tuning) {
 	c := newMockCluster(b, names...)
 	c.tun = tun
 	watch := &convergenceWatch{}
+	var packets, starved atomic.Int64
 	members := make([]*Node, nodes)
 	setup := time.Now()
 	for i, name := range names {
@@ -119,6 +160,13 @@ func benchConvergence(b *testing.B, tun Tuning) {
 		n := members[i]
 		n.mu.Lock()
 		n.onInventory = func(node string, version uint64) { watch.observe(name, node, version) }
+		n.onRumor = func(node string, version uint64) { watch.rumor(name, node, version) }
+		n.onBroadcastRoom = func(room int) {
+			packets.Add(1)
+			if room < 600 {
+				starved.Add(1)
+			}
+		}
 		n.mu.Unlock()
 	}
 	deadline := time.Now().Add(5 * time.Minute)
@@ -144,8 +192,11 @@ func benchConvergence(b *testing.B, tun Tuning) {
 	time.Sleep(3 * time.Second) // let join traffic settle
 
 	b.ResetTimer()
+	packets.Store(0)
+	starved.Store(0)
+	pulls0, bytes0 := digestPulls(members), bytesSent(members)
 	var lat []time.Duration
-	timeouts := 0
+	timeouts, missed := 0, 0
 	for i := range changes {
 		origin := members[(i*37)%nodes]
 		inv := Inventory{Models: map[string]ModelInventory{
@@ -165,6 +216,10 @@ func benchConvergence(b *testing.B, tun Tuning) {
 			watch.mu.Lock()
 			lat = append(lat, watch.last.Sub(start))
 			watch.mu.Unlock()
+			if m := watch.missedRumor(); m > 0 {
+				missed += m
+				fmt.Fprintf(os.Stderr, "bench: change %d: %d member(s) got no rumor copy; converged after %v\n", i, m, lat[len(lat)-1].Round(time.Millisecond))
+			}
 		case <-time.After(10 * time.Second):
 			timeouts++
 			watch.mu.Lock()
@@ -180,6 +235,9 @@ func benchConvergence(b *testing.B, tun Tuning) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	b.StopTimer()
+	// Everything sent while changes spread (probes included), per member and
+	// change: what the rumor, the digests and the pulls cost.
+	b.ReportMetric(float64(bytesSent(members)-bytes0)/float64(nodes)/float64(changes), "B/node/change")
 	slices.Sort(lat)
 	pct := func(p float64) time.Duration {
 		if len(lat) == 0 {
@@ -191,19 +249,17 @@ func benchConvergence(b *testing.B, tun Tuning) {
 	b.ReportMetric(float64(pct(0.99).Milliseconds()), "p99-ms")
 	b.ReportMetric(float64(pct(1).Milliseconds()), "max-ms")
 	b.ReportMetric(float64(timeouts), "timeouts")
+	b.ReportMetric(float64(missed), "missed-rumor")
+	b.ReportMetric(digestPulls(members)-pulls0, "digest-pulls")
+	if p := packets.Load(); p > 0 {
+		b.ReportMetric(100*float64(starved.Load())/float64(p), "starved-pct")
+	}
 
 	// Idle: nothing changes; probes, gossip ticks and push/pull go on.
 	time.Sleep(2 * time.Second)
-	sent := func() uint64 {
-		var s uint64
-		for _, n := range members {
-			s += n.tr.packetSent.Load() + n.tr.streamSent.Load()
-		}
-		return s
-	}
-	s0, c0, t0 := sent(), cpuTime(), time.Now()
+	s0, c0, t0 := bytesSent(members), cpuTime(), time.Now()
 	time.Sleep(idle)
-	s1, c1, wall := sent(), cpuTime(), time.Since(t0)
+	s1, c1, wall := bytesSent(members), cpuTime(), time.Since(t0)
 	b.ReportMetric(float64(s1-s0)/float64(nodes)/wall.Seconds(), "idle-B/s/node")
 	b.ReportMetric(float64((c1-c0).Microseconds())/1000/float64(nodes)/wall.Seconds(), "idle-cpu-ms/s/node")
 	drops := uint64(0)
@@ -211,4 +267,20 @@ func benchConvergence(b *testing.B, tun Tuning) {
 		drops += n.tr.packetDrops.Load()
 	}
 	b.ReportMetric(float64(drops), "rx-overflow-drops")
+}
+
+func digestPulls(members []*Node) float64 {
+	var s float64
+	for _, n := range members {
+		s += testutil.ToFloat64(n.met.digestPulls)
+	}
+	return s
+}
+
+func bytesSent(members []*Node) uint64 {
+	var s uint64
+	for _, n := range members {
+		s += n.tr.packetSent.Load() + n.tr.streamSent.Load()
+	}
+	return s
 }

@@ -19,6 +19,9 @@ type nodeMetrics struct {
 	n        *Node
 	dropped  *prometheus.CounterVec
 	received *prometheus.CounterVec
+	// digestPulls counts records asked for because a digest showed this
+	// node behind: each one is a rumor this node missed.
+	digestPulls prometheus.Counter
 
 	members, lag, behind, bytesSent, bytesRecv, packetDrops *prometheus.Desc
 }
@@ -34,6 +37,10 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 			Name: "warmfleet_gossip_messages_received_total",
 			Help: "Gossip messages accepted for processing, by type.",
 		}, []string{"type"}),
+		digestPulls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmfleet_gossip_digest_pulls_total",
+			Help: "Inventory records fetched because a digest showed this node had missed them.",
+		}),
 		members: prometheus.NewDesc("warmfleet_gossip_members",
 			"Fleet members known to this node, by state.", []string{"state"}, nil),
 		lag: prometheus.NewDesc("warmfleet_gossip_inventory_version_lag_seconds",
@@ -55,6 +62,7 @@ func (m *nodeMetrics) drop(reason string) { m.dropped.WithLabelValues(reason).In
 func (m *nodeMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.dropped.Describe(ch)
 	m.received.Describe(ch)
+	m.digestPulls.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.members, m.lag, m.behind, m.bytesSent, m.bytesRecv, m.packetDrops} {
 		ch <- d
 	}
@@ -64,6 +72,7 @@ func (m *nodeMetrics) Describe(ch chan<- *prometheus.Desc) {
 func (m *nodeMetrics) Collect(ch chan<- prometheus.Metric) {
 	m.dropped.Collect(ch)
 	m.received.Collect(ch)
+	m.digestPulls.Collect(ch)
 	counts := map[MemberState]int{MemberAlive: 0, MemberSuspect: 0, MemberDead: 0, MemberLeft: 0}
 	for _, mem := range m.n.Members() {
 		counts[mem.State]++

@@ -35,6 +35,10 @@ const (
 	msgInventories msgType = 4 // reliable: inventory records answering a want
 	msgState       msgType = 5 // push/pull: full desired state + inventory digest
 	msgBye         msgType = 6 // broadcast: a member is leaving on purpose
+	msgDigest      msgType = 7 // packet: recently changed inventory versions
+	msgKeyOp       msgType = 8 // reliable: a fleet-wide keyring operation
+	msgKeyAck      msgType = 9 // reliable: a member's answer to a keyring operation
+	msgLast                = msgKeyAck
 )
 
 func (t msgType) String() string {
@@ -51,6 +55,12 @@ func (t msgType) String() string {
 		return "state"
 	case msgBye:
 		return "bye"
+	case msgDigest:
+		return "digest"
+	case msgKeyOp:
+		return "keyop"
+	case msgKeyAck:
+		return "keyack"
 	}
 	return fmt.Sprintf("type-%d", byte(t))
 }
@@ -106,6 +116,8 @@ type byeMsg struct {
 type wantMsg struct {
 	From  string   `json:"f"`
 	Nodes []string `json:"n"`
+	// Packet asks for the answer in a packet when it fits one.
+	Packet bool `json:"p,omitempty"`
 }
 
 type inventoriesMsg struct {
@@ -148,6 +160,17 @@ func encodeMsg(t msgType, v any) ([]byte, error) {
 	return append(out, body...), nil
 }
 
+// encodeMsgPlain frames v uncompressed: for small messages sent many times
+// a second, where a DEFLATE writer per message (hundreds of KB of state)
+// would cost more CPU than the bytes it saves.
+func encodeMsgPlain(t msgType, v any) ([]byte, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", t, err)
+	}
+	return append([]byte{wireVersion, byte(t), encJSON}, body...), nil
+}
+
 // decodeFrame checks the header and returns the type and JSON payload,
 // inflated if needed, refusing payloads over max.
 func decodeFrame(b []byte, max int) (msgType, []byte, error) {
@@ -158,7 +181,7 @@ func decodeFrame(b []byte, max int) (msgType, []byte, error) {
 		return 0, nil, fmt.Errorf("message format version %d: want %d", b[0], wireVersion)
 	}
 	t := msgType(b[1])
-	if t < msgSpecs || t > msgBye {
+	if t < msgSpecs || t > msgLast {
 		return 0, nil, fmt.Errorf("unknown message type %d", b[1])
 	}
 	body := b[headerLen:]

@@ -109,6 +109,8 @@ func fuzzNode(t testing.TB) *Node {
 		jobs:    make(chan job, 16),
 		peers:   map[string]*peer{"a": {state: MemberAlive}, "b": {state: MemberAlive}},
 		wants:   map[string]wantMark{},
+		recent:  map[string]recentChange{},
+		keyOps:  keyOps{pending: map[string]chan keyAckMsg{"op1": make(chan keyAckMsg, 1)}},
 		desired: newDesired(t, openDB(t), "self", newTestClock().Now),
 	}
 	n.met = newNodeMetrics(n)
@@ -133,6 +135,10 @@ func fuzzSeeds(f *testing.F) {
 		{msgBye, byeMsg{Node: "a"}},
 		{msgState, stateMsg{From: "a", Desired: true, Synced: true, Records: []Record{{Key: s.Key(), TS: ts, Spec: &s}},
 			Digest: map[string]uint64{"b": 12, "a": 3}, Self: &invRecord{Node: "a", Version: 3, Inv: &Inventory{}}}},
+		{msgDigest, digestMsg{From: "a", Entries: map[string]uint64{"b": 40, "self": 2}}},
+		{msgKeyOp, keyOpMsg{ID: "op1", From: "a", Op: KeyInstall, Key: EncodeKey(make([]byte, KeySize))}},
+		{msgKeyOp, keyOpMsg{ID: "op2", From: "b", Op: KeyRemove, Fingerprint: Fingerprint(make([]byte, KeySize))}},
+		{msgKeyAck, keyAckMsg{ID: "op1", Node: "a", Keys: []string{Fingerprint([]byte("k"))}}},
 	} {
 		b, err := encodeMsg(m.t, m.v)
 		if err != nil {
@@ -200,6 +206,50 @@ func FuzzParseKey(f *testing.F) {
 		k, err := ParseKey(s)
 		if err == nil && len(k) != KeySize {
 			t.Fatalf("ParseKey(%q) gave %d bytes", s, len(k))
+		}
+	})
+}
+
+// FuzzDecodeDigestAndKeyMessages feeds arbitrary payloads to the decoders
+// of digests and keyring messages: whatever they accept must satisfy the
+// rules the handlers rely on.
+func FuzzDecodeDigestAndKeyMessages(f *testing.F) {
+	f.Add([]byte(`{"f":"a","d":{"b":1}}`))
+	f.Add([]byte(`{"id":"x","f":"a","op":"use","fp":"sha256:0011223344556677"}`))
+	f.Add([]byte(`{"id":"x","n":"a","k":["sha256:0011223344556677"],"e":"boom"}`))
+	f.Add([]byte(`{"id":"x","f":"a","op":"install","k":"AAAA"}`))
+	f.Fuzz(func(t *testing.T, p []byte) {
+		if d, err := decodeDigest(p); err == nil {
+			if validateNodeName(d.From) != nil || len(d.Entries) == 0 || len(d.Entries) > maxDigestEntries {
+				t.Fatalf("accepted bad digest %+v", d)
+			}
+			for n, v := range d.Entries {
+				if validateNodeName(n) != nil || v == 0 {
+					t.Fatalf("accepted bad digest entry %q=%d", n, v)
+				}
+			}
+		}
+		if m, err := decodeKeyOp(p); err == nil {
+			switch m.Op {
+			case KeyInstall:
+				if k, err := ParseKey(m.Key); err != nil || len(k) != KeySize {
+					t.Fatalf("accepted install of a bad key: %v", err)
+				}
+			case KeyUse, KeyRemove:
+				if !ValidFingerprint(m.Fingerprint) {
+					t.Fatalf("accepted bad fingerprint %q", m.Fingerprint)
+				}
+			case KeyList:
+			default:
+				t.Fatalf("accepted op %q", m.Op)
+			}
+		}
+		if a, err := decodeKeyAck(p); err == nil {
+			for _, fp := range a.Keys {
+				if !ValidFingerprint(fp) {
+					t.Fatalf("accepted bad fingerprint %q in an ack", fp)
+				}
+			}
 		}
 	})
 }

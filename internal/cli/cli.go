@@ -45,6 +45,7 @@ func commands() []command {
 		{"llmsim", "run one simulated LLM inference backend", runLLMSim},
 		{"bench", "run a benchmark: s3, fleet, router", runBench},
 		{"keygen", "write a new cluster key", runKeygen},
+		{"gossip", "fleet gossip administration: keys list, install, use, remove", runGossip},
 		{"demo", "run a local end-to-end demo on embedded defaults", runDemo},
 		{"version", "print the version", runVersion},
 	}

@@ -161,7 +161,7 @@ func runRouter(ctx context.Context, e *Env, args []string) error {
 	var setStatic func([]router.Endpoint)
 	if len(join) > 0 {
 		node, err := gossip.Start(ctx, gossip.Config{
-			NodeName: *nodeName, BindAddr: *gossipAddr, AdvertiseAddr: *advertise, Join: join, Keyring: clusterKeys,
+			NodeName: *nodeName, BindAddr: *gossipAddr, AdvertiseAddr: *advertise, Join: join, Keyring: clusterKeys, KeyFile: *clusterKeyFile,
 			Insecure: *insecureGossip, Role: gossip.RoleRouter, Meta: gossip.Meta{APIAddr: *listen, Version: Version()},
 			Logger: log.With("component", "gossip"), Registerer: reg,
 		})

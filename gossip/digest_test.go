@@ -1,0 +1,106 @@
+package gossip
+
+import (
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestPickDigest(t *testing.T) {
+	now := newTestClock().Now()
+	at := func(ago time.Duration) time.Time { return now.Add(-ago) }
+	const delay, window = 200 * time.Millisecond, 2 * time.Second
+	for _, tc := range []struct {
+		name   string
+		recent map[string]recentChange
+		limit  int
+		want   map[string]uint64
+		keep   []string // left in recent after pruning
+	}{
+		{name: "nothing", recent: map[string]recentChange{}, limit: 10},
+		{name: "too fresh: the rumor is still spreading",
+			recent: map[string]recentChange{"a": {5, at(100 * time.Millisecond)}}, limit: 10, keep: []string{"a"}},
+		{name: "eligible",
+			recent: map[string]recentChange{"a": {5, at(delay)}, "b": {7, at(time.Second)}}, limit: 10,
+			want: map[string]uint64{"a": 5, "b": 7}, keep: []string{"a", "b"}},
+		{name: "expired entries are pruned",
+			recent: map[string]recentChange{"a": {5, at(window + time.Millisecond)}, "b": {7, at(time.Second)}}, limit: 10,
+			want: map[string]uint64{"b": 7}, keep: []string{"b"}},
+		{name: "limit keeps the newest",
+			recent: map[string]recentChange{"a": {5, at(1500 * time.Millisecond)}, "b": {7, at(time.Second)}, "c": {1, at(300 * time.Millisecond)}}, limit: 2,
+			want: map[string]uint64{"b": 7, "c": 1}, keep: []string{"a", "b", "c"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := pickDigest(tc.recent, now, delay, window, tc.limit)
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("digest %v, want %v", got, tc.want)
+			}
+			if kept := slices.Sorted(maps.Keys(tc.recent)); !slices.Equal(kept, tc.keep) {
+				t.Errorf("kept %v, want %v", kept, tc.keep)
+			}
+		})
+	}
+}
+
+func TestTrimOldest(t *testing.T) {
+	got := trimOldest(map[string]uint64{"a": 1, "b": 9, "c": 5, "d": 9}, 3)
+	if want := map[string]uint64{"b": 9, "d": 9, "c": 5}; !maps.Equal(got, want) {
+		t.Fatalf("trimOldest = %v, want %v", got, want)
+	}
+}
+
+// TestMissedRumorCaughtUpByDigest makes one member miss an inventory rumor
+// entirely, then checks that it gets the record from a digest, with
+// push/pull anti-entropy out of the picture.
+func TestMissedRumorCaughtUpByDigest(t *testing.T) {
+	names := []string{"n0", "n1", "n2", "n3", "n4"}
+	c := newMockCluster(t, names...)
+	c.tun.PushPullInterval = 24 * time.Hour // only joins push/pull
+	c.tun.DigestInterval = 50 * time.Millisecond
+	c.tun.DigestWindow = time.Minute
+	regs := map[string]*promRegistry{}
+	nodes := startCluster(t, c, names, func(name string, cfg *Config) {
+		regs[name] = newRegistry()
+		cfg.Registerer = regs[name]
+	})
+	origin, lagger := nodes[1], nodes[4]
+	statesBefore := testutil.ToFloat64(lagger.met.received.WithLabelValues(msgState.String()))
+
+	// While the rumor spreads, the lagger holds the origin as suspect and so
+	// drops every copy: the same as losing them all on the network.
+	lagger.mu.Lock()
+	lagger.peers[origin.LocalName()].state = MemberSuspect
+	lagger.mu.Unlock()
+	inv := Inventory{Models: map[string]ModelInventory{"m": {State: StateReady, BytesDone: 1, BytesTotal: 1}}}
+	if err := origin.SetLocalInventory(inv); err != nil {
+		t.Fatal(err)
+	}
+	has := func(n *Node) bool {
+		m, _ := member(n, origin.LocalName())
+		return m.Inventory != nil && m.Inventory.Models["m"].State == StateReady
+	}
+	for _, n := range nodes[:4] {
+		eventually(t, n.LocalName()+" has the change and stopped retransmitting", func() bool {
+			return n == origin || has(n) && n.queue.NumQueued() == 0
+		})
+	}
+	eventually(t, "origin stopped retransmitting", func() bool { return origin.queue.NumQueued() == 0 })
+	lagger.mu.Lock()
+	missed := lagger.peers[origin.LocalName()].rec == nil || lagger.peers[origin.LocalName()].rec.Inv.Models["m"].State != StateReady
+	lagger.peers[origin.LocalName()].state = MemberAlive
+	lagger.mu.Unlock()
+	if !missed {
+		t.Fatal("the lagger got the rumor: the test did not simulate a miss")
+	}
+
+	eventually(t, "lagger caught up", func() bool { return has(lagger) })
+	if pulls := testutil.ToFloat64(lagger.met.digestPulls); pulls < 1 {
+		t.Errorf("lagger caught up without a digest pull (%v)", pulls)
+	}
+	if states := testutil.ToFloat64(lagger.met.received.WithLabelValues(msgState.String())); states != statesBefore {
+		t.Errorf("a push/pull ran (%v states, %v before): the digest path was not what repaired it", states, statesBefore)
+	}
+}
