@@ -28,31 +28,75 @@ var ErrUnauthenticated = errors.New("p2p: peer failed authentication")
 // auth turns a fresh TCP connection into an authenticated one and learns the
 // remote node's ID. Nothing else is read or written before it succeeds.
 type auth struct {
-	nodeID  string
-	macKey  []byte
+	nodeID string
+	// keys returns the cluster keys, the one to dial with first; every one
+	// is accepted from a dialer, so a fleet can rotate its key (install,
+	// use, remove) without connections failing between nodes that switched
+	// and nodes that have not yet.
+	keys    func() [][]byte
 	tlsConf *tls.Config // nil: HMAC handshake, then plaintext
 }
 
 const tlsServerName = "warmfleet-p2p"
 
-func newAuth(nodeID string, clusterKey []byte, encrypt bool) (*auth, error) {
-	if len(clusterKey) != ClusterKeySize {
-		return nil, fmt.Errorf("p2p: cluster key must be %d bytes, got %d", ClusterKeySize, len(clusterKey))
+func newAuth(nodeID string, keys func() [][]byte, encrypt bool) (*auth, error) {
+	ks := keys()
+	if len(ks) == 0 {
+		return nil, errors.New("p2p: no cluster key")
+	}
+	for _, k := range ks {
+		if len(k) != ClusterKeySize {
+			return nil, fmt.Errorf("p2p: cluster key must be %d bytes, got %d", ClusterKeySize, len(k))
+		}
 	}
 	if !validName(nodeID) || len(nodeID) > 255 {
 		return nil, errors.New("p2p: node id must be 1-255 bytes of UTF-8")
 	}
-	macKey, err := hkdf.Key(sha256.New, clusterKey, nil, "warmfleet p2p hmac v1", 32)
-	if err != nil {
-		return nil, fmt.Errorf("p2p: derive key: %w", err)
-	}
-	a := &auth{nodeID: nodeID, macKey: macKey}
+	a := &auth{nodeID: nodeID, keys: keys}
 	if encrypt {
-		if a.tlsConf, err = clusterTLS(clusterKey, nodeID); err != nil {
+		// TLS pins the CA of the key in use at start: a rotation reaches
+		// encrypted connections when the node restarts.
+		var err error
+		if a.tlsConf, err = clusterTLS(ks[0], nodeID); err != nil {
 			return nil, err
 		}
 	}
 	return a, nil
+}
+
+// macKey derives the HMAC key of a cluster key, and keyID names it in the
+// handshake so the acceptor knows which of its keys the dialer uses.
+func macKey(clusterKey []byte) []byte {
+	k, _ := hkdf.Key(sha256.New, clusterKey, nil, "warmfleet p2p hmac v1", 32)
+	return k
+}
+
+func keyID(mk []byte) []byte {
+	h := hmac.New(sha256.New, mk)
+	h.Write([]byte("key id"))
+	return h.Sum(nil)[:8]
+}
+
+// dialKey returns the HMAC key to dial with: the first cluster key's.
+func (a *auth) dialKey() ([]byte, error) {
+	ks := a.keys()
+	if len(ks) == 0 || len(ks[0]) != ClusterKeySize {
+		return nil, errors.New("p2p: no usable cluster key")
+	}
+	return macKey(ks[0]), nil
+}
+
+// acceptKey returns the HMAC key among ours whose ID is id, or nil.
+func (a *auth) acceptKey(id []byte) []byte {
+	for _, k := range a.keys() {
+		if len(k) != ClusterKeySize {
+			continue
+		}
+		if mk := macKey(k); hmac.Equal(keyID(mk), id) {
+			return mk
+		}
+	}
+	return nil
 }
 
 // clusterTLS derives a CA every member can compute from the cluster key and
@@ -117,16 +161,16 @@ func clusterTLS(clusterKey []byte, nodeID string) (*tls.Config, error) {
 
 // HMAC handshake (plaintext mode), both sides proving knowledge of the key
 // over fresh nonces; distinct labels stop one side's proof being replayed
-// as the other's:
+// as the other's. keyID names which cluster key the dialer uses:
 //
-//	C->S  "WFP2P1" nonceC[32] len idC
+//	C->S  "WFP2P2" nonceC[32] keyID[8] len idC
 //	S->C  nonceS[32] len idS HMAC("server", nonceC, nonceS, idC, idS)
 //	C->S  HMAC("client", nonceC, nonceS, idC, idS)
 //	S->C  0x01 (accepted)
-var handshakeMagic = []byte("WFP2P1")
+var handshakeMagic = []byte("WFP2P2")
 
-func (a *auth) mac(label string, nc, ns []byte, idC, idS string) []byte {
-	h := hmac.New(sha256.New, a.macKey)
+func mac(key []byte, label string, nc, ns []byte, idC, idS string) []byte {
+	h := hmac.New(sha256.New, key)
 	for _, p := range [][]byte{[]byte(label), nc, ns, {byte(len(idC))}, []byte(idC), {byte(len(idS))}, []byte(idS)} {
 		h.Write(p)
 	}
@@ -147,9 +191,13 @@ func (a *auth) client(c net.Conn, deadline time.Time) (net.Conn, string, error) 
 		}
 		return tc, tc.ConnectionState().PeerCertificates[0].Subject.CommonName, nil
 	}
+	key, err := a.dialKey()
+	if err != nil {
+		return nil, "", err
+	}
 	nc := make([]byte, 32)
 	_, _ = rand.Read(nc)
-	msg := append(append(append(append([]byte{}, handshakeMagic...), nc...), byte(len(a.nodeID))), a.nodeID...)
+	msg := append(append(append(append(append([]byte{}, handshakeMagic...), nc...), keyID(key)...), byte(len(a.nodeID))), a.nodeID...)
 	if _, err := c.Write(msg); err != nil {
 		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
 	}
@@ -165,10 +213,10 @@ func (a *auth) client(c net.Conn, deadline time.Time) (net.Conn, string, error) 
 	if _, err := io.ReadFull(c, got); err != nil {
 		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
 	}
-	if !hmac.Equal(got, a.mac("server", nc, ns, a.nodeID, idS)) {
+	if !hmac.Equal(got, mac(key, "server", nc, ns, a.nodeID, idS)) {
 		return nil, "", ErrUnauthenticated
 	}
-	if _, err := c.Write(a.mac("client", nc, ns, a.nodeID, idS)); err != nil {
+	if _, err := c.Write(mac(key, "client", nc, ns, a.nodeID, idS)); err != nil {
 		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
 	}
 	ok := make([]byte, 1)
@@ -191,21 +239,25 @@ func (a *auth) server(c net.Conn, deadline time.Time) (net.Conn, string, error) 
 		}
 		return tc, tc.ConnectionState().PeerCertificates[0].Subject.CommonName, nil
 	}
-	hdr := make([]byte, len(handshakeMagic)+32)
+	hdr := make([]byte, len(handshakeMagic)+32+8)
 	if _, err := io.ReadFull(c, hdr); err != nil {
 		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
 	}
 	if !bytes.Equal(hdr[:len(handshakeMagic)], handshakeMagic) {
 		return nil, "", fmt.Errorf("%w: not a warmfleet p2p client", ErrUnauthenticated)
 	}
-	nc := hdr[len(handshakeMagic):]
+	nc := hdr[len(handshakeMagic) : len(handshakeMagic)+32]
+	key := a.acceptKey(hdr[len(handshakeMagic)+32:])
 	idC, err := readShortString(c)
 	if err != nil {
 		return nil, "", err
 	}
+	if key == nil {
+		return nil, "", fmt.Errorf("%w: client uses a key we do not hold", ErrUnauthenticated)
+	}
 	ns := make([]byte, 32)
 	_, _ = rand.Read(ns)
-	msg := append(append(append(append([]byte{}, ns...), byte(len(a.nodeID))), a.nodeID...), a.mac("server", nc, ns, idC, a.nodeID)...)
+	msg := append(append(append(append([]byte{}, ns...), byte(len(a.nodeID))), a.nodeID...), mac(key, "server", nc, ns, idC, a.nodeID)...)
 	if _, err := c.Write(msg); err != nil {
 		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
 	}
@@ -213,7 +265,7 @@ func (a *auth) server(c net.Conn, deadline time.Time) (net.Conn, string, error) 
 	if _, err := io.ReadFull(c, got); err != nil {
 		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
 	}
-	if !hmac.Equal(got, a.mac("client", nc, ns, idC, a.nodeID)) {
+	if !hmac.Equal(got, mac(key, "client", nc, ns, idC, a.nodeID)) {
 		return nil, "", ErrUnauthenticated
 	}
 	if _, err := c.Write([]byte{1}); err != nil {

@@ -76,11 +76,11 @@ func TestHandshake(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			srvAuth, err := newAuth("server", testKey, c.serverEncrypt)
+			srvAuth, err := newAuth("server", oneKey(testKey), c.serverEncrypt)
 			if err != nil {
 				t.Fatal(err)
 			}
-			cliAuth, err := newAuth("client", c.clientKey, c.clientEncrypt)
+			cliAuth, err := newAuth("client", oneKey(c.clientKey), c.clientEncrypt)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +120,7 @@ func TestHandshake(t *testing.T) {
 		})
 	}
 	t.Run("skipping the handshake", func(t *testing.T) {
-		srvAuth, _ := newAuth("server", testKey, false)
+		srvAuth, _ := newAuth("server", oneKey(testKey), false)
 		cc, sc := tcpPair(t)
 		go func() {
 			var id [32]byte
@@ -141,10 +141,10 @@ func TestHandshake(t *testing.T) {
 }
 
 func TestNewAuthRejectsBadConfig(t *testing.T) {
-	if _, err := newAuth("n", make([]byte, 16), false); err == nil {
+	if _, err := newAuth("n", oneKey(make([]byte, 16)), false); err == nil {
 		t.Fatal("short key accepted")
 	}
-	if _, err := newAuth("", testKey, false); err == nil {
+	if _, err := newAuth("", oneKey(testKey), false); err == nil {
 		t.Fatal("empty node id accepted")
 	}
 }
@@ -170,4 +170,54 @@ func tcpPair(t *testing.T) (client, server net.Conn) {
 	}
 	t.Cleanup(func() { client.Close(); server.Close() })
 	return client, server
+}
+
+func oneKey(k []byte) func() [][]byte { return func() [][]byte { return [][]byte{k} } }
+
+// During a rotation nodes dial with different keys; a node accepts any key
+// it holds, and refuses one it does not.
+func TestAuthAcceptsEveryInstalledKey(t *testing.T) {
+	oldKey, newKey := testKey, bytes.Repeat([]byte{9}, ClusterKeySize)
+	both := func() [][]byte { return [][]byte{oldKey, newKey} }
+	cases := []struct {
+		name     string
+		client   func() [][]byte
+		server   func() [][]byte
+		accepted bool
+	}{
+		{"switched client, server with both", oneKey(newKey), both, true},
+		{"old client, switched server with both", oneKey(oldKey), func() [][]byte { return [][]byte{newKey, oldKey} }, true},
+		{"new client, server that removed it", oneKey(newKey), oneKey(oldKey), false},
+		{"old client, server that removed it", oneKey(oldKey), oneKey(newKey), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srvAuth, err := newAuth("server", c.server, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cliAuth, err := newAuth("client", c.client, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc, sc := tcpPair(t)
+			srvErr := make(chan error, 1)
+			go func() {
+				_, _, err := srvAuth.server(sc, time.Now().Add(time.Second))
+				sc.Close()
+				srvErr <- err
+			}()
+			_, id, err := cliAuth.client(cc, time.Now().Add(time.Second))
+			serr := <-srvErr
+			if c.accepted {
+				if err != nil || serr != nil || id != "server" {
+					t.Fatalf("client %q %v, server %v", id, err, serr)
+				}
+				return
+			}
+			if serr == nil || err == nil {
+				t.Fatalf("accepted: client %v, server %v", err, serr)
+			}
+		})
+	}
 }

@@ -22,6 +22,10 @@ type Config struct {
 	NodeID string
 	// ClusterKey is the 32-byte secret shared by every fleet member.
 	ClusterKey []byte
+	// Keyring, if set, replaces ClusterKey with the fleet's current keys
+	// (the one to dial with first; all are accepted), read at every
+	// handshake, so the swarm follows a key rotation.
+	Keyring func() [][]byte
 	// Encrypt wraps connections in mutual TLS 1.3 under a CA derived from the
 	// cluster key. Off, connections are authenticated by an HMAC handshake and
 	// the bulk bytes go in the clear with sendfile; pieces are verified
@@ -91,7 +95,12 @@ const chunkSize = 256 << 10
 
 // NewNode checks cfg and builds a node; call Serve to accept peers.
 func NewNode(cfg Config) (*Node, error) {
-	a, err := newAuth(cfg.NodeID, cfg.ClusterKey, cfg.Encrypt)
+	keys := cfg.Keyring
+	if keys == nil {
+		key := cfg.ClusterKey
+		keys = func() [][]byte { return [][]byte{key} }
+	}
+	a, err := newAuth(cfg.NodeID, keys, cfg.Encrypt)
 	if err != nil {
 		return nil, err
 	}

@@ -222,7 +222,7 @@ func stallingPeer(t *testing.T, m *Manifest) (addr string, requests func() int) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	a, err := newAuth("stall", testKey, false)
+	a, err := newAuth("stall", oneKey(testKey), false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	imagecache "github.com/warmfleet/warmfleet/containerd"
@@ -145,8 +146,11 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	}
 	defer d.Close()
 	var swarm *p2p.Node
+	// The swarm authenticates peers with the gossip keyring once gossip
+	// runs, so a fleet-wide key rotation reaches it too.
+	var fleetNode atomic.Pointer[gossip.Node]
 	if f.p2pAddr != "" {
-		ln, node, err := startSwarm(ctx, log, f)
+		ln, node, err := startSwarm(ctx, log, f, &fleetNode)
 		if err != nil {
 			return err
 		}
@@ -178,6 +182,7 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 			}
 		}()
 		d.SetFleet(node)
+		fleetNode.Store(node)
 	}
 
 	images, err := dialContainerd(ctx, log, f, d)
@@ -273,14 +278,14 @@ func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	}
 	return gossip.Start(ctx, gossip.Config{
 		NodeName: f.nodeName, BindAddr: f.gossipAddr, AdvertiseAddr: f.advertise, Join: f.join,
-		Keyring: keys, Insecure: f.insecureGossip, Labels: labels, Role: gossip.RoleNode, Meta: meta,
+		Keyring: keys, KeyFile: f.clusterKeyFile, Insecure: f.insecureGossip, Labels: labels, Role: gossip.RoleNode, Meta: meta,
 		Desired: d.Desired(), Logger: log.With("component", "gossip"), Registerer: d.Registry(),
 	})
 }
 
 // startSwarm opens the peer listener. Peers authenticate with the cluster
 // key, so the swarm needs one.
-func startSwarm(ctx context.Context, log *slog.Logger, f *daemonFlags) (net.Listener, *p2p.Node, error) {
+func startSwarm(ctx context.Context, log *slog.Logger, f *daemonFlags, fleet *atomic.Pointer[gossip.Node]) (net.Listener, *p2p.Node, error) {
 	if f.gossipAddr == "" || f.clusterKeyFile == "" {
 		return nil, nil, usageError("--p2p needs --gossip and --cluster-key-file: peers find each other by gossip and authenticate with the cluster key")
 	}
@@ -291,7 +296,15 @@ func startSwarm(ctx context.Context, log *slog.Logger, f *daemonFlags) (net.List
 	if f.p2pMaxUploads < 1 {
 		return nil, nil, usageError("--p2p-max-uploads must be at least 1, got %d", f.p2pMaxUploads)
 	}
-	node, err := p2p.NewNode(p2p.Config{NodeID: f.nodeName, ClusterKey: keys[0], Logger: log.With("component", "p2p"),
+	keyring := func() [][]byte {
+		if g := fleet.Load(); g != nil {
+			if ks := g.Keys(); len(ks) > 0 {
+				return ks
+			}
+		}
+		return keys
+	}
+	node, err := p2p.NewNode(p2p.Config{NodeID: f.nodeName, Keyring: keyring, Logger: log.With("component", "p2p"),
 		MaxUploads: f.p2pMaxUploads, UploadLimit: float64(f.p2pUpload), DownloadLimit: float64(f.p2pDownload)})
 	if err != nil {
 		return nil, nil, err
