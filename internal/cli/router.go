@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -67,6 +68,7 @@ func (f strategyFlag) Set(v string) error {
 }
 
 func runRouter(ctx context.Context, e *Env, args []string) error {
+	tuneRouterGC()
 	fs := newFlagSet(e, "router")
 	listen := fs.String("listen", "127.0.0.1:8080", "address for the OpenAI-compatible API")
 	adminListen := fs.String("admin-listen", "127.0.0.1:9180", "private address for /metrics and /admin/* (empty: off)")
@@ -327,6 +329,7 @@ func runLLMSim(ctx context.Context, e *Env, args []string) error {
 }
 
 func runBenchRouter(ctx context.Context, e *Env, args []string) error {
+	tuneRouterGC() // the bench runs the router in this process: same GC as the command
 	fs := newFlagSet(e, "bench router")
 	o := bench.DefaultOptions()
 	fs.IntVar(&o.Backends, "backends", o.Backends, "simulated backends")
@@ -426,4 +429,16 @@ func writePlot(path string, res *bench.Results) error {
 		return fmt.Errorf("plot: %w", err)
 	}
 	return nil
+}
+
+// tuneRouterGC lets the heap grow to 5x what is live between collections
+// unless GOGC says otherwise. The router's live heap is small (the prefix
+// index and buffers), and each collection's pause on a busy 2-core machine
+// was what set the p99 of the latency the router adds: at 1,000 req/s, added
+// p99 0.50 ms with GOGC=400 vs 0.56 ms with the default (median of 3 each,
+// same binary, alternating).
+func tuneRouterGC() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
 }
