@@ -3,7 +3,6 @@ package p2p
 import (
 	"bufio"
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -470,4 +469,3 @@ func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {
 	return nil
 }
 
-func shortID(id [32]byte) string { return hex.EncodeToString(id[:6]) }
