@@ -468,4 +468,3 @@ func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {
 	}
 	return nil
 }
-
