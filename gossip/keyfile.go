@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -74,4 +75,38 @@ func LoadKeyFile(path string) ([][]byte, error) {
 		return nil, fmt.Errorf("cluster key file %s holds no key", path)
 	}
 	return keys, nil
+}
+
+// WriteKeyFile replaces the key file at path with keys, the key in use
+// first, in the format LoadKeyFile reads. The file is private from its
+// first byte and replaced by a rename, so a crash leaves the old keys or the
+// new ones, never a torn file that would cut the node off its fleet.
+func WriteKeyFile(path string, keys [][]byte) error {
+	var b strings.Builder
+	b.WriteString("# warmfleet cluster keys: the first encrypts, all decrypt.\n")
+	for _, k := range keys {
+		b.WriteString(EncodeKey(k) + "\n")
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".warmfleet-key-*")
+	if err != nil {
+		return fmt.Errorf("cluster key file: %w", err)
+	}
+	defer func() { _ = os.Remove(tmp.Name()) }()
+	err = tmp.Chmod(0o600)
+	if err == nil {
+		_, err = tmp.WriteString(b.String())
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		return fmt.Errorf("cluster key file %s: %w", path, err)
+	}
+	return nil
 }

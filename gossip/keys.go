@@ -11,8 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -216,34 +214,10 @@ func (n *Node) saveKeyFile() error {
 	if n.cfg.KeyFile == "" {
 		return nil
 	}
-	var b strings.Builder
-	b.WriteString("# warmfleet cluster keys: the first encrypts, all decrypt. Rewritten by key rotation.\n")
-	for _, k := range n.Keys() {
-		b.WriteString(EncodeKey(k) + "\n")
-	}
-	dir := filepath.Dir(n.cfg.KeyFile)
-	f, err := os.CreateTemp(dir, ".keys-*")
-	if err != nil {
+	if err := WriteKeyFile(n.cfg.KeyFile, n.Keys()); err != nil {
 		return fmt.Errorf("gossip: save keyring: %w", err)
 	}
-	defer os.Remove(f.Name())
-	if err := f.Chmod(0o600); err == nil {
-		if _, err = f.WriteString(b.String()); err == nil {
-			err = f.Sync()
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err == nil {
-			err = os.Rename(f.Name(), n.cfg.KeyFile)
-		}
-		if err == nil {
-			return nil
-		}
-	} else {
-		_ = f.Close()
-	}
-	return fmt.Errorf("gossip: save keyring to %s: %w", n.cfg.KeyFile, err)
+	return nil
 }
 
 // KeyRequest is a fleet-wide keyring operation.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 
 	"github.com/warmfleet/warmfleet/gossip"
 )
@@ -32,7 +31,7 @@ func runKeygen(_ context.Context, e *Env, args []string) error {
 		_, err := fmt.Fprint(e.Stdout, line)
 		return err
 	}
-	if err := writeKeyFile(*out, []byte(line), *force); err != nil {
+	if err := writeKeyFile(*out, [][]byte{key}, *force); err != nil {
 		return err
 	}
 	fmt.Fprintf(e.Stderr, "wrote a new cluster key to %s\n", *out)
@@ -42,7 +41,7 @@ func runKeygen(_ context.Context, e *Env, args []string) error {
 // writeKeyFile writes the key so that it is never readable by others, not
 // even for a moment, and never replaces a key by accident: losing a cluster
 // key cuts a node off its fleet.
-func writeKeyFile(path string, data []byte, force bool) error {
+func writeKeyFile(path string, keys [][]byte, force bool) error {
 	if !force {
 		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if errors.Is(err, fs.ErrExist) {
@@ -51,7 +50,7 @@ func writeKeyFile(path string, data []byte, force bool) error {
 		if err != nil {
 			return err
 		}
-		if _, err := f.Write(data); err != nil {
+		if _, err := fmt.Fprintln(f, gossip.EncodeKey(keys[0])); err != nil {
 			_ = f.Close()
 			_ = os.Remove(path)
 			return err
@@ -62,25 +61,5 @@ func writeKeyFile(path string, data []byte, force bool) error {
 		}
 		return f.Close()
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".warmfleet-key-*")
-	if err != nil {
-		return err
-	}
-	defer func() { _ = os.Remove(tmp.Name()) }()
-	if err := tmp.Chmod(0o600); err != nil {
-		_ = tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		_ = tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		_ = tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return gossip.WriteKeyFile(path, keys)
 }
