@@ -19,7 +19,6 @@ import (
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
-	"github.com/warmfleet/warmfleet/p2p"
 )
 
 // Origin is what the daemon needs from where a model's files come from.
@@ -61,7 +60,7 @@ type fetch struct {
 
 	// Swarm fetches: every shard of the revision, in order, and their
 	// origins for the member set last seen (see originRank).
-	shardIDs   []p2p.ShardSize
+	shards     []swarmShard
 	originsMu  sync.Mutex
 	originsKey string
 	origins    map[string]string
@@ -194,10 +193,10 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	if f.useSwarm() {
 		// Every file at once: shards wait on manifests, not on each other.
 		fetchFile = f.fetchFileSwarm
-		if f.shardIDs, err = swarmShardIDs(revision, files); err != nil {
+		if f.shards, err = planShards(revision, files); err != nil {
 			return "", err
 		}
-		f.log.Info("fetching through the swarm", "shards", len(f.shardIDs))
+		f.log.Info("fetching through the swarm", "shards", len(f.shards))
 	} else {
 		g.SetLimit(max(1, f.d.cfg.FileConcurrency))
 	}

@@ -38,9 +38,10 @@ const (
 	swarmFetchSlots = 8
 	// originReads is the S3 reads in flight per shard an origin builds.
 	// Few, so its pieces complete one after another and reach the fleet
-	// early (four at once took 5 s to land the first 4 MiB piece when eight
-	// origins shared a 200 Mbit S3 link); two keep a read queued behind the
-	// one streaming.
+	// early: eight origins sharing a 200 Mbit S3 link get ~3 MB/s each, so
+	// four 4 MiB reads at once land together after ~5 s where two land the
+	// first after ~2.7 s (the 8-host bench went from 59.6 s to 55.9 s, one
+	// run each under load). Two keep a read queued behind the one streaming.
 	originReads = 2
 )
 
@@ -135,19 +136,21 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 	if fr.Size == 0 {
 		return nil
 	}
-	ranges, err := p2p.SplitFile(fr.Size, swarmShardSize, swarmPieceSize)
-	if err != nil {
-		return err
-	}
 	path := filepath.Join(stage.Dir(), fr.Path)
 	g, gctx := errgroup.WithContext(ctx)
-	shards := make([]*p2p.Shard, len(ranges))
-	for i, sr := range ranges {
+	var mine []swarmShard
+	for _, sh := range f.shards {
+		if sh.file.Path == fr.Path {
+			mine = append(mine, sh)
+		}
+	}
+	shards := make([]*p2p.Shard, len(mine))
+	for i, sh := range mine {
 		g.Go(func() error {
-			s, err := f.fetchShard(gctx, revision, obj, fr, path, sr)
+			s, err := f.fetchShard(gctx, obj, path, sh)
 			shards[i] = s
 			if err == nil {
-				f.done.Add(sr.Length)
+				f.done.Add(sh.rng.Length)
 			}
 			return err
 		})
@@ -170,10 +173,10 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 // fetchShard fills one shard: as its origin from S3, from peers once some
 // member holds it complete, or, while another member is still filling it,
 // piece by piece as that member gets each piece.
-func (f *fetch) fetchShard(ctx context.Context, revision string, obj s3origin.Object, fr fileRecord, path string, sr p2p.ShardRange) (*p2p.Shard, error) {
+func (f *fetch) fetchShard(ctx context.Context, obj s3origin.Object, path string, sh swarmShard) (*p2p.Shard, error) {
 	sw := f.d.swarm
-	spec := p2p.BuildSpec{ShardID: shardID(revision, fr.Path, sr.Index), Name: fr.Path, Path: path, FileSize: fr.Size,
-		Offset: sr.Offset, Length: sr.Length, PieceLength: swarmPieceSize, Completion: sw.completes, Concurrency: originReads,
+	spec := p2p.BuildSpec{ShardID: sh.id, Name: sh.file.Path, Path: path, FileSize: sh.file.Size,
+		Offset: sh.rng.Offset, Length: sh.rng.Length, PieceLength: swarmPieceSize, Completion: sw.completes, Concurrency: originReads,
 		Source: func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
 			return f.d.origin.OpenRange(ctx, obj, off, n)
 		},
@@ -243,9 +246,19 @@ func (f *fetch) fetchShard(ctx context.Context, revision string, obj s3origin.Ob
 	}
 }
 
-// swarmShardIDs lists every shard of a revision's files in file order.
-func swarmShardIDs(revision string, files []fileRecord) ([]p2p.ShardSize, error) {
-	var ids []p2p.ShardSize
+// swarmShard is one shard of a revision: its fleet-wide ID, the file it
+// belongs to and its range there.
+type swarmShard struct {
+	id   string
+	file fileRecord
+	rng  p2p.ShardRange
+}
+
+// planShards cuts a revision's files into swarm shards, in file order;
+// empty files have none. Every node cuts the same files the same way, which
+// is what lets them agree on shard IDs and origins.
+func planShards(revision string, files []fileRecord) ([]swarmShard, error) {
+	var out []swarmShard
 	for _, fr := range files {
 		if fr.Size == 0 {
 			continue
@@ -255,10 +268,10 @@ func swarmShardIDs(revision string, files []fileRecord) ([]p2p.ShardSize, error)
 			return nil, fmt.Errorf("%s: %w", fr.Path, err)
 		}
 		for _, sr := range ranges {
-			ids = append(ids, p2p.ShardSize{ID: shardID(revision, fr.Path, sr.Index), Size: sr.Length})
+			out = append(out, swarmShard{id: shardID(revision, fr.Path, sr.Index), file: fr, rng: sr})
 		}
 	}
-	return ids, nil
+	return out, nil
 }
 
 func shardID(revision, path string, index int) string {
@@ -272,7 +285,11 @@ func (f *fetch) originRank(id string, names []string) []string {
 	key := strings.Join(slices.Sorted(slices.Values(names)), "\x00")
 	f.originsMu.Lock()
 	if f.originsKey != key || f.origins == nil {
-		f.origins, f.originsKey = p2p.AssignOrigins(f.shardIDs, names), key
+		sizes := make([]p2p.ShardSize, len(f.shards))
+		for i, sh := range f.shards {
+			sizes[i] = p2p.ShardSize{ID: sh.id, Size: sh.rng.Length}
+		}
+		f.origins, f.originsKey = p2p.AssignOrigins(sizes, names), key
 	}
 	assigned := f.origins[id]
 	f.originsMu.Unlock()
@@ -411,34 +428,27 @@ func (d *Daemon) reseed(ctx context.Context) error {
 		if rec.State != api.StateReady || rec.Path == "" {
 			continue
 		}
-		ids, err := swarmShardIDs(rec.RevisionID, rec.Files)
+		plan, err := planShards(rec.RevisionID, rec.Files)
 		if err != nil {
 			return err
 		}
-		paths := map[string]string{}
-		for _, fr := range rec.Files {
-			ranges, err := p2p.SplitFile(fr.Size, swarmShardSize, swarmPieceSize)
+		var shards []*p2p.Shard
+		for _, sh := range plan {
+			m, err := d.state.manifest(sh.id)
 			if err != nil {
 				return err
 			}
-			for _, sr := range ranges {
-				paths[shardID(rec.RevisionID, fr.Path, sr.Index)] = filepath.Join(rec.Path, filepath.FromSlash(fr.Path))
-			}
-		}
-		var shards []*p2p.Shard
-		for _, id := range ids {
-			m, err := d.state.manifest(id.ID)
-			if err != nil || m == nil {
+			if m == nil {
 				continue // fetched from S3 directly, or never finished
 			}
-			s, err := d.swarm.p2p.Open(ctx, m, paths[id.ID], d.swarm.completes)
+			s, err := d.swarm.p2p.Open(ctx, m, filepath.Join(rec.Path, filepath.FromSlash(sh.file.Path)), d.swarm.completes)
 			if err != nil {
-				d.log.Warn("cannot serve shard", "model", name, "shard", id.ID, "err", err)
+				d.log.Warn("cannot serve shard", "model", name, "shard", sh.id, "err", err)
 				continue
 			}
 			if !s.Complete() {
 				s.Close()
-				d.log.Warn("shard on disk no longer matches its record; not serving it", "model", name, "shard", id.ID)
+				d.log.Warn("shard on disk no longer matches its record; not serving it", "model", name, "shard", sh.id)
 				continue
 			}
 			shards = append(shards, s)

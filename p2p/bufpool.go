@@ -3,10 +3,12 @@ package p2p
 import "context"
 
 // bufPool bounds and recycles the node's receive buffers. Peer connections
-// come and go with every shard, and per-connection buffers left each one's
-// worth of garbage behind, which the Go heap kept as RSS; one pool shared by
-// all connections bounds what receiving can hold however many peers and
-// shards are open, and reuses it.
+// come and go with every shard, and each used to allocate its own buffers;
+// one pool shared by all connections bounds what receiving can hold however
+// many peers and shards are open (per-connection buffers allowed 2 MiB per
+// connection, ~110 MiB at 8 shards x 7 peers) and reuses it. The daemons'
+// measured peak RSS did not move much (93-135 MiB before, 96-118 MiB after,
+// 8 hosts, noisy): the bound is the point, not a figure.
 type bufPool struct {
 	slots chan struct{} // one per buffer that may exist
 	free  chan []byte
