@@ -192,6 +192,7 @@ func (f *fetch) fetchShard(ctx context.Context, obj s3origin.Object, path string
 		return f.fillShard(ctx, spec, m) // resume what an earlier run began
 	}
 	self := f.d.fleet.LocalName()
+	skeleton := spec.Skeleton().SkeletonID()
 	start := f.d.now()
 	polls := 0
 	for {
@@ -216,7 +217,7 @@ func (f *fetch) fetchShard(ctx context.Context, obj s3origin.Object, path string
 				continue
 			}
 			m, err := sw.p2p.FetchManifest(ctx, addrs[name], spec.ShardID)
-			if err == nil && m.SkeletonID() != spec.Skeleton().SkeletonID() {
+			if err == nil && m.SkeletonID() != skeleton {
 				// Cut otherwise (another version's piece length), or a
 				// member that lies: its sizes must not size our file.
 				f.log.Warn("peer's manifest does not describe our shard", "peer", name, "shard", spec.ShardID)

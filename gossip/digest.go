@@ -82,8 +82,12 @@ type recentChange struct {
 	at      time.Time // when this node got it
 }
 
-// noteRecentLocked records that this node now holds node's record at version.
+// noteRecentLocked records that this node now holds node's record at
+// version, for digests; nothing to do when they are off.
 func (n *Node) noteRecentLocked(node string, version uint64) {
+	if n.tun.DigestInterval <= 0 {
+		return
+	}
 	n.recent[node] = recentChange{version: version, at: n.now()}
 }
 
