@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
-	"lukechampine.com/blake3"
+	"github.com/zeebo/blake3"
 )
 
 // HashAlgo names the piece hash of a manifest.
@@ -61,7 +61,7 @@ func (a HashAlgo) new() hash.Hash {
 	case SHA1:
 		return sha1.New()
 	case BLAKE3:
-		return blake3.New(32, nil)
+		return blake3.New()
 	}
 	return sha256.New()
 }
