@@ -2,7 +2,6 @@ package netlab
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/s3put"
+	"github.com/warmfleet/warmfleet/internal/testenv"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
@@ -177,33 +177,10 @@ func (s *S3Host) Put(ctx context.Context, bucket, key string, body io.Reader, si
 	return s3put.Put(ctx, s.Client(), bucket, key, body, size)
 }
 
-// waitHTTP polls url from inside ns until it answers any HTTP response, the
-// process exits or ctx ends.
+
+// waitHTTP waits, from inside ns, for url to answer while proc runs.
 func waitHTTP(ctx context.Context, ns Netns, url string, proc *Process) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	client := &http.Client{
-		Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true, DialContext: ns.DialContext},
-		Timeout:   2 * time.Second,
-	}
-	var last error
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := client.Do(req)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			return resp.Body.Close()
-		}
-		last = err
-		select {
-		case <-proc.Done():
-			return errors.New("exited before answering HTTP")
-		case <-ctx.Done():
-			return fmt.Errorf("%s not answering: %w (last error: %v)", url, ctx.Err(), last)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return testenv.WaitHTTP(ctx, ns.DialContext, url, proc.Done())
 }

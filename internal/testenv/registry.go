@@ -144,7 +144,7 @@ func startRegistry(ctx context.Context, bin, dir, addr, htpasswd string, opts Re
 		}
 		return nil
 	}
-	if err := waitHTTP(ctx, "http://"+addr+"/v2/", svc.exited); err != nil {
+	if err := WaitHTTP(ctx, nil, "http://"+addr+"/v2/", svc.exited); err != nil {
 		return nil, nil, svc.startFailed("registry on "+addr, err)
 	}
 	return &Registry{Addr: addr, Dir: dir, Username: opts.Username, Password: opts.Password}, stop, nil

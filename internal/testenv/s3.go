@@ -3,11 +3,9 @@ package testenv
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -126,55 +124,10 @@ func startVersitygw(ctx context.Context, bin, dir, addr string) (*S3, func() err
 	// versitygw waits for clients' idle keep-alive connections; a test
 	// fixture need not shut down gracefully, so a kill is no error.
 	stop := func() error { svc.stop(2 * time.Second); return nil }
-	if err := waitHTTP(ctx, s.Endpoint, svc.exited); err != nil {
+	if err := WaitHTTP(ctx, nil, s.Endpoint+"/", svc.exited); err != nil {
 		return nil, nil, svc.startFailed("versitygw on "+addr, err)
 	}
 	return s, stop, nil
-}
-
-// waitHTTP polls until endpoint answers any HTTP response (the gateway
-// answers 403 to anonymous requests), the process exits or ctx ends.
-func waitHTTP(ctx context.Context, endpoint string, exited <-chan struct{}) error {
-	client := &http.Client{
-		Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true},
-		Timeout:   2 * time.Second,
-	}
-	// A request must not hang on someone else's listener after the gateway
-	// died on a taken port.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-exited:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	var last error
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+"/", nil)
-		if err != nil {
-			return err
-		}
-		resp, err := client.Do(req)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			return resp.Body.Close()
-		}
-		last = err
-		select {
-		case <-exited:
-			return errors.New("exited before answering HTTP")
-		default:
-		}
-		select {
-		case <-exited:
-			return errors.New("exited before answering HTTP")
-		case <-ctx.Done():
-			return fmt.Errorf("not answering HTTP: %w (last error: %v)", ctx.Err(), last)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 func freeLoopbackAddr() (string, error) {
