@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -134,5 +135,24 @@ func TestRunSmall(t *testing.T) {
 	sb.Reset()
 	if err := WriteJSON(&sb, res); err != nil || !json.Valid([]byte(sb.String())) {
 		t.Fatalf("json report: %v", err)
+	}
+}
+
+func TestSteadyRate(t *testing.T) {
+	s, ms := time.Second, time.Millisecond
+	for _, tc := range []struct {
+		name string
+		ends []time.Duration
+		want float64
+	}{
+		{"too few", []time.Duration{s, 2 * s, 3 * s}, 0},
+		{"even", []time.Duration{1 * s, 2 * s, 3 * s, 4 * s, 5 * s, 6 * s, 7 * s, 8 * s}, 1},
+		// A burst at the start and a straggler at the end do not count.
+		{"ramp and drain ignored", []time.Duration{0, 0, 0, 10 * s, 10500 * ms, 11 * s, 11500 * ms, 12 * s, 12500 * ms, 13 * s, 50 * s, 100 * s}, 2},
+		{"unsorted", []time.Duration{8 * s, 1 * s, 7 * s, 2 * s, 6 * s, 3 * s, 5 * s, 4 * s}, 1},
+	} {
+		if got := steadyRate(tc.ends); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: steadyRate = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -26,18 +26,22 @@ import (
 
 // Options control a benchmark run.
 type Options struct {
-	Backends      int
-	Load          float64 // offered prefill work / fleet prefill capacity
-	Requests      int     // per workload
-	Workloads     []string
-	Strategies    []balance.Strategy
-	TracesDir     string
-	TraceOffset   int
-	Sim           llmsim.Config // per backend (runs on a virtual clock; TimeScale is ignored)
-	Seed          uint64
-	Saturation    bool // also measure throughput with a closed loop
-	ClosedPerBE   int  // closed-loop clients per backend
-	RouterMaxInf  int  // router's per-backend concurrency limit (0: sim MaxSeqs)
+	Backends    int
+	Load        float64 // offered prefill work / fleet prefill capacity
+	Requests    int     // per workload
+	Workloads   []string
+	Strategies  []balance.Strategy
+	TracesDir   string
+	TraceOffset int
+	Sim         llmsim.Config // per backend (runs on a virtual clock; TimeScale is ignored)
+	Seed        uint64
+	Saturation  bool // also measure throughput with a closed loop
+	// ClosedPerBE is closed-loop clients per backend. The default fills
+	// every sequence slot (Sim.MaxSeqs), so the backends, not the clients,
+	// limit the rate: with fewer, a client's time is mostly decode and the
+	// figure measures latency rather than capacity.
+	ClosedPerBE   int
+	RouterMaxInf  int // router's per-backend concurrency limit (0: sim MaxSeqs)
 	LoadFactor    float64
 	Slack         float64 // router slack (0: router default)
 	ShareFactor   float64 // router share factor (0: router default)
@@ -62,7 +66,7 @@ func DefaultOptions() Options {
 	return Options{
 		Backends: 8, Load: 0.8, Requests: 1000, Workloads: AllWorkloads(),
 		Strategies: []balance.Strategy{balance.Random, balance.LeastOutstanding, balance.PrefixAware},
-		TracesDir:  "../shared/traces", Sim: sim, Seed: 1, Saturation: true, ClosedPerBE: 12,
+		TracesDir:  "../shared/traces", Sim: sim, Seed: 1, Saturation: true, ClosedPerBE: sim.MaxSeqs,
 		OverheadRate: 1000, OverheadDuration: 2 * time.Second, OverheadRounds: 3,
 		DecisionBackends: 64, DecisionPrompt: 16000, DecisionSamples: 20000,
 	}
@@ -382,12 +386,12 @@ func runStrategy(ctx context.Context, o *Options, w *Workload, st balance.Strate
 			return sr, err
 		}
 		v := &driver{clock: clock, client: client, base: f.url, rt: f.rt}
-		done, el, err := v.closedLoop(ctx, w.Requests, o.Backends*o.ClosedPerBE)
+		ends, err := v.closedLoop(ctx, w.Requests, o.Backends*o.ClosedPerBE)
 		if err != nil {
 			f.stop()
 			return sr, err
 		}
-		sr.Throughput = float64(done) / el.Seconds()
+		sr.Throughput = steadyRate(ends)
 		stats, err := scrape(ctx, client, f.simURLs)
 		f.stop()
 		if err != nil {
@@ -529,11 +533,26 @@ func (d *driver) openLoop(ctx context.Context, reqs []Request) ([]outcome, time.
 	return outs, max(last.Sub(t0), time.Nanosecond), nil
 }
 
+// steadyRate is completions per second over the middle half of the
+// completions (sorted offsets from the start): the ramp-up, when every client
+// sends at once, and the drain, when the last stragglers run on an otherwise
+// idle fleet, say nothing about capacity. 0 with fewer than 4 completions.
+func steadyRate(ends []time.Duration) float64 {
+	if len(ends) < 4 {
+		return 0
+	}
+	ends = slices.Clone(ends)
+	slices.Sort(ends)
+	lo, hi := len(ends)/4, len(ends)*3/4
+	return float64(hi-lo) / max(ends[hi]-ends[lo], time.Nanosecond).Seconds()
+}
+
 // closedLoop keeps `clients` requests outstanding until the list is done
-// and returns how many succeeded and the virtual time taken.
-func (d *driver) closedLoop(ctx context.Context, reqs []Request, clients int) (int, time.Duration, error) {
+// and returns when each successful one ended (virtual time since the start).
+func (d *driver) closedLoop(ctx context.Context, reqs []Request, clients int) ([]time.Duration, error) {
 	var mu sync.Mutex
-	next, done := 0, 0
+	next := 0
+	var ends []time.Duration
 	t0 := d.clock.Now()
 	take := func() int {
 		mu.Lock()
@@ -556,7 +575,7 @@ func (d *driver) closedLoop(ctx context.Context, reqs []Request, clients int) (i
 				out := d.send(ctx, &reqs[i])
 				if out.err == nil && out.status == http.StatusOK {
 					mu.Lock()
-					done++
+					ends = append(ends, d.clock.Now().Sub(t0))
 					mu.Unlock()
 				}
 				if i = take(); i >= 0 {
@@ -569,7 +588,7 @@ func (d *driver) closedLoop(ctx context.Context, reqs []Request, clients int) (i
 	for {
 		if err := d.quiet(ctx); err != nil {
 			wg.Wait()
-			return 0, 0, err
+			return nil, err
 		}
 		timer, ok := d.clock.Next()
 		if !ok {
@@ -578,7 +597,7 @@ func (d *driver) closedLoop(ctx context.Context, reqs []Request, clients int) (i
 		d.clock.AdvanceTo(timer)
 	}
 	wg.Wait()
-	return done, max(d.clock.Now().Sub(t0), time.Nanosecond), nil
+	return ends, nil
 }
 
 // sendReal posts one request in wall-clock time (overhead phase).
