@@ -11,6 +11,7 @@ import (
 // configured backends, strategies, reasons and status codes.
 type metrics struct {
 	decisions      *prometheus.CounterVec
+	overflows      *prometheus.CounterVec
 	cachedFraction prometheus.Histogram
 	inflight       *prometheus.GaugeVec
 	ttfb           *prometheus.HistogramVec
@@ -29,6 +30,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "warmfleet_router_decisions_total",
 			Help: "Routing decisions by strategy and reason (hit, cold, overflow, retry, random, least).",
 		}, []string{"strategy", "reason"}),
+		overflows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmfleet_router_overflows_total",
+			Help: "Overflow decisions by the rule the preferred backend failed (limit, load, share, wait).",
+		}, []string{"strategy", "bound"}),
 		cachedFraction: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "warmfleet_router_cached_prefix_fraction",
 			Help:    "Estimated fraction of each routed prompt already cached on the chosen backend.",
@@ -72,7 +77,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"backend"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.cachedFraction, m.inflight, m.ttfb, m.duration,
+		for _, c := range []prometheus.Collector{m.decisions, m.overflows, m.cachedFraction, m.inflight, m.ttfb, m.duration,
 			m.decisionTime, m.queueWait, m.rejected, m.ejections, m.healthy} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("router metrics: %w", err)

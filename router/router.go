@@ -504,6 +504,9 @@ func (rt *Router) acquire(ctx context.Context, req *routeRequest) (routed, error
 			req.hashTime = 0
 			if err == nil {
 				rt.metrics.decisions.WithLabelValues(string(req.strategy), string(r.decision.Reason)).Inc()
+				if r.decision.Yielded != "" {
+					rt.metrics.overflows.WithLabelValues(string(req.strategy), string(r.decision.Yielded)).Inc()
+				}
 				if r.blocks > 0 {
 					rt.metrics.cachedFraction.Observe(float64(r.decision.Matched) / float64(r.blocks))
 				}
@@ -582,5 +585,8 @@ func (rt *Router) explain(r routed, attempts int) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "backend=%s; reason=%s; matched=%d/%d; common=%d; bound=%d; inflight=%d; share=%.2f; eligible=%d; attempts=%d; preferred_matched=%d",
 		r.b.url, d.Reason, d.Matched, r.blocks, r.common, r.bound, r.inflight, d.Share, r.eligible, attempts, r.prefMatched)
+	if d.Yielded != "" {
+		fmt.Fprintf(&sb, "; yielded=%s", d.Yielded)
+	}
 	return sb.String()
 }

@@ -702,3 +702,56 @@ func TestConcurrentBodiesIntact(t *testing.T) {
 		t.Fatalf("%d bodies arrived changed", n)
 	}
 }
+
+// TestOverflowNamesTheBound: the backend holding a prompt is at its own
+// limit, so the repeat goes elsewhere, and the header and the metric say
+// which rule made it yield.
+func TestOverflowNamesTheBound(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 2)
+	var backends []string
+	for range 2 {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			started <- struct{}{}
+			<-release
+			_, _ = io.WriteString(w, "done")
+		}))
+		defer srv.Close()
+		backends = append(backends, srv.URL)
+	}
+	cfg := Defaults()
+	cfg.MaxInflight = 1
+	h := newHarness(t, cfg, Options{}, backends...)
+	body := fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("the same long document. ", 100))
+	done := make(chan string)
+	go func() {
+		resp := post(t, h.srv.URL+"/v1/completions", body, DebugRequestHeader, "1")
+		resp.Body.Close()
+		done <- resp.Header.Get(RouteHeader)
+	}()
+	<-started // the first holds its backend's only slot
+	go func() {
+		resp := post(t, h.srv.URL+"/v1/completions", body, DebugRequestHeader, "1")
+		resp.Body.Close()
+		done <- resp.Header.Get(RouteHeader)
+	}()
+	<-started
+	release <- struct{}{}
+	release <- struct{}{}
+	routes := []string{<-done, <-done}
+	overflowed := 0
+	for _, r := range routes {
+		if strings.Contains(r, "reason=overflow") {
+			overflowed++
+			if !strings.Contains(r, "yielded=limit") {
+				t.Fatalf("overflow without its bound: %s", r)
+			}
+		}
+	}
+	if overflowed != 1 {
+		t.Fatalf("want one overflow, got routes %q", routes)
+	}
+	if v := testutil.ToFloat64(h.rt.metrics.overflows.WithLabelValues("prefix-aware", "limit")); v != 1 {
+		t.Fatalf("overflows{bound=limit} = %v, want 1", v)
+	}
+}

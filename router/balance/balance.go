@@ -48,6 +48,17 @@ const (
 	Least    Reason = "least"
 )
 
+// Bound names the rule that kept a request off its preferred backend.
+type Bound string
+
+// Bounds an overflow can come from, in the order they are checked.
+const (
+	BoundLimit Bound = "limit" // the backend's own concurrency limit
+	BoundLoad  Bound = "load"  // ceil(c x mean in-flight)
+	BoundShare Bound = "share" // ShareFactor x fair share of recent traffic
+	BoundWait  Bound = "wait"  // expected wait beyond Slack of the best
+)
+
 // Candidate is one eligible backend as the decision sees it.
 type Candidate struct {
 	ID       uint64  // stable identity for rendezvous hashing
@@ -118,6 +129,9 @@ type Decision struct {
 	Matched   int  // blocks the pick is expected to hold
 	// Share is the pick's recent traffic over its fair share (prefix-aware).
 	Share float64
+	// Yielded is the rule the preferred backend failed when Reason is
+	// Overflow (empty otherwise).
+	Yielded Bound
 }
 
 func (in *Input) loadFactor() float64 {
@@ -333,6 +347,20 @@ const (
 	tierNone        // at its own limit
 )
 
+// yielded names the first bound c fails, given its load, load bound and
+// share; what is left is the expected-wait rule.
+func yielded(c *Candidate, load float64, bound int, share, sf float64) Bound {
+	switch {
+	case !underLimit(c):
+		return BoundLimit
+	case load+1 > float64(bound):
+		return BoundLoad
+	case share > sf:
+		return BoundShare
+	}
+	return BoundWait
+}
+
 // decidePrefix ranks the candidates in tiers (see the constants): a backend
 // expected to hold more than the common prefix keeps the request if it is
 // under its load bound and own limit, within Slack of the best expected time
@@ -450,6 +478,7 @@ func decidePrefix(in Input) Decision {
 		// Lost affinity, or the rendezvous choice was at a hard bound. A
 		// cold request steered to a backend with less traffic is Cold.
 		d.Reason = Overflow
+		d.Yielded = yielded(&in.Candidates[d.Preferred], loads[d.Preferred], bounds[d.Preferred], shares[d.Preferred], sf)
 	case p.Matched > in.Common:
 		d.Reason = Hit
 	default:

@@ -53,19 +53,20 @@ func TestDecidePrefix(t *testing.T) {
 		notPick  int // a backend that must not be picked, -1 none
 		prefered int // expected preferred, -2 skip
 		minBound int
+		yielded  Bound // the rule the preferred failed, for overflows
 	}{
 		{name: "longest prefix wins", setup: func(c []Candidate) { c[3].Matched = 10; c[5].Matched = 4 }, want: 3, reason: Hit, notPick: -1, prefered: 3},
 		{name: "preferred at bound overflows to next best by score", setup: func(c []Candidate) {
 			c[3].Matched, c[3].Inflight = 10, 3 // bound ceil(1.25*4/8)=1
 			c[5].Matched = 4
-		}, want: 5, reason: Overflow, notPick: 3, prefered: 3},
+		}, want: 5, reason: Overflow, notPick: 3, prefered: 3, yielded: BoundLoad},
 		{name: "preferred at own limit overflows", setup: func(c []Candidate) {
 			for i := range c {
 				c[i].Inflight = 4
 			}
 			c[3].Matched, c[3].Limit = 10, 4
 			c[6].Matched = 2
-		}, want: 6, reason: Overflow, notPick: 3, prefered: 3},
+		}, want: 6, reason: Overflow, notPick: 3, prefered: 3, yielded: BoundLimit},
 		{name: "ties on match go to warm node", setup: func(c []Candidate) {
 			c[2].Matched, c[6].Matched, c[6].Warm = 5, 5, true
 		}, want: 6, reason: Hit, notPick: -1, prefered: 6},
@@ -85,10 +86,17 @@ func TestDecidePrefix(t *testing.T) {
 				c[i].Inflight, c[i].Limit = 2, 2
 			}
 			c[7].Inflight, c[7].Limit = 30, 0
-		}, want: 7, reason: Overflow, notPick: -1, prefered: -2},
+		}, want: 7, reason: Overflow, notPick: -1, prefered: -2, yielded: BoundLimit},
 		{name: "min bound keeps affinity at low load", setup: func(c []Candidate) { c[3].Matched, c[3].Inflight = 10, 1 }, minBound: 2, want: 3, reason: Hit, notPick: -1, prefered: 3},
 		{name: "queued prefill spills a short match", setup: func(c []Candidate) { c[2].Matched, c[2].Pending = 3, 30 },
-			want: -1, reason: Overflow, notPick: 2, prefered: 2},
+			want: -1, reason: Overflow, notPick: 2, prefered: 2, yielded: BoundWait},
+		{name: "a backend above its traffic share yields", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Recent = 1
+			}
+			c[4].Matched, c[4].Recent = 10, 3 // 3 / 10 * 8 = 2.4 x fair share
+			c[1].Matched = 2
+		}, want: 1, reason: Overflow, notPick: 4, prefered: 4, yielded: BoundShare},
 		{name: "a long match is worth a moderate queue", setup: func(c []Candidate) { c[2].Matched, c[2].Pending = 18, 12 },
 			want: 2, reason: Hit, notPick: -1, prefered: 2},
 		{name: "retry is labelled", setup: func(c []Candidate) { c[1].Matched = 3 }, retry: true, want: 1, reason: Retry, notPick: -1, prefered: 1},
@@ -114,6 +122,9 @@ func TestDecidePrefix(t *testing.T) {
 			}
 			if d.Pick != want || d.Reason != tc.reason {
 				t.Fatalf("got pick %d reason %s, want %d %s (%+v)", d.Pick, d.Reason, want, tc.reason, d)
+			}
+			if d.Yielded != tc.yielded {
+				t.Fatalf("yielded %q, want %q", d.Yielded, tc.yielded)
 			}
 			if tc.prefered > -2 && d.Preferred != tc.prefered {
 				t.Fatalf("preferred %d, want %d", d.Preferred, tc.prefered)

@@ -621,21 +621,27 @@ func sendReal(ctx context.Context, c *http.Client, base string, r *Request) outc
 	return out
 }
 
-// reasons sums the router's decisions by reason.
+// reasons sums the router's decisions by reason, and its overflows by the
+// bound that caused them ("overflow/load", say).
 func reasons(reg *prometheus.Registry) map[string]float64 {
 	out := map[string]float64{}
 	fams, err := reg.Gather()
 	if err != nil {
 		return out
 	}
+	series := map[string]struct{ label, prefix string }{
+		"warmfleet_router_decisions_total": {"reason", ""},
+		"warmfleet_router_overflows_total": {"bound", "overflow/"},
+	}
 	for _, f := range fams {
-		if f.GetName() != "warmfleet_router_decisions_total" {
+		s, ok := series[f.GetName()]
+		if !ok {
 			continue
 		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" {
-					out[l.GetValue()] += m.GetCounter().GetValue()
+				if l.GetName() == s.label {
+					out[s.prefix+l.GetValue()] += m.GetCounter().GetValue()
 				}
 			}
 		}
