@@ -7,12 +7,16 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // PeerSource lists the p2p addresses (host:port) of members that may hold
@@ -71,6 +75,10 @@ type FetchResult struct {
 var ErrOriginCorrupt = errors.New("p2p: origin data does not match manifest")
 
 var errFetchDone = errors.New("p2p: fetch complete")
+
+// errStore marks a failure to put received bytes into the shard file: it
+// stops the whole fetch, not just the connection.
+var errStore = errors.New("p2p: storing piece")
 
 const (
 	busyBackoff        = 200 * time.Millisecond
@@ -385,6 +393,10 @@ type peerConn struct {
 	writeCh chan pieceJob
 	sums    chan bool   // hasher -> writer: did piece match, in piece order
 	bad     atomic.Bool // sent a bad piece: ignore the rest
+	// rx, when set, splices piece bodies from the socket into the file;
+	// spliced pieces then go to fileCh to be hashed from the file.
+	rx     *splicer
+	fileCh chan int
 }
 
 func (f *fetch) dial(ctx context.Context, addr string) (net.Conn, string, error) {
@@ -449,7 +461,16 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 		held:    make(chan struct{}, buffersPerPeerConn),
 		hashCh:  make(chan pieceJob, buffersPerPeerConn),
 		writeCh: make(chan pieceJob, buffersPerPeerConn),
-		sums:    make(chan bool, buffersPerPeerConn)}
+		sums:    make(chan bool, buffersPerPeerConn),
+		fileCh:  make(chan int, buffersPerPeerConn)}
+	// Plain TCP on Linux: splice saves the copy through user space. TLS
+	// (and any other platform) reads into buffers as before.
+	if rx, err := newSplicer(c); err == nil {
+		pc.rx = rx
+		defer rx.Close()
+	} else if !errors.Is(err, errors.ErrUnsupported) {
+		f.n.log.Debug("p2p: splice unavailable, reading into buffers", "peer", id, "err", err)
+	}
 	f.mu.Lock()
 	if f.byID[id] != nil {
 		f.mu.Unlock()
@@ -468,14 +489,19 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 
 	peerCtx, peerDone := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { pc.hashLoop() })
-	wg.Go(func() { pc.writeLoop() })
+	if pc.rx != nil {
+		wg.Go(func() { pc.fileHashLoop(ctx) })
+	} else {
+		wg.Go(func() { pc.hashLoop() })
+		wg.Go(func() { pc.writeLoop() })
+	}
 	wg.Go(func() { pc.requestLoop(peerCtx) })
 	err = pc.readLoop(peerCtx)
 	peerDone()
 	c.Close()
 	close(pc.hashCh)
 	close(pc.writeCh)
+	close(pc.fileCh)
 	wg.Wait()
 
 	f.mu.Lock()
@@ -648,8 +674,8 @@ func (pc *peerConn) readLoop(ctx context.Context) error {
 	}
 }
 
-// readPiece streams one piece body to the hasher in chunks; the piece stays
-// at the front of pending until its last byte is in.
+// readPiece receives one piece body; the piece stays at the front of
+// pending until its last byte is in.
 func (pc *peerConn) readPiece(ctx context.Context, fr frame, np int) error {
 	f := pc.f
 	i, err := fr.index(np)
@@ -666,6 +692,24 @@ func (pc *peerConn) readPiece(ctx context.Context, fr frame, np int) error {
 	if !expected {
 		return fmt.Errorf("%w: piece %d not asked for next", errProtocol, i)
 	}
+	if pc.rx != nil {
+		err = pc.splicePiece(ctx, i, off, size)
+	} else {
+		err = pc.streamPiece(ctx, i, off, size)
+	}
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.lastPeerData = f.n.cfg.Now()
+	f.mu.Unlock()
+	return pc.popPending(i)
+}
+
+// streamPiece reads a piece body into pooled buffers a chunk at a time and
+// hands each chunk to both hashLoop and writeLoop.
+func (pc *peerConn) streamPiece(ctx context.Context, i int, off, size int64) error {
+	f := pc.f
 	for done := int64(0); done < size; {
 		// A connection holds at most buffersPerPeerConn buffers, so one
 		// slow writer cannot take the whole pool.
@@ -695,10 +739,49 @@ func (pc *peerConn) readPiece(ctx context.Context, fr frame, np int) error {
 		pc.writeCh <- j
 		done += k
 	}
-	f.mu.Lock()
-	f.lastPeerData = f.n.cfg.Now()
-	f.mu.Unlock()
-	return pc.popPending(i)
+	return nil
+}
+
+// splicePiece puts a piece body into the file without passing it through
+// user space: the bytes the bufio.Reader already holds are written from its
+// buffer, the rest is spliced from the socket. fileHashLoop then checks the
+// piece from the file while the next one streams in.
+func (pc *peerConn) splicePiece(ctx context.Context, i int, off, size int64) error {
+	f := pc.f
+	step := int64(chunkSize) // the limiter's burst
+	if f.n.downLim.Limit() == rate.Inf {
+		step = int64(pc.rx.capacity())
+	}
+	for done := int64(0); done < size; {
+		k := min(step, size-done)
+		buffered := int64(pc.br.Buffered())
+		if buffered > 0 {
+			k = min(k, buffered)
+		}
+		if err := f.n.downLim.WaitN(ctx, int(k)); err != nil {
+			return err
+		}
+		var err error
+		if buffered > 0 {
+			b, _ := pc.br.Peek(int(k)) // k <= buffered: cannot fail
+			err = f.s.writeAt(b, off+done)
+			_, _ = pc.br.Discard(int(k))
+		} else {
+			err = pc.rx.receive(f.s.withFile, off+done, int(k))
+		}
+		if err != nil {
+			if buffered > 0 || errors.Is(err, errStore) {
+				f.cancel(err)
+			}
+			return err
+		}
+		_ = pc.c.SetReadDeadline(f.n.cfg.Now().Add(f.n.cfg.StallTimeout))
+		f.peerBytes.Add(k)
+		f.n.c.peerIn.Add(k)
+		done += k
+	}
+	pc.fileCh <- i
+	return nil
 }
 
 func (pc *peerConn) done(j pieceJob) {
@@ -740,23 +823,91 @@ func (pc *peerConn) writeLoop() {
 			}
 		}
 		pc.done(j)
-		if !j.last {
-			continue
-		}
-		ok := <-pc.sums
-		switch {
-		case pc.bad.Load():
-			f.release(j.piece)
-		case ok:
-			f.verified(j.piece, true)
-		default:
-			pc.bad.Store(true)
-			f.failed.Add(1)
-			f.n.c.failed.Add(1)
-			f.n.log.Warn("p2p: peer sent a bad piece, banning it", "peer", pc.id, "addr", pc.addr, "shard", f.s.m.ShardID, "piece", j.piece)
-			f.n.Ban(pc.id)
-			pc.c.Close()
-			f.release(j.piece)
+		if j.last {
+			pc.settle(j.piece, <-pc.sums)
 		}
 	}
+}
+
+// fileHashLoop checks the pieces splicePiece put in the file by hashing them
+// from the page cache, and settles them.
+func (pc *peerConn) fileHashLoop(ctx context.Context) {
+	f := pc.f
+	h := f.s.m.Algo.new()
+	for i := range pc.fileCh {
+		ok := false
+		if !pc.bad.Load() {
+			off, n := f.s.m.PieceRange(i)
+			h.Reset()
+			err := f.s.withFile(func(file *os.File) error { return hashFile(ctx, h, file, off, n, f.n.recv) })
+			if err != nil {
+				f.cancel(err)
+				pc.bad.Store(true)
+			} else {
+				// Requested only after the peer announced it with its hash.
+				want := f.s.pieceHash(i)
+				ok = want != nil && bytes.Equal(h.Sum(nil), want)
+			}
+		}
+		pc.settle(i, ok)
+	}
+}
+
+// settle decides a received piece once it is both stored and hashed: it
+// counts only if its hash matched; a mismatch bans the peer; once the
+// connection is being dropped the piece just goes back to the pool.
+func (pc *peerConn) settle(i int, ok bool) {
+	f := pc.f
+	switch {
+	case pc.bad.Load():
+		f.release(i)
+	case ok:
+		f.verified(i, true)
+	default:
+		pc.bad.Store(true)
+		f.failed.Add(1)
+		f.n.c.failed.Add(1)
+		f.n.log.Warn("p2p: peer sent a bad piece, banning it", "peer", pc.id, "addr", pc.addr, "shard", f.s.m.ShardID, "piece", i)
+		f.n.Ban(pc.id)
+		pc.c.Close()
+		f.release(i)
+	}
+}
+
+// withFile runs fn on the shard's open file, holding it open meanwhile.
+func (s *Shard) withFile(fn func(*os.File) error) error {
+	s.fileMu.RLock()
+	defer s.fileMu.RUnlock()
+	if s.file == nil {
+		return fmt.Errorf("%w: shard closed", errStore)
+	}
+	return fn(s.file)
+}
+
+// hashFile hashes n bytes of file at off: mapped in place where the platform
+// and file system allow, else read through a pooled buffer.
+func hashFile(ctx context.Context, h hash.Hash, file *os.File, off, n int64, pool *bufPool) error {
+	err := hashMapped(h, file, off, n)
+	if !errors.Is(err, errors.ErrUnsupported) {
+		return err
+	}
+	h.Reset()
+	buf, err := pool.get(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.put(buf)
+	return hashRead(h, file, off, n, buf)
+}
+
+// hashRead hashes n bytes of file at off, read through buf.
+func hashRead(h hash.Hash, file *os.File, off, n int64, buf []byte) error {
+	got, err := io.CopyBuffer(h, io.NewSectionReader(file, off, n), buf)
+	if err == nil && got != n {
+		err = io.ErrUnexpectedEOF // the file is shorter than its manifest says
+	}
+	if err != nil {
+		return fmt.Errorf("p2p: read back %s at %d: %w", file.Name(), off, err)
+	}
+	return nil
 }

@@ -168,7 +168,32 @@ func openShardFile(path string, m *Manifest) (f *os.File, ino uint64, fresh bool
 		}
 		fresh = true
 	}
+	if err := preallocate(f, m.Offset, m.Length); err != nil {
+		f.Close()
+		return nil, 0, false, fmt.Errorf("p2p: reserve %d bytes of %s: %w", m.Length, path, err)
+	}
 	return f, fileIdentity(f, st), fresh, nil
+}
+
+// preallocate reserves the shard's blocks up front: a full disk then fails
+// the open instead of a write halfway through, and the filesystem allocates
+// one extent instead of block by block as pieces land. Filesystems without
+// fallocate are fine.
+func preallocate(f *os.File, off, n int64) error {
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := sc.Control(func(fd uintptr) {
+		ferr = unix.Fallocate(int(fd), unix.FALLOC_FL_KEEP_SIZE, off, n)
+	}); err != nil {
+		return err
+	}
+	if errors.Is(ferr, unix.EOPNOTSUPP) || errors.Is(ferr, unix.ENOSYS) {
+		return nil
+	}
+	return ferr
 }
 
 // fileIdentity tells file instances apart: the inode number mixed with the
