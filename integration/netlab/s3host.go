@@ -177,7 +177,6 @@ func (s *S3Host) Put(ctx context.Context, bucket, key string, body io.Reader, si
 	return s3put.Put(ctx, s.Client(), bucket, key, body, size)
 }
 
-
 // waitHTTP waits, from inside ns, for url to answer while proc runs.
 func waitHTTP(ctx context.Context, ns Netns, url string, proc *Process) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
