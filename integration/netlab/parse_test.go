@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"slices"
 	"testing"
-	"time"
 )
 
 func TestParseStartTicks(t *testing.T) {
@@ -103,28 +102,6 @@ func TestParseNetDev(t *testing.T) {
 	} {
 		if _, err := parseNetDev(bad, "eth0"); err == nil {
 			t.Errorf("%s: parseNetDev succeeded, want error", name)
-		}
-	}
-}
-
-func TestParseProcFigures(t *testing.T) {
-	rss, err := parseVmHWM("Name:\tx\nVmPeak:\t 100 kB\nVmHWM:\t    2048 kB\nVmRSS:\t 10 kB\n")
-	if err != nil || rss != 2048*1024 {
-		t.Errorf("parseVmHWM = %d, %v; want 2 MiB", rss, err)
-	}
-	for _, bad := range []string{"VmRSS: 1 kB\n", "VmHWM: x kB\n", "VmHWM: 5 MB\n"} {
-		if _, err := parseVmHWM(bad); err == nil {
-			t.Errorf("parseVmHWM(%q) succeeded, want error", bad)
-		}
-	}
-	// utime 150 and stime 50 ticks at 100 Hz.
-	cpu, err := parseCPUTicks("7 (my prog) S 1 7 7 0 -1 0 0 0 0 0 150 50 0 0 20 0")
-	if err != nil || cpu != 2*time.Second {
-		t.Errorf("parseCPUTicks = %v, %v; want 2s", cpu, err)
-	}
-	for _, bad := range []string{"7 (x) S 1 2", "no parens", "7 (x) S 1 7 7 0 -1 0 0 0 0 0 a 50 0"} {
-		if _, err := parseCPUTicks(bad); err == nil {
-			t.Errorf("parseCPUTicks(%q) succeeded, want error", bad)
 		}
 	}
 }

@@ -6,11 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/warmfleet/warmfleet/internal/procstat"
 )
 
 // ProcSpec says how to run a process on a host.
@@ -226,65 +227,13 @@ func (p *Process) Stats() (ProcStats, error) {
 	default:
 	}
 	pid := cmd.Process.Pid
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	rss, err := procstat.PeakRSS(pid)
 	if err != nil {
 		return ProcStats{}, fmt.Errorf("stats of %s on %s: %w", p.spec.Name, p.host.Name, err)
 	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	cpu, err := procstat.CPU(pid)
 	if err != nil {
 		return ProcStats{}, fmt.Errorf("stats of %s on %s: %w", p.spec.Name, p.host.Name, err)
-	}
-	rss, err := parseVmHWM(string(status))
-	if err != nil {
-		return ProcStats{}, err
-	}
-	cpu, err := parseCPUTicks(string(stat))
-	if err != nil {
-		return ProcStats{}, err
 	}
 	return ProcStats{PeakRSS: rss, CPU: cpu, Running: true}, nil
-}
-
-// parseVmHWM reads the peak resident set ("VmHWM:  1234 kB") in bytes.
-func parseVmHWM(status string) (int64, error) {
-	for line := range strings.SplitSeq(status, "\n") {
-		rest, ok := strings.CutPrefix(line, "VmHWM:")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) != 2 || f[1] != "kB" {
-			return 0, fmt.Errorf("parse VmHWM %q", line)
-		}
-		kb, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil || kb < 0 {
-			return 0, fmt.Errorf("parse VmHWM %q", line)
-		}
-		return kb * 1024, nil
-	}
-	return 0, errors.New("no VmHWM in /proc status (kernel thread or zombie?)")
-}
-
-// clockTicks is USER_HZ, which Linux fixes at 100 for user space.
-const clockTicks = 100
-
-// parseCPUTicks sums utime and stime (fields 14 and 15 of /proc/PID/stat).
-func parseCPUTicks(stat string) (time.Duration, error) {
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("parse /proc stat: no command name")
-	}
-	f := strings.Fields(stat[i+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("parse /proc stat: %d fields", len(f))
-	}
-	var ticks uint64
-	for _, s := range f[11:13] {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("parse /proc stat: %w", err)
-		}
-		ticks += v
-	}
-	return time.Duration(ticks) * time.Second / clockTicks, nil
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/procstat"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 )
 
@@ -196,28 +197,20 @@ func (d *daemonProc) waitAPI(ctx context.Context, client *api.Client) error {
 	}
 }
 
-func (d *daemonProc) procFile(name string) ([]byte, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", d.cmd.Process.Pid, name))
-	if err != nil {
-		return nil, fmt.Errorf("daemon %s: %w", name, err)
-	}
-	return b, nil
-}
-
 func (d *daemonProc) cpu() (time.Duration, error) {
-	b, err := d.procFile("stat")
+	c, err := procstat.CPU(d.cmd.Process.Pid)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("daemon stat: %w", err)
 	}
-	return parseCPUTicks(b)
+	return c, nil
 }
 
 func (d *daemonProc) peakRSS() (int64, error) {
-	b, err := d.procFile("status")
+	n, err := procstat.PeakRSS(d.cmd.Process.Pid)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("daemon status: %w", err)
 	}
-	return parseVmHWM(b)
+	return n, nil
 }
 
 // stop sends SIGTERM and waits; a daemon that does not exit in time is

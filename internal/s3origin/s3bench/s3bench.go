@@ -31,6 +31,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"golang.org/x/sys/unix"
 
+	"github.com/warmfleet/warmfleet/internal/procstat"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/internal/synthmodel"
@@ -575,7 +576,7 @@ func inProcess(fn func() error) (Sample, error) {
 	start := time.Now()
 	err := fn()
 	d := time.Since(start)
-	rss, rerr := peakRSS()
+	rss, rerr := procstat.PeakRSS(0)
 	return Sample{Duration: d, PeakRSS: rss, CPU: selfCPU() - cpu0}, errors.Join(err, rerr)
 }
 
