@@ -51,22 +51,8 @@ func TestFetchSplicedPiecesBansCorruptPeer(t *testing.T) {
 			x := startNode(t, "x", withTLS)
 			seedWithBadPiece(t, bad, data, m, m.NumPieces()/2, testPiece/2)
 			seedNode(t, good, data, m, false)
-			s, err := x.Open(context.Background(), m, filepath.Join(x.dir, "f"), x.comp)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			// Only the bad peer is offered until it is caught, so every
-			// piece is asked of it until the bad one comes.
-			src := switchingPeers(func() bool { return x.Stats().PeersBanned > 0 }, bad.addr, good.addr)
-			res, err := s.Fetch(ctx, FetchOptions{Peers: src, PeerRefresh: 20 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			assertFileRange(t, filepath.Join(x.dir, "f"), data, m)
-			if !x.Banned("bad") || x.Banned("good") || res.PiecesFailed != 1 {
-				t.Fatalf("banned bad=%v good=%v, result %+v", x.Banned("bad"), x.Banned("good"), res)
+			if res := fetchPastBadPeer(t, x, bad, good, data, m); res.PiecesFailed != 1 {
+				t.Fatalf("result %+v, want one failed piece", res)
 			}
 			if st := x.Stats(); st.PiecesVerified != int64(m.NumPieces()) || st.PeerBytesIn < m.Length {
 				t.Fatalf("stats %+v", st)
