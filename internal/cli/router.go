@@ -342,7 +342,7 @@ func runBenchRouter(ctx context.Context, e *Env, args []string) error {
 	simFlags(fs, &o.Sim)
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")
 	fs.BoolVar(&o.Saturation, "saturation", o.Saturation, "also measure saturated throughput with a closed loop")
-	fs.IntVar(&o.ClosedPerBE, "closed-clients", o.ClosedPerBE, "closed-loop clients per backend")
+	fs.IntVar(&o.ClosedPerBE, "closed-clients", o.ClosedPerBE, "closed-loop clients per backend (0: --max-seqs, every sequence slot)")
 	fs.Float64Var(&o.LoadFactor, "load-factor", o.LoadFactor, "router load factor c (0: the router's default)")
 	fs.Float64Var(&o.Slack, "slack", o.Slack, "router slack (0: the router's default)")
 	fs.Float64Var(&o.DecodeWeight, "decode-weight", o.DecodeWeight, "router decode weight in the load bound (0: the router's default)")

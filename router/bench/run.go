@@ -36,12 +36,12 @@ type Options struct {
 	Sim         llmsim.Config // per backend (runs on a virtual clock; TimeScale is ignored)
 	Seed        uint64
 	Saturation  bool // also measure throughput with a closed loop
-	// ClosedPerBE is closed-loop clients per backend. The default fills
-	// every sequence slot (Sim.MaxSeqs), so the backends, not the clients,
+	// ClosedPerBE is closed-loop clients per backend; 0 fills every
+	// sequence slot (Sim.MaxSeqs), so the backends, not the clients,
 	// limit the rate: with fewer, a client's time is mostly decode and the
 	// figure measures latency rather than capacity.
 	ClosedPerBE   int
-	RouterMaxInf  int // router's per-backend concurrency limit (0: sim MaxSeqs)
+	RouterMaxInf  int // router's per-backend concurrency limit (0: none)
 	LoadFactor    float64
 	Slack         float64 // router slack (0: router default)
 	ShareFactor   float64 // router share factor (0: router default)
@@ -66,7 +66,7 @@ func DefaultOptions() Options {
 	return Options{
 		Backends: 8, Load: 0.8, Requests: 1000, Workloads: AllWorkloads(),
 		Strategies: []balance.Strategy{balance.Random, balance.LeastOutstanding, balance.PrefixAware},
-		TracesDir:  "../shared/traces", Sim: sim, Seed: 1, Saturation: true, ClosedPerBE: sim.MaxSeqs,
+		TracesDir:  "../shared/traces", Sim: sim, Seed: 1, Saturation: true,
 		OverheadRate: 1000, OverheadDuration: 2 * time.Second, OverheadRounds: 3,
 		DecisionBackends: 64, DecisionPrompt: 16000, DecisionSamples: 20000,
 	}
@@ -146,8 +146,8 @@ func (o *Options) logf(format string, args ...any) {
 
 // Run runs every phase.
 func Run(ctx context.Context, o Options) (*Results, error) {
-	if o.Backends < 1 || o.Backends > prefix.MaxSlots || o.Load <= 0 || o.Requests < 1 || o.ClosedPerBE < 1 {
-		return nil, errors.New("bench: backends must be 1..256; load, requests and closed-loop clients positive")
+	if o.Backends < 1 || o.Backends > prefix.MaxSlots || o.Load <= 0 || o.Requests < 1 || o.ClosedPerBE < 0 {
+		return nil, errors.New("bench: backends must be 1..256; load and requests positive; closed-loop clients not negative")
 	}
 	if err := o.Sim.Validate(); err != nil {
 		return nil, err
@@ -386,7 +386,11 @@ func runStrategy(ctx context.Context, o *Options, w *Workload, st balance.Strate
 			return sr, err
 		}
 		v := &driver{clock: clock, client: client, base: f.url, rt: f.rt}
-		ends, err := v.closedLoop(ctx, w.Requests, o.Backends*o.ClosedPerBE)
+		perBE := o.ClosedPerBE
+		if perBE == 0 {
+			perBE = o.Sim.MaxSeqs
+		}
+		ends, err := v.closedLoop(ctx, w.Requests, o.Backends*perBE)
 		if err != nil {
 			f.stop()
 			return sr, err
