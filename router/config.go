@@ -78,7 +78,7 @@ func Defaults() Config {
 		BlockChars:       256,
 		MaxBlocks:        1024,
 		RendezvousBlocks: 16,
-		Slack:            0.1,
+		Slack:            balance.DefaultSlack,
 		BalanceSlack:     0.1,
 		DecodeWeight:     1,
 		ShareFactor:      1.1,

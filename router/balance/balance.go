@@ -59,6 +59,11 @@ const (
 	BoundWait  Bound = "wait"  // expected wait beyond Slack of the best
 )
 
+// DefaultSlack is the Slack used when none is given: affinity may cost a
+// tenth of the prompt in extra expected wait, no more, or requests queue
+// behind others' prefill.
+const DefaultSlack = 0.1
+
 // Candidate is one eligible backend as the decision sees it.
 type Candidate struct {
 	ID       uint64  // stable identity for rendezvous hashing
@@ -109,7 +114,8 @@ type Input struct {
 	// Slack is how much longer (as a fraction of the request's blocks) the
 	// expected wait for the first token (pending prefill + own uncached
 	// blocks) may be on a backend than on the best one, and still let
-	// prefix affinity or rendezvous decide. 0.5 if zero; negative: none.
+	// prefix affinity or rendezvous decide. DefaultSlack if zero;
+	// negative: none.
 	Slack float64
 	// ShareFactor s bounds traffic: a backend whose recent traffic exceeds
 	// s x its fair share (by weight) keeps no affinity and takes no new
@@ -347,15 +353,15 @@ const (
 	tierNone        // at its own limit
 )
 
-// yielded names the first bound c fails, given its load, load bound and
-// share; what is left is the expected-wait rule.
-func yielded(c *Candidate, load float64, bound int, share, sf float64) Bound {
+// yielded names the bound behind a tier that lost the request; share
+// tells the two reasons for tierLoad apart.
+func yielded(tier int8, overShare bool) Bound {
 	switch {
-	case !underLimit(c):
+	case tier == tierNone:
 		return BoundLimit
-	case load+1 > float64(bound):
+	case tier == tierOver:
 		return BoundLoad
-	case share > sf:
+	case overShare:
 		return BoundShare
 	}
 	return BoundWait
@@ -399,7 +405,7 @@ func decidePrefix(in Input) Decision {
 	}
 	slack := in.Slack
 	if slack == 0 {
-		slack = 0.5
+		slack = DefaultSlack
 	}
 	sf := in.shareFactor()
 	// The expected-wait filter compares backends that pass the other
@@ -478,7 +484,7 @@ func decidePrefix(in Input) Decision {
 		// Lost affinity, or the rendezvous choice was at a hard bound. A
 		// cold request steered to a backend with less traffic is Cold.
 		d.Reason = Overflow
-		d.Yielded = yielded(&in.Candidates[d.Preferred], loads[d.Preferred], bounds[d.Preferred], shares[d.Preferred], sf)
+		d.Yielded = yielded(tiers[d.Preferred], shares[d.Preferred] > sf)
 	case p.Matched > in.Common:
 		d.Reason = Hit
 	default:
