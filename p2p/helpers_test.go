@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"io"
@@ -164,4 +165,48 @@ func assertFileRange(t *testing.T, path string, data []byte, m *Manifest) {
 	if !bytes.Equal(got[m.Offset:m.Offset+m.Length], data[m.Offset:m.Offset+m.Length]) {
 		t.Fatalf("%s differs from the source", path)
 	}
+}
+
+// fakeMember is a scripted peer that holds the cluster key: for each
+// connection it authenticates, reads the subscribe frame, claims every piece
+// of m (with its hash) and leaves the rest of the conversation to serve.
+func fakeMember(t *testing.T, name string, m *Manifest, serve func(c net.Conn, br *bufio.Reader)) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	a, err := newAuth(name, oneKey(testKey), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	greet := func(raw net.Conn) {
+		defer raw.Close()
+		c, _, err := a.server(raw, time.Now().Add(2*time.Second))
+		if err != nil {
+			return
+		}
+		br := bufio.NewReader(c)
+		if _, err := readFrame(br); err != nil {
+			return
+		}
+		full := NewBitfield(m.NumPieces())
+		for i := range m.NumPieces() {
+			full.Set(i)
+		}
+		if writeFrame(c, msgBitfield, append(full.Bytes(), m.Hashes...)) != nil {
+			return
+		}
+		serve(c, br)
+	}
+	go func() {
+		for {
+			raw, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go greet(raw)
+		}
+	}()
+	return ln.Addr().String()
 }

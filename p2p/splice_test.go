@@ -71,32 +71,7 @@ func TestFetchSplicedPiecesBansCorruptPeer(t *testing.T) {
 // so the receiver's bufio.Reader holds the start of the body when the rest
 // is spliced. With stall it never sends the rest.
 func scriptedPeer(t *testing.T, m *Manifest, data []byte, prefix int, stall bool) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	a, err := newAuth("script", oneKey(testKey), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve := func(raw net.Conn) {
-		defer raw.Close()
-		c, _, err := a.server(raw, time.Now().Add(2*time.Second))
-		if err != nil {
-			return
-		}
-		br := bufio.NewReader(c)
-		if _, err := readFrame(br); err != nil {
-			return
-		}
-		full := NewBitfield(m.NumPieces())
-		for i := range m.NumPieces() {
-			full.Set(i)
-		}
-		if writeFrame(c, msgBitfield, append(full.Bytes(), m.Hashes...)) != nil {
-			return
-		}
+	return fakeMember(t, "script", m, func(c net.Conn, br *bufio.Reader) {
 		for {
 			fr, err := readFrame(br)
 			if err != nil {
@@ -121,17 +96,7 @@ func scriptedPeer(t *testing.T, m *Manifest, data []byte, prefix int, stall bool
 				return
 			}
 		}
-	}
-	go func() {
-		for {
-			raw, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go serve(raw)
-		}
-	}()
-	return ln.Addr().String()
+	})
 }
 
 // A piece body that arrives partly buffered is written from the buffer and

@@ -223,51 +223,20 @@ func TestSwarmBansCorruptingPeer(t *testing.T) {
 // stallingPeer is a member (it holds the key) that claims every piece and,
 // when asked, sends a piece header and then nothing.
 func stallingPeer(t *testing.T, m *Manifest) (addr string, requests func() int) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	a, err := newAuth("stall", oneKey(testKey), false)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	n := 0
-	go func() {
-		for {
-			raw, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer raw.Close()
-				c, _, err := a.server(raw, time.Now().Add(time.Second))
-				if err != nil {
-					return
-				}
-				br := bufio.NewReader(c)
-				if _, err := readFrame(br); err != nil {
-					return
-				}
-				full := NewBitfield(m.NumPieces())
-				for i := range m.NumPieces() {
-					full.Set(i)
-				}
-				_ = writeFrame(c, msgBitfield, append(full.Bytes(), m.Hashes...))
-				fr, err := readFrame(br)
-				if err != nil {
-					return
-				}
-				mu.Lock()
-				n++
-				mu.Unlock()
-				_ = writeFrame(c, msgPiece, append(fr.payload[:4:4], u32(testPiece)...))
-				_, _ = io.Copy(io.Discard, br) // hold the connection open, silent
-			}()
+	addr = fakeMember(t, "stall", m, func(c net.Conn, br *bufio.Reader) {
+		fr, err := readFrame(br)
+		if err != nil {
+			return
 		}
-	}()
-	return ln.Addr().String(), func() int { mu.Lock(); defer mu.Unlock(); return n }
+		mu.Lock()
+		n++
+		mu.Unlock()
+		_ = writeFrame(c, msgPiece, append(fr.payload[:4:4], u32(testPiece)...))
+		_, _ = io.Copy(io.Discard, br) // hold the connection open, silent
+	})
+	return addr, func() int { mu.Lock(); defer mu.Unlock(); return n }
 }
 
 func TestSwarmAbandonsStalledPeer(t *testing.T) {
