@@ -25,9 +25,11 @@ import (
 type Origin interface {
 	List(ctx context.Context, src spec.S3URL) ([]s3origin.Object, error)
 	Download(ctx context.Context, obj s3origin.Object, dst s3origin.File, plan s3origin.Plan) error
-	// OpenRange and Verify serve the swarm: an origin node streams shard
-	// ranges, and every node checks the assembled file end to end.
+	// OpenRange, NewRangeCheck and Verify serve the swarm: an origin node
+	// streams shard ranges, and every node checks the assembled file end to
+	// end, from CRCs taken as pieces arrived where the object has a CRC.
 	OpenRange(ctx context.Context, obj s3origin.Object, off, n int64) (io.ReadCloser, error)
+	NewRangeCheck(ctx context.Context, obj s3origin.Object) (*s3origin.RangeCheck, error)
 	Verify(ctx context.Context, obj s3origin.Object, r io.ReaderAt) (s3origin.Verification, error)
 }
 

@@ -34,13 +34,18 @@ const (
 	// wait for a full piece. The 8-host cold bench (one S3 read per origin):
 	// 4 MiB 51.6 s, 2 MiB 50.2 s, 1 MiB 50.3 s (medians of 4, 2 and 2
 	// runs); on loopback 2 MiB costs the same CPU per GiB as 4 MiB.
-	swarmPieceSize  = 2 << 20
-	manifestPoll    = 500 * time.Millisecond
-	probeAllEvery   = 8                // polls: every member is asked each 4 s, the origin each 500 ms
-	originFallback  = 2 * time.Minute  // no manifest from anyone this long: read S3 ourselves
-	peerOriginAfter = 15 * time.Second // a non-origin reads S3 only when no peer delivers for this long
-	originWatch     = time.Second      // how often a follower checks whether it became the origin
-	swarmFetchSlots = 8
+	swarmPieceSize = 2 << 20
+	manifestPoll   = 500 * time.Millisecond
+	// manifestPollFirst is the first wait between polls; it doubles up to
+	// manifestPoll, so a follower that asked before its origin opened the
+	// shard subscribes before the first piece is in.
+	manifestPollFirst  = 100 * time.Millisecond
+	manifestAsksAtOnce = 16
+	probeAllEvery      = 8                // polls: every member is asked each 4 s, the origin each 500 ms
+	originFallback     = 2 * time.Minute  // no manifest from anyone this long: read S3 ourselves
+	peerOriginAfter    = 15 * time.Second // a non-origin reads S3 only when no peer delivers for this long
+	originWatch        = time.Second      // how often a follower checks whether it became the origin
+	swarmFetchSlots    = 8
 	// originReads is the S3 reads in flight per shard an origin builds.
 	// One, so its pieces complete one after another and reach the fleet
 	// early: eight origins sharing a 200 Mbit S3 link get ~3 MB/s each, so
@@ -143,6 +148,14 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 		return nil
 	}
 	path := filepath.Join(stage.Dir(), fr.Path)
+	check, err := f.d.origin.NewRangeCheck(ctx, obj)
+	if err != nil {
+		return fmt.Errorf("%s: %w", fr.Path, err)
+	}
+	var pieceCRC func(uint64, []byte) uint64
+	if check != nil {
+		pieceCRC = check.Update
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	var mine []swarmShard
 	for _, sh := range f.shards {
@@ -153,7 +166,7 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 	shards := make([]*p2p.Shard, len(mine))
 	for i, sh := range mine {
 		g.Go(func() error {
-			s, err := f.fetchShard(gctx, obj, path, sh)
+			s, err := f.fetchShard(gctx, obj, path, sh, pieceCRC)
 			shards[i] = s
 			if err == nil {
 				f.done.Add(sh.rng.Length)
@@ -166,10 +179,23 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 	if err != nil {
 		return fmt.Errorf("%s: %w", fr.Path, err)
 	}
-	v, err := f.d.origin.Verify(ctx, obj, file)
+	filled := f.d.now()
+	var v s3origin.Verification
+	if check != nil {
+		var known []s3origin.RangeCRC
+		for _, s := range shards {
+			for _, p := range s.PieceCRCs() {
+				known = append(known, s3origin.RangeCRC(p))
+			}
+		}
+		v, err = check.Verify(ctx, file, known)
+	} else {
+		v, err = f.d.origin.Verify(ctx, obj, file)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", fr.Path, err)
 	}
+	f.log.Debug("file filled through the swarm and checked", "file", fr.Path, "detail", v.Detail, "check", f.d.now().Sub(filled))
 	if !v.Verified {
 		f.log.Info("file not verifiable end to end; every piece was verified", "file", fr.Path, "detail", v.Detail)
 	}
@@ -179,10 +205,10 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 // fetchShard fills one shard: as its origin from S3, from peers once some
 // member holds it complete, or, while another member is still filling it,
 // piece by piece as that member gets each piece.
-func (f *fetch) fetchShard(ctx context.Context, obj s3origin.Object, path string, sh swarmShard) (*p2p.Shard, error) {
+func (f *fetch) fetchShard(ctx context.Context, obj s3origin.Object, path string, sh swarmShard, pieceCRC func(uint64, []byte) uint64) (*p2p.Shard, error) {
 	sw := f.d.swarm
 	spec := p2p.BuildSpec{ShardID: sh.id, Name: sh.file.Path, Path: path, FileSize: sh.file.Size,
-		Offset: sh.rng.Offset, Length: sh.rng.Length, PieceLength: swarmPieceSize, Completion: sw.completes, Concurrency: originReads,
+		Offset: sh.rng.Offset, Length: sh.rng.Length, PieceLength: swarmPieceSize, Completion: sw.completes, Concurrency: originReads, PieceCRC: pieceCRC,
 		Source: func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
 			return f.d.origin.OpenRange(ctx, obj, off, n)
 		},
@@ -204,25 +230,15 @@ func (f *fetch) fetchShard(ctx context.Context, obj s3origin.Object, path string
 	for {
 		names, addrs := f.swarmPeers()
 		rank := f.originRank(spec.ShardID, names)
-		// Whoever holds the shard complete hands over its manifest: a node
-		// joining a warm fleet, or the next in rank after an origin died
-		// mid-way, then reads nothing from S3. Whoever is filling it hands
-		// over its pieces as they come.
-		// While the origin has not started, asking it alone is enough: the
-		// others open a shard only after its origin did. Everyone is asked
-		// now and then, for when the ranking moved (a member joined or the
-		// origin left).
-		probe := rank
-		if polls%probeAllEvery != 0 && len(rank) > 0 && rank[0] != self {
-			probe = rank[:1]
-		}
+		probe := manifestAsks(rank, self, polls, f.readyHolders(sh.revision))
 		polls++
 		inProgress := false
-		for _, name := range probe {
+		answers := f.askManifests(ctx, probe, addrs, spec.ShardID)
+		for k, name := range probe {
 			if name == self {
 				continue
 			}
-			m, err := sw.p2p.FetchManifest(ctx, addrs[name], spec.ShardID)
+			m, err := answers[k].m, answers[k].err
 			if err == nil && m.SkeletonID() != skeleton {
 				// Cut otherwise (another version's piece length), or a
 				// member that lies: its sizes must not size our file.
@@ -241,24 +257,108 @@ func (f *fetch) fetchShard(ctx context.Context, obj s3origin.Object, path string
 		}
 		switch {
 		case len(rank) == 0 || rank[0] == self || f.d.now().Sub(start) > originFallback:
+			f.log.Debug("shard: reading it from S3 as its origin", "shard", spec.ShardID, "waited", f.d.now().Sub(start))
 			return f.buildShard(ctx, spec)
 		case inProgress:
+			f.log.Debug("shard: following its origin", "shard", spec.ShardID, "waited", f.d.now().Sub(start))
 			return f.fillShard(ctx, spec, nil)
 		}
 		select {
 		case <-ctx.Done():
 			return nil, context.Cause(ctx)
-		case <-time.After(manifestPoll):
+		case <-time.After(pollWait(polls)):
 		}
 	}
+}
+
+// manifestAsks returns whom poll number poll of a shard asks for its
+// manifest, in rank order. Whoever holds the shard complete hands over its
+// manifest: a node joining a warm fleet, or the next in rank after an origin
+// died mid-way, then reads nothing from S3; whoever is filling it hands over
+// its pieces as they come. The first poll asks the shard's origin and the
+// members that gossip says hold the revision ready: on a cold start no one
+// else can have it, and every node asking every member for every shard at
+// once took ~0.3 s of handshakes before the first S3 read. While the origin
+// has not started, asking it alone is enough: the others open a shard only
+// after its origin did. Everyone is asked every probeAllEvery polls, and on
+// every poll once this node ranks first, for when the ranking moved (a
+// member joined or the origin left).
+func manifestAsks(rank []string, self string, poll int, holders map[string]bool) []string {
+	switch {
+	case len(rank) == 0:
+		return nil
+	case poll == 0:
+		return slices.DeleteFunc(slices.Clone(rank), func(name string) bool {
+			return name != rank[0] && !holders[name] || name == self
+		})
+	case poll%probeAllEvery == 0 || rank[0] == self:
+		return slices.DeleteFunc(slices.Clone(rank), func(name string) bool { return name == self })
+	}
+	return rank[:1]
+}
+
+// readyHolders returns the members whose inventory has the revision ready.
+func (f *fetch) readyHolders(revision string) map[string]bool {
+	out := map[string]bool{}
+	for _, m := range f.d.fleet.Members() {
+		if m.Inventory == nil {
+			continue
+		}
+		if mi, ok := m.Inventory.Models[f.spec.Name]; ok && mi.Revision == revision && mi.State == gossip.StateReady {
+			out[m.Name] = true
+		}
+	}
+	return out
+}
+
+// pollWait is the wait after poll number polls (from 1): manifestPollFirst,
+// doubling up to manifestPoll.
+func pollWait(polls int) time.Duration {
+	d := manifestPollFirst
+	for range polls - 1 {
+		if d >= manifestPoll {
+			break
+		}
+		d *= 2
+	}
+	return min(d, manifestPoll)
+}
+
+type manifestAnswer struct {
+	m   *p2p.Manifest
+	err error
+}
+
+// askManifests asks the named members for a shard's manifest at once (the
+// first round asks every member, and one after another they held up the
+// origin's first S3 read by a round trip each), and returns their answers
+// in the order of names; this node's own slot stays empty.
+func (f *fetch) askManifests(ctx context.Context, names []string, addrs map[string]string, shardID string) []manifestAnswer {
+	answers := make([]manifestAnswer, len(names))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, manifestAsksAtOnce)
+	self := f.d.fleet.LocalName()
+	for k, name := range names {
+		if name == self {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			m, err := f.d.swarm.p2p.FetchManifest(ctx, addrs[name], shardID)
+			answers[k] = manifestAnswer{m, err}
+		})
+	}
+	wg.Wait()
+	return answers
 }
 
 // swarmShard is one shard of a revision: its fleet-wide ID, the file it
 // belongs to and its range there.
 type swarmShard struct {
-	id   string
-	file fileRecord
-	rng  p2p.ShardRange
+	id, revision string
+	file         fileRecord
+	rng          p2p.ShardRange
 }
 
 // planShards cuts a revision's files into swarm shards, in file order;
@@ -275,7 +375,7 @@ func planShards(revision string, files []fileRecord) ([]swarmShard, error) {
 			return nil, fmt.Errorf("%s: %w", fr.Path, err)
 		}
 		for _, sr := range ranges {
-			out = append(out, swarmShard{id: shardID(revision, fr.Path, sr.Index), file: fr, rng: sr})
+			out = append(out, swarmShard{id: shardID(revision, fr.Path, sr.Index), revision: revision, file: fr, rng: sr})
 		}
 	}
 	return out, nil
@@ -368,7 +468,7 @@ func (f *fetch) fillShard(ctx context.Context, spec p2p.BuildSpec, m *p2p.Manife
 				}
 			}()
 		}
-		_, err = s.Fetch(fctx, p2p.FetchOptions{Peers: spec.Peers, Origin: spec.Source, OriginAfter: originAfter, OriginConcurrency: spec.Concurrency})
+		_, err = s.Fetch(fctx, p2p.FetchOptions{Peers: spec.Peers, Origin: spec.Source, OriginAfter: originAfter, OriginConcurrency: spec.Concurrency, PieceCRC: spec.PieceCRC})
 		became := errors.Is(context.Cause(fctx), errBecameOrigin)
 		cancel(nil)
 		if err == nil {

@@ -24,6 +24,8 @@ type BuildSpec struct {
 	// Concurrency is the number of origin reads in flight (default 4). They
 	// are issued in file order so the shard fills front to back.
 	Concurrency int
+	// PieceCRC is FetchOptions.PieceCRC for the build.
+	PieceCRC func(crc uint64, p []byte) uint64
 	// ReadsStarted is FetchOptions.ReadsStarted for the build.
 	ReadsStarted func()
 }
@@ -58,7 +60,7 @@ func (n *Node) Build(ctx context.Context, spec BuildSpec) (*Shard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("p2p: build: %w", err)
 	}
-	if _, err := s.Fetch(ctx, FetchOptions{Peers: spec.Peers, Origin: spec.Source, OriginConcurrency: spec.Concurrency, ReadsStarted: spec.ReadsStarted}); err != nil {
+	if _, err := s.Fetch(ctx, FetchOptions{Peers: spec.Peers, Origin: spec.Source, OriginConcurrency: spec.Concurrency, PieceCRC: spec.PieceCRC, ReadsStarted: spec.ReadsStarted}); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("p2p: build %s: %w", spec.ShardID, err)
 	}

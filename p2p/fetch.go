@@ -48,6 +48,11 @@ type FetchOptions struct {
 	OriginAfter time.Duration
 	// OriginConcurrency is the number of origin reads in flight (default 4).
 	OriginConcurrency int
+	// PieceCRC, if set, continues a CRC over a piece's bytes (from 0 for
+	// each piece). Each piece's CRC is taken from the bytes that were
+	// hashed and verified, and Shard.PieceCRCs returns them, so the whole
+	// file can be checked against its object's CRC without reading it back.
+	PieceCRC func(crc uint64, p []byte) uint64
 	// PeerRefresh is how often Peers is polled (default 1s).
 	PeerRefresh time.Duration
 	// RequestDepth is the number of requests queued per peer (default 2, so
@@ -208,8 +213,8 @@ func (f *fetch) release(i int) {
 	f.mu.Unlock()
 }
 
-func (f *fetch) verified(i int, fromPeer bool) {
-	f.s.markVerified(i)
+func (f *fetch) verified(i int, fromPeer bool, crc *uint64) {
+	f.s.markVerified(i, crc)
 	f.mu.Lock()
 	f.st.have.Set(i)
 	f.st.inflight[i] = false
@@ -243,6 +248,12 @@ func (f *fetch) syncLoop(ctx context.Context) {
 
 func (f *fetch) originWorker(ctx context.Context) {
 	var buf []byte
+	// A lone worker reads the shard front to back: one request for the rest
+	// of the shard serves piece after piece, without a request's round trip
+	// and cost (signing, a server's per-request work) per piece. Several
+	// workers interleave, so each asks for one piece at a time.
+	in := &originStream{whole: f.o.OriginConcurrency == 1}
+	defer in.close()
 	for {
 		f.mu.Lock()
 		ch := f.changed()
@@ -270,9 +281,9 @@ func (f *fetch) originWorker(ctx context.Context) {
 		if buf == nil {
 			buf = make([]byte, chunkSize)
 		}
-		err := f.fromOriginPiece(ctx, i, buf)
+		crc, err := f.fromOriginPiece(ctx, i, buf, in)
 		if err == nil {
-			f.verified(i, false)
+			f.verified(i, false, crc)
 			continue
 		}
 		f.release(i)
@@ -296,19 +307,99 @@ func (f *fetch) originWorker(ctx context.Context) {
 	}
 }
 
-func (f *fetch) fromOriginPiece(ctx context.Context, i int, buf []byte) error {
+func (f *fetch) fromOriginPiece(ctx context.Context, i int, buf []byte, in *originStream) (crc *uint64, err error) {
 	off, n := f.s.m.PieceRange(i)
-	rc, err := f.o.Origin(ctx, off, n)
-	if err != nil {
-		return fmt.Errorf("origin read at %d: %w", off, err)
+	h := f.newHasher()
+	if err := f.readOrigin(ctx, in, off, n, buf, h); err != nil {
+		return nil, err
 	}
-	defer rc.Close()
-	h := f.s.m.Algo.new()
+	sum := h.Sum(nil)
+	if want := f.s.pieceHash(i); want == nil {
+		// Nobody hashed this piece yet: the origin is where hashes come
+		// from, and the whole file is checked against S3's checksum later.
+		return h.crc(), f.s.learn(i, sum)
+	} else if !bytes.Equal(sum, want) {
+		f.failed.Add(1)
+		f.n.c.failed.Add(1)
+		return nil, fmt.Errorf("piece %d: %w", i, ErrOriginCorrupt)
+	}
+	return h.crc(), nil
+}
+
+// pieceHasher hashes a piece with its manifest's algorithm and, when the
+// fetch asks for one, takes its FetchOptions.PieceCRC from the same bytes.
+type pieceHasher struct {
+	hash.Hash
+	update func(uint64, []byte) uint64
+	sum    uint64
+}
+
+func (f *fetch) newHasher() *pieceHasher {
+	return &pieceHasher{Hash: f.s.m.Algo.new(), update: f.o.PieceCRC}
+}
+
+func (h *pieceHasher) Write(p []byte) (int, error) {
+	if h.update != nil {
+		h.sum = h.update(h.sum, p)
+	}
+	return h.Hash.Write(p)
+}
+
+func (h *pieceHasher) Reset() {
+	h.Hash.Reset()
+	h.sum = 0
+}
+
+// crc is the piece's CRC, or nil when none was asked for.
+func (h *pieceHasher) crc() *uint64 {
+	if h.update == nil {
+		return nil
+	}
+	c := h.sum
+	return &c
+}
+
+// originStream is an origin response being read: the bytes of the file
+// from next up to end.
+type originStream struct {
+	whole     bool // ask for the rest of the shard, not just the piece
+	rc        io.ReadCloser
+	next, end int64
+}
+
+func (in *originStream) close() {
+	if in.rc != nil {
+		in.rc.Close()
+		in.rc = nil
+	}
+}
+
+// readOrigin copies n origin bytes at off into the shard file through buf,
+// and into h: from the open response if it is at off, else from a new one.
+func (f *fetch) readOrigin(ctx context.Context, in *originStream, off, n int64, buf []byte, h hash.Hash) (err error) {
+	if in.rc == nil || in.next != off || in.end < off+n {
+		in.close()
+		end := off + n
+		if in.whole {
+			end = f.s.m.Offset + f.s.m.Length
+		}
+		if in.rc, err = f.o.Origin(ctx, off, end-off); err != nil {
+			in.rc = nil
+			return fmt.Errorf("origin read at %d: %w", off, err)
+		}
+		in.next, in.end = off, end
+	}
+	defer func() {
+		if err != nil {
+			in.close() // where it stopped is unknown: start over
+		}
+	}()
 	for done := int64(0); done < n; {
 		k := min(int64(len(buf)), n-done)
-		if _, err := io.ReadFull(rc, buf[:k]); err != nil {
+		if _, err := io.ReadFull(in.rc, buf[:k]); err != nil {
 			return fmt.Errorf("origin read at %d: %w", off+done, err)
 		}
+		in.next += k
 		f.originBytes.Add(k)
 		f.n.c.originBytes.Add(k)
 		h.Write(buf[:k])
@@ -318,15 +409,8 @@ func (f *fetch) fromOriginPiece(ctx context.Context, i int, buf []byte) error {
 		}
 		done += k
 	}
-	sum := h.Sum(nil)
-	if want := f.s.pieceHash(i); want == nil {
-		// Nobody hashed this piece yet: the origin is where hashes come
-		// from, and the whole file is checked against S3's checksum later.
-		return f.s.learn(i, sum)
-	} else if !bytes.Equal(sum, want) {
-		f.failed.Add(1)
-		f.n.c.failed.Add(1)
-		return fmt.Errorf("piece %d: %w", i, ErrOriginCorrupt)
+	if in.next == in.end {
+		in.close() // all read: the connection goes back to the pool
 	}
 	return nil
 }
@@ -391,8 +475,8 @@ type peerConn struct {
 	held    chan struct{} // receive buffers this connection holds
 	hashCh  chan pieceJob
 	writeCh chan pieceJob
-	sums    chan bool   // hasher -> writer: did piece match, in piece order
-	bad     atomic.Bool // sent a bad piece: ignore the rest
+	sums    chan pieceSum // hasher -> writer: did piece match, in piece order
+	bad     atomic.Bool   // sent a bad piece: ignore the rest
 	// rx, when set, splices piece bodies from the socket into the file;
 	// spliced pieces then go to fileCh to be hashed from the file.
 	rx     *splicer
@@ -461,7 +545,7 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 		held:    make(chan struct{}, buffersPerPeerConn),
 		hashCh:  make(chan pieceJob, buffersPerPeerConn),
 		writeCh: make(chan pieceJob, buffersPerPeerConn),
-		sums:    make(chan bool, buffersPerPeerConn),
+		sums:    make(chan pieceSum, buffersPerPeerConn),
 		fileCh:  make(chan int, buffersPerPeerConn)}
 	// Plain TCP on Linux: splice saves the copy through user space. TLS
 	// (and any other platform) reads into buffers as before.
@@ -794,7 +878,7 @@ func (pc *peerConn) done(j pieceJob) {
 // hashLoop hashes what readPiece received while writeLoop writes it, so
 // receiving, hashing and writing each get a core.
 func (pc *peerConn) hashLoop() {
-	h := pc.f.s.m.Algo.new()
+	h := pc.f.newHasher()
 	for j := range pc.hashCh {
 		if j.first {
 			h.Reset()
@@ -805,7 +889,7 @@ func (pc *peerConn) hashLoop() {
 		if j.last {
 			// Requested only after the peer announced it with its hash.
 			want := pc.f.s.pieceHash(j.piece)
-			pc.sums <- want != nil && bytes.Equal(h.Sum(nil), want)
+			pc.sums <- pieceSum{ok: want != nil && bytes.Equal(h.Sum(nil), want), crc: h.crc()}
 		}
 		pc.done(j)
 	}
@@ -824,7 +908,8 @@ func (pc *peerConn) writeLoop() {
 		}
 		pc.done(j)
 		if j.last {
-			pc.settle(j.piece, <-pc.sums)
+			sum := <-pc.sums
+			pc.settle(j.piece, sum.ok, sum.crc)
 		}
 	}
 }
@@ -833,7 +918,7 @@ func (pc *peerConn) writeLoop() {
 // from the page cache, and settles them.
 func (pc *peerConn) fileHashLoop(ctx context.Context) {
 	f := pc.f
-	h := f.s.m.Algo.new()
+	h := f.newHasher()
 	for i := range pc.fileCh {
 		ok := false
 		if !pc.bad.Load() {
@@ -849,20 +934,26 @@ func (pc *peerConn) fileHashLoop(ctx context.Context) {
 				ok = want != nil && bytes.Equal(h.Sum(nil), want)
 			}
 		}
-		pc.settle(i, ok)
+		pc.settle(i, ok, h.crc())
 	}
+}
+
+// pieceSum is what hashing a received piece found.
+type pieceSum struct {
+	ok  bool
+	crc *uint64
 }
 
 // settle decides a received piece once it is both stored and hashed: it
 // counts only if its hash matched; a mismatch bans the peer; once the
 // connection is being dropped the piece just goes back to the pool.
-func (pc *peerConn) settle(i int, ok bool) {
+func (pc *peerConn) settle(i int, ok bool, crc *uint64) {
 	f := pc.f
 	switch {
 	case pc.bad.Load():
 		f.release(i)
 	case ok:
-		f.verified(i, true)
+		f.verified(i, true, crc)
 	default:
 		pc.bad.Store(true)
 		f.failed.Add(1)

@@ -42,6 +42,8 @@ type Shard struct {
 	have     Bitfield // verified: served and counted as present
 	durable  Bitfield // verified and fdatasynced, as stored in comp
 	subs     map[*serverConn]struct{}
+	crcs     []uint64 // FetchOptions.PieceCRC of pieces verified in this process
+	crcKnown Bitfield // which crcs are set
 	closed   bool
 	fetching bool
 	fullCh   chan struct{} // closed when have is full
@@ -424,21 +426,29 @@ func (s *Shard) Recheck(ctx context.Context) (found int, err error) {
 			return found, fmt.Errorf("p2p: recheck %s: %w", s.path, err)
 		}
 		if want := s.pieceHash(i); want != nil && bytes.Equal(h.Sum(nil), want) {
-			s.markVerified(i)
+			s.markVerified(i, nil)
 			found++
 		}
 	}
 	return found, s.Sync()
 }
 
-// markVerified records piece i as present and tells subscribers.
-func (s *Shard) markVerified(i int) {
+// markVerified records piece i as present and tells subscribers; crc is
+// the piece's FetchOptions.PieceCRC when the fetch asked for one.
+func (s *Shard) markVerified(i int, crc *uint64) {
 	s.mu.Lock()
 	if s.have.Has(i) {
 		s.mu.Unlock()
 		return
 	}
 	s.have.Set(i)
+	if crc != nil {
+		if s.crcs == nil {
+			s.crcs, s.crcKnown = make([]uint64, s.m.NumPieces()), NewBitfield(s.m.NumPieces())
+		}
+		s.crcs[i] = *crc
+		s.crcKnown.Set(i)
+	}
 	full := s.have.Full()
 	h := bytes.Clone(s.m.PieceHash(i))
 	for sc := range s.subs {
@@ -449,6 +459,29 @@ func (s *Shard) markVerified(i int) {
 	if full {
 		close(s.fullCh)
 	}
+}
+
+// PieceCRC is the FetchOptions.PieceCRC of a verified piece: Off is its
+// offset in the file.
+type PieceCRC struct {
+	Off, Len int64
+	CRC      uint64
+}
+
+// PieceCRCs returns the CRCs of the pieces verified with
+// FetchOptions.PieceCRC set since the shard was opened; pieces restored
+// from an earlier run, or verified without it, have none.
+func (s *Shard) PieceCRCs() []PieceCRC {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []PieceCRC
+	for i, crc := range s.crcs {
+		if s.crcKnown.Has(i) {
+			off, n := s.m.PieceRange(i)
+			out = append(out, PieceCRC{Off: off, Len: n, CRC: crc})
+		}
+	}
+	return out
 }
 
 // Sync makes every verified piece durable: fdatasync, then store the

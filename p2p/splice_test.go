@@ -32,7 +32,7 @@ func seedWithBadPiece(t *testing.T, n *testNode, data []byte, m *Manifest, bad i
 		t.Fatal(err)
 	}
 	for i := range m.NumPieces() {
-		s.markVerified(i)
+		s.markVerified(i, nil)
 	}
 }
 

@@ -148,7 +148,7 @@ func seedNode(t *testing.T, n *testNode, data []byte, m *Manifest, corrupt bool)
 	if corrupt {
 		// Claim every piece without checking, as a lying peer would.
 		for i := range m.NumPieces() {
-			s.markVerified(i)
+			s.markVerified(i, nil)
 		}
 	} else if _, err := s.Recheck(context.Background()); err != nil || !s.Complete() {
 		t.Fatalf("recheck: complete=%v err=%v", s.Complete(), err)

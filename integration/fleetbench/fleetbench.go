@@ -61,6 +61,10 @@ type Options struct {
 	// SampleEvery, if set, samples every host's received bytes at this
 	// interval into HostResult.Timeline (for WriteSVG).
 	SampleEvery time.Duration
+	// HostProcs, if positive, is every daemon's GOMAXPROCS. The hosts share
+	// the machine's cores, so each has a fraction of one, as a DaemonSet
+	// under a CPU limit would (Go sets GOMAXPROCS from the cgroup limit).
+	HostProcs int
 	// Dir keeps data and logs; default a temporary directory removed at the
 	// end.
 	Dir    string
@@ -111,6 +115,7 @@ type ModeResult struct {
 // available.
 type Result struct {
 	Hosts      int    `json:"hosts"`
+	HostProcs  int    `json:"host_procs,omitempty"`
 	Link       string `json:"link"`
 	MTU        int    `json:"mtu,omitempty"`
 	S3Link     string `json:"s3_link"`
@@ -177,7 +182,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 
 	swarmLB, naiveLB := LowerBounds(opts.Hosts, opts.ModelSize, opts.Link, opts.S3Link)
 	res := Result{
-		Hosts: opts.Hosts, Link: opts.Link.String(), S3Link: opts.S3Link.String(), MTU: opts.MTU,
+		Hosts: opts.Hosts, HostProcs: opts.HostProcs, Link: opts.Link.String(), S3Link: opts.S3Link.String(), MTU: opts.MTU,
 		ModelBytes: opts.ModelSize, Files: opts.Files, Runs: opts.Runs,
 		LowerBoundSeconds: swarmLB.Seconds(), NaiveLowerBoundSeconds: naiveLB.Seconds(),
 	}
@@ -293,6 +298,16 @@ func LowerBounds(hosts int, size int64, link, s3Link netlab.Rate) (swarm, naive 
 	return swarm, naive
 }
 
+// daemonEnv is every daemon's environment: the S3 host's credentials and
+// endpoint, and Options.HostProcs.
+func daemonEnv(lab *netlab.Lab, opts Options) []string {
+	env := lab.S3().Env()
+	if opts.HostProcs > 0 {
+		env = append(env, fmt.Sprintf("GOMAXPROCS=%d", opts.HostProcs))
+	}
+	return env
+}
+
 // warmOnce starts a fresh daemon on every host, caches the model on all of
 // them at once and collects each host's figures.
 func warmOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts Options, args []string, cacheName string, timeout time.Duration) ([]HostResult, error) {
@@ -321,7 +336,7 @@ func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model
 		if err := os.MkdirAll(h.DataDir, 0o755); err != nil {
 			return nil, err
 		}
-		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: lab.S3().Env(), Args: hostArgs(args, h, hosts[0], opts)})
+		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: daemonEnv(lab, opts), Args: hostArgs(args, h, hosts[0], opts)})
 		if err != nil {
 			return nil, err
 		}
@@ -402,7 +417,7 @@ func scaleOutOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts
 		if err := os.MkdirAll(h.DataDir, 0o755); err != nil {
 			return err
 		}
-		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: lab.S3().Env(), Args: hostArgs(args, h, hosts[0], opts)})
+		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: daemonEnv(lab, opts), Args: hostArgs(args, h, hosts[0], opts)})
 		if err != nil {
 			return err
 		}

@@ -28,6 +28,7 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	fs.Var(&modelSize, "model-size", "model size, split evenly over --files")
 	files := fs.Int("files", 4, "files in the model")
 	runs := fs.Int("runs", 1, "runs per mode; the figures are medians")
+	hostProcs := fs.Int("host-procs", 1, "every daemon's GOMAXPROCS: the hosts share this machine's cores, as daemons under a CPU limit share a node's (0: Go's default, all cores)")
 	output := fs.String("o", "table", "output format: table or json")
 	var daemonArgs listFlag
 	fs.Var(&daemonArgs, "daemon-arg", "extra flag for every daemon, e.g. --daemon-arg=--s3-concurrency=8 (repeatable)")
@@ -46,6 +47,9 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	}
 	if *mtu != 0 && (*mtu < 576 || *mtu > 65535) {
 		return usageError("--mtu %d: want 576..65535", *mtu)
+	}
+	if *hostProcs < 0 {
+		return usageError("--host-procs %d: want 0 or more", *hostProcs)
 	}
 	if *output != "table" && *output != "json" {
 		return usageError("-o %q: want table or json", *output)
@@ -71,7 +75,7 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	opts := fleetbench.Options{
 		Hosts: *hosts, Link: link, S3Link: s3Link, MTU: *mtu, ModelSize: int64(modelSize), Files: *files, Runs: *runs,
 		Bin: bin, Versitygw: *versitygw, DaemonArgs: append([]string{"--containerd", "off"}, daemonArgs...), Dir: *dir,
-		SampleEvery: sampleEvery, PeerBytesMetric: `warmfleet_peer_bytes_total{direction="in"}`,
+		HostProcs: *hostProcs, SampleEvery: sampleEvery, PeerBytesMetric: `warmfleet_peer_bytes_total{direction="in"}`,
 		Logger: slog.New(slog.NewTextHandler(e.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	if *naiveOnly && *swarmOnly {

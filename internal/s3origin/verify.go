@@ -202,14 +202,19 @@ func (c *Client) checkCopy(ctx context.Context, obj Object, r io.ReaderAt, chk c
 // compareCRC combines per-part CRCs (parts of c.opts.PartSize, in order)
 // and compares the result with the object's checksum.
 func (c *Client) compareCRC(obj Object, kind *crcKind, chk check, crcs []uint64, how string) (Verification, error) {
-	want, err := kind.decode(chk.expected)
-	if err != nil {
-		return Verification{}, fmt.Errorf("verify %s: %w", obj.URL(), err)
-	}
 	var got uint64
 	for part, crc := range crcs {
 		_, n := PartRange(part, obj.Size, c.opts.PartSize)
 		got = kind.combine(got, crc, n)
+	}
+	return c.compareCombined(obj, kind, chk, got, how)
+}
+
+// compareCombined compares the CRC of the whole copy with the object's.
+func (c *Client) compareCombined(obj Object, kind *crcKind, chk check, got uint64, how string) (Verification, error) {
+	want, err := kind.decode(chk.expected)
+	if err != nil {
+		return Verification{}, fmt.Errorf("verify %s: %w", obj.URL(), err)
 	}
 	if got != want {
 		return Verification{}, fmt.Errorf("verify %s: %w: %s of the local copy is %s, S3 has %s",

@@ -1,0 +1,112 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"hash/crc32"
+	"io"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// failingReader returns err once it has given n bytes.
+type failingReader struct {
+	r   io.Reader
+	n   int64
+	err error
+}
+
+func (f *failingReader) Read(p []byte) (int, error) {
+	if f.n <= 0 {
+		return 0, f.err
+	}
+	if int64(len(p)) > f.n {
+		p = p[:f.n]
+	}
+	k, err := f.r.Read(p)
+	f.n -= int64(k)
+	return k, err
+}
+
+func crc32Update(crc uint64, p []byte) uint64 {
+	return uint64(crc32.Update(uint32(crc), crc32.IEEETable, p))
+}
+
+// checkPieceCRCs fails unless s has a CRC for every piece, each the CRC of
+// the piece's bytes in data.
+func checkPieceCRCs(t *testing.T, who string, s *Shard, data []byte) {
+	t.Helper()
+	got := s.PieceCRCs()
+	if len(got) != s.Manifest().NumPieces() {
+		t.Fatalf("%s: %d piece CRCs, want %d", who, len(got), s.Manifest().NumPieces())
+	}
+	for _, p := range got {
+		if want := uint64(crc32.ChecksumIEEE(data[p.Off : p.Off+p.Len])); p.CRC != want {
+			t.Fatalf("%s: CRC of %d+%d is %x, want %x", who, p.Off, p.Len, p.CRC, want)
+		}
+	}
+}
+
+// A lone origin worker reads a shard through one request for the rest of
+// it, not one per piece; a response that breaks mid-piece is asked again
+// from that piece's start, and the piece is neither lost nor doubled. The
+// CRC each piece is taken with (origin and follower alike) is the CRC of
+// its bytes.
+func TestLoneOriginStreamsShardAndTakesPieceCRCs(t *testing.T) {
+	data := randomData(t, 16*testPiece)
+	var mu sync.Mutex
+	var requests [][2]int64
+	src := func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		requests = append(requests, [2]int64{off, n})
+		var r io.Reader = bytes.NewReader(data[off : off+n])
+		if len(requests) == 1 {
+			// The first response breaks half way into the sixth piece.
+			r = &failingReader{r: r, n: 5*testPiece + testPiece/2, err: errors.New("connection reset")}
+		}
+		return io.NopCloser(r), nil
+	}
+	origin := startNode(t, "origin", nil)
+	spec := buildSpec(data, filepath.Join(origin.dir, "f"), origin.comp, src)
+	spec.Concurrency, spec.PieceCRC = 1, crc32Update
+	built, err := origin.Build(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer built.Close()
+	mu.Lock()
+	want := [][2]int64{{0, int64(len(data))}, {5 * testPiece, int64(len(data)) - 5*testPiece}}
+	if len(requests) != len(want) || requests[0] != want[0] || requests[1] != want[1] {
+		t.Fatalf("origin requests %v, want %v", requests, want)
+	}
+	mu.Unlock()
+	assertFileRange(t, filepath.Join(origin.dir, "f"), data, built.Manifest())
+	checkPieceCRCs(t, "origin", built, data)
+
+	follower := startNode(t, "follower", nil)
+	s, err := follower.Open(context.Background(), built.Manifest(), filepath.Join(follower.dir, "f"), follower.comp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Fetch(context.Background(), FetchOptions{Peers: peers(origin.addr), PeerRefresh: 20 * time.Millisecond, PieceCRC: crc32Update}); err != nil {
+		t.Fatal(err)
+	}
+	checkPieceCRCs(t, "follower", s, data)
+
+	// Reopened from its completion record, the shard has no CRCs: those
+	// pieces were verified by an earlier run, and must be read back.
+	s.Close()
+	again, err := follower.Open(context.Background(), built.Manifest(), filepath.Join(follower.dir, "f"), follower.comp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if !again.Complete() || len(again.PieceCRCs()) != 0 {
+		t.Fatalf("reopened: complete %v with %d piece CRCs, want complete with none", again.Complete(), len(again.PieceCRCs()))
+	}
+}
