@@ -248,12 +248,6 @@ func (f *fetch) syncLoop(ctx context.Context) {
 
 func (f *fetch) originWorker(ctx context.Context) {
 	var buf []byte
-	// A lone worker reads the shard front to back: one request for the rest
-	// of the shard serves piece after piece, without a request's round trip
-	// and cost (signing, a server's per-request work) per piece. Several
-	// workers interleave, so each asks for one piece at a time.
-	in := &originStream{whole: f.o.OriginConcurrency == 1}
-	defer in.close()
 	for {
 		f.mu.Lock()
 		ch := f.changed()
@@ -281,7 +275,7 @@ func (f *fetch) originWorker(ctx context.Context) {
 		if buf == nil {
 			buf = make([]byte, chunkSize)
 		}
-		crc, err := f.fromOriginPiece(ctx, i, buf, in)
+		crc, err := f.fromOriginPiece(ctx, i, buf)
 		if err == nil {
 			f.verified(i, false, crc)
 			continue
@@ -307,10 +301,10 @@ func (f *fetch) originWorker(ctx context.Context) {
 	}
 }
 
-func (f *fetch) fromOriginPiece(ctx context.Context, i int, buf []byte, in *originStream) (crc *uint64, err error) {
+func (f *fetch) fromOriginPiece(ctx context.Context, i int, buf []byte) (crc *uint64, err error) {
 	off, n := f.s.m.PieceRange(i)
 	h := f.newHasher()
-	if err := f.readOrigin(ctx, in, off, n, buf, h); err != nil {
+	if err := f.readOrigin(ctx, off, n, buf, h); err != nil {
 		return nil, err
 	}
 	sum := h.Sum(nil)
@@ -359,47 +353,19 @@ func (h *pieceHasher) crc() *uint64 {
 	return &c
 }
 
-// originStream is an origin response being read: the bytes of the file
-// from next up to end.
-type originStream struct {
-	whole     bool // ask for the rest of the shard, not just the piece
-	rc        io.ReadCloser
-	next, end int64
-}
-
-func (in *originStream) close() {
-	if in.rc != nil {
-		in.rc.Close()
-		in.rc = nil
-	}
-}
-
 // readOrigin copies n origin bytes at off into the shard file through buf,
-// and into h: from the open response if it is at off, else from a new one.
-func (f *fetch) readOrigin(ctx context.Context, in *originStream, off, n int64, buf []byte, h hash.Hash) (err error) {
-	if in.rc == nil || in.next != off || in.end < off+n {
-		in.close()
-		end := off + n
-		if in.whole {
-			end = f.s.m.Offset + f.s.m.Length
-		}
-		if in.rc, err = f.o.Origin(ctx, off, end-off); err != nil {
-			in.rc = nil
-			return fmt.Errorf("origin read at %d: %w", off, err)
-		}
-		in.next, in.end = off, end
+// and into h.
+func (f *fetch) readOrigin(ctx context.Context, off, n int64, buf []byte, h hash.Hash) error {
+	rc, err := f.o.Origin(ctx, off, n)
+	if err != nil {
+		return fmt.Errorf("origin read at %d: %w", off, err)
 	}
-	defer func() {
-		if err != nil {
-			in.close() // where it stopped is unknown: start over
-		}
-	}()
+	defer rc.Close()
 	for done := int64(0); done < n; {
 		k := min(int64(len(buf)), n-done)
-		if _, err := io.ReadFull(in.rc, buf[:k]); err != nil {
+		if _, err := io.ReadFull(rc, buf[:k]); err != nil {
 			return fmt.Errorf("origin read at %d: %w", off+done, err)
 		}
-		in.next += k
 		f.originBytes.Add(k)
 		f.n.c.originBytes.Add(k)
 		h.Write(buf[:k])
@@ -408,9 +374,6 @@ func (f *fetch) readOrigin(ctx context.Context, in *originStream, off, n int64, 
 			return err
 		}
 		done += k
-	}
-	if in.next == in.end {
-		in.close() // all read: the connection goes back to the pool
 	}
 	return nil
 }
