@@ -20,7 +20,7 @@ func TestAuthRefusesOutsiders(t *testing.T) {
 			data := randomData(t, 256<<10)
 			m := manifestFor(t, data, 0, int64(len(data)), testPiece, SHA256)
 			member := startNode(t, "member", func(c *Config) { c.Encrypt = encrypt })
-			seedNode(t, member, data, m, false)
+			seedNode(t, member, data, m, nil)
 			wrongKey := bytes.Repeat([]byte{8}, ClusterKeySize)
 			outsider := startNode(t, "outsider", func(c *Config) { c.Encrypt = encrypt; c.ClusterKey = wrongKey })
 			s, err := outsider.Open(context.Background(), m, filepath.Join(outsider.dir, "f"), outsider.comp)

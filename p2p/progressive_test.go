@@ -140,7 +140,7 @@ func TestConflictingHashBansPeer(t *testing.T) {
 	liarData[0] ^= 1
 	liarM := manifestFor(t, liarData, 0, int64(len(liarData)), testPiece, BLAKE3)
 	liar := startNode(t, "liar", nil)
-	seedNode(t, liar, liarData, liarM, false)
+	seedNode(t, liar, liarData, liarM, nil)
 	x := startNode(t, "x", nil)
 	s, err := x.OpenPartial(context.Background(), m, filepath.Join(x.dir, "f"), x.comp)
 	if err != nil {
@@ -170,7 +170,7 @@ func TestPartialShardResumesAcrossReopen(t *testing.T) {
 	data := randomData(t, 8*testPiece)
 	m := manifestFor(t, data, 0, int64(len(data)), testPiece, BLAKE3)
 	seed := startNode(t, "seed", func(c *Config) { c.UploadLimit = 4 * testPiece })
-	seedNode(t, seed, data, m, false)
+	seedNode(t, seed, data, m, nil)
 	x := startNode(t, "x", nil)
 	path := filepath.Join(x.dir, "f")
 	s, err := x.OpenPartial(context.Background(), m, path, x.comp)

@@ -20,20 +20,8 @@ import (
 // lying or broken peer would.
 func seedWithBadPiece(t *testing.T, n *testNode, data []byte, m *Manifest, bad int, at int64) {
 	t.Helper()
-	b := bytes.Clone(data)
 	off, _ := m.PieceRange(bad)
-	b[off+at] ^= 0x55
-	path := filepath.Join(n.dir, "f")
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	s, err := n.Open(context.Background(), m, path, n.comp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range m.NumPieces() {
-		s.markVerified(i, nil)
-	}
+	seedNode(t, n, data, m, func(b []byte) { b[off+at] ^= 0x55 })
 }
 
 // Over plain TCP the receiver splices piece bodies into the file and hashes
@@ -50,7 +38,7 @@ func TestFetchSplicedPiecesBansCorruptPeer(t *testing.T) {
 			good := startNode(t, "good", withTLS)
 			x := startNode(t, "x", withTLS)
 			seedWithBadPiece(t, bad, data, m, m.NumPieces()/2, testPiece/2)
-			seedNode(t, good, data, m, false)
+			seedNode(t, good, data, m, nil)
 			if res := fetchPastBadPeer(t, x, bad, good, data, m); res.PiecesFailed != 1 {
 				t.Fatalf("result %+v, want one failed piece", res)
 			}
@@ -122,7 +110,7 @@ func TestFetchSplicesAfterBufferedPrefix(t *testing.T) {
 			}
 			script := scriptedPeer(t, m, served, prefix, false)
 			good := startNode(t, "good", nil)
-			seedNode(t, good, data, m, false)
+			seedNode(t, good, data, m, nil)
 			x := startNode(t, "x", nil)
 			s, err := x.Open(context.Background(), m, filepath.Join(x.dir, "f"), x.comp)
 			if err != nil {

@@ -128,14 +128,14 @@ func TestSwarmPipelinedFromOrigin(t *testing.T) {
 	}
 }
 
-// seedNode opens a complete copy of the shard on n, optionally corrupted.
-func seedNode(t *testing.T, n *testNode, data []byte, m *Manifest, corrupt bool) *Shard {
+// seedNode opens a complete copy of the shard on n. A non-nil corrupt
+// changes the copy first, and its pieces are then claimed without checking,
+// as a lying or broken peer would.
+func seedNode(t *testing.T, n *testNode, data []byte, m *Manifest, corrupt func(b []byte)) *Shard {
 	t.Helper()
 	b := append([]byte(nil), data...)
-	if corrupt {
-		for i := range b {
-			b[i] ^= 0x55
-		}
+	if corrupt != nil {
+		corrupt(b)
 	}
 	path := filepath.Join(n.dir, "f")
 	if err := os.WriteFile(path, b, 0o644); err != nil {
@@ -145,8 +145,7 @@ func seedNode(t *testing.T, n *testNode, data []byte, m *Manifest, corrupt bool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if corrupt {
-		// Claim every piece without checking, as a lying peer would.
+	if corrupt != nil {
 		for i := range m.NumPieces() {
 			s.markVerified(i, nil)
 		}
@@ -198,8 +197,12 @@ func TestSwarmBansCorruptingPeer(t *testing.T) {
 	bad := startNode(t, "bad", nil)
 	good := startNode(t, "good", nil)
 	x := startNode(t, "x", func(c *Config) { c.StallTimeout = time.Second })
-	seedNode(t, bad, data, m, true)
-	seedNode(t, good, data, m, false)
+	seedNode(t, bad, data, m, func(b []byte) {
+		for i := range b {
+			b[i] ^= 0x55
+		}
+	})
+	seedNode(t, good, data, m, nil)
 	if res := fetchPastBadPeer(t, x, bad, good, data, m); res.PiecesFailed == 0 || x.Stats().PiecesFailed == 0 {
 		t.Fatalf("no failed piece counted: result %+v", res)
 	}
@@ -245,7 +248,7 @@ func TestSwarmAbandonsStalledPeer(t *testing.T) {
 	stall, requests := stallingPeer(t, m)
 	good := startNode(t, "good", nil)
 	x := startNode(t, "x", func(c *Config) { c.StallTimeout = 200 * time.Millisecond })
-	seedNode(t, good, data, m, false)
+	seedNode(t, good, data, m, nil)
 	s, err := x.Open(context.Background(), m, filepath.Join(x.dir, "f"), x.comp)
 	if err != nil {
 		t.Fatal(err)
@@ -271,7 +274,7 @@ func TestSwarmResumeFetchesOnlyMissingPieces(t *testing.T) {
 	data := randomData(t, 2<<20)
 	m := manifestFor(t, data, 0, int64(len(data)), testPiece, SHA256)
 	seed := startNode(t, "seed", func(c *Config) { c.UploadLimit = 4 << 20 })
-	seedNode(t, seed, data, m, false)
+	seedNode(t, seed, data, m, nil)
 	x := startNode(t, "x", nil)
 	path := filepath.Join(x.dir, "f")
 
@@ -347,7 +350,7 @@ func TestResumeIgnoresCompletionWhenFileIsReplaced(t *testing.T) {
 	}
 	for name, damage := range cases {
 		t.Run(name, func(t *testing.T) {
-			seedNode(t, x, data, m, false).Close()
+			seedNode(t, x, data, m, nil).Close()
 			damage()
 			s, err := x.Open(context.Background(), m, path, x.comp)
 			if err != nil {
@@ -360,7 +363,7 @@ func TestResumeIgnoresCompletionWhenFileIsReplaced(t *testing.T) {
 		})
 	}
 	t.Run("untouched file resumes", func(t *testing.T) {
-		seedNode(t, x, data, m, false).Close()
+		seedNode(t, x, data, m, nil).Close()
 		s, err := x.Open(context.Background(), m, path, x.comp)
 		if err != nil {
 			t.Fatal(err)
@@ -417,7 +420,7 @@ func TestSwarmUploadCap(t *testing.T) {
 	data := randomData(t, 1<<20)
 	m := manifestFor(t, data, 0, int64(len(data)), testPiece, BLAKE3)
 	seed := startNode(t, "seed", func(c *Config) { c.MaxUploads = 1 })
-	seedNode(t, seed, data, m, false)
+	seedNode(t, seed, data, m, nil)
 	var wg sync.WaitGroup
 	for _, id := range []string{"x", "y", "z"} {
 		n := startNode(t, id, nil)
