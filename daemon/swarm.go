@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +72,9 @@ type swarm struct {
 	p2p       Swarm
 	completes p2p.Completion
 	build     chan struct{}
+	// builds counts this node's S3 builds running or waiting for build:
+	// while there are none, it helps other origins (p2p.FetchOptions.OriginHelp).
+	builds atomic.Int32
 	// fetching bounds the shards filled from peers at once: each holds a
 	// connection and buffers per peer, and a few shards at a time already
 	// keep the node's link busy.
@@ -468,7 +472,13 @@ func (f *fetch) fillShard(ctx context.Context, spec p2p.BuildSpec, m *p2p.Manife
 				}
 			}()
 		}
-		_, err = s.Fetch(fctx, p2p.FetchOptions{Peers: spec.Peers, Origin: spec.Source, OriginAfter: originAfter, OriginConcurrency: spec.Concurrency, PieceCRC: spec.PieceCRC})
+		opts := p2p.FetchOptions{Peers: spec.Peers, Origin: spec.Source, OriginAfter: originAfter, OriginConcurrency: spec.Concurrency, PieceCRC: spec.PieceCRC}
+		if m == nil {
+			// The shard is still being read from S3 (with a manifest, some
+			// member holds it whole): help its origin once free.
+			opts.OriginHelp = func() (int, int, bool) { return f.helpStripe(spec.ShardID) }
+		}
+		_, err = s.Fetch(fctx, opts)
 		became := errors.Is(context.Cause(fctx), errBecameOrigin)
 		cancel(nil)
 		if err == nil {
@@ -490,11 +500,30 @@ func (f *fetch) fillShard(ctx context.Context, spec p2p.BuildSpec, m *p2p.Manife
 	return s, nil
 }
 
+// helpStripe says whether this node may help a shard's origin read S3, and
+// which stripe of the shard's pieces is its own: only once its own S3
+// builds are done, and then by its place in the shard's rank, so helpers
+// never read the same piece.
+func (f *fetch) helpStripe(shardID string) (stripe, stripes int, ok bool) {
+	if f.d.swarm.builds.Load() > 0 {
+		return 0, 0, false
+	}
+	names, _ := f.swarmPeers()
+	rank := f.originRank(shardID, names)
+	k := slices.Index(rank, f.d.fleet.LocalName())
+	if k < 1 {
+		return 0, 0, false
+	}
+	return k - 1, len(rank) - 1, true
+}
+
 // buildShard pulls a shard from S3 as its origin, one build at a time per
 // node so the node's first shards complete first. Peers get each piece as
 // soon as it is in.
 func (f *fetch) buildShard(ctx context.Context, spec p2p.BuildSpec) (*p2p.Shard, error) {
 	sw := f.d.swarm
+	sw.builds.Add(1)
+	defer sw.builds.Add(-1)
 	select {
 	case sw.build <- struct{}{}:
 	case <-ctx.Done():

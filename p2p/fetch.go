@@ -48,6 +48,12 @@ type FetchOptions struct {
 	OriginAfter time.Duration
 	// OriginConcurrency is the number of origin reads in flight (default 4).
 	OriginConcurrency int
+	// OriginHelp, if set, is asked while OriginAfter holds origin reads
+	// back: ok means this node is free to help the shard's origin, reading
+	// from the end of the shard the pieces of its stripe (of stripes) that
+	// no peer has yet. An origin slowed by its crowded link then does not
+	// hold up the whole fleet's last pieces.
+	OriginHelp func() (stripe, stripes int, ok bool)
 	// PieceCRC, if set, continues a CRC over a piece's bytes (from 0 for
 	// each piece). Each piece's CRC is taken from the bytes that were
 	// hashed and verified, and Shard.PieceCRCs returns them, so the whole
@@ -90,6 +96,7 @@ const (
 	redialBackoff      = 2 * time.Second
 	maxOriginFailures  = 3
 	buffersPerPeerConn = 8
+	helpRecheck        = 250 * time.Millisecond
 )
 
 type fetch struct {
@@ -181,9 +188,11 @@ func (s *Shard) Fetch(ctx context.Context, o FetchOptions) (FetchResult, error) 
 		}
 		return res, err
 	}
+	full := s.n.cfg.Now()
 	if err := s.Sync(); err != nil {
 		return res, err
 	}
+	s.n.log.Debug("p2p: shard complete", "shard", s.m.ShardID, "from_origin", res.PiecesFromOrigin, "from_peers", res.PiecesFromPeers, "sync", s.n.cfg.Now().Sub(full))
 	return res, nil
 }
 
@@ -249,6 +258,10 @@ func (f *fetch) syncLoop(ctx context.Context) {
 func (f *fetch) originWorker(ctx context.Context) {
 	var buf []byte
 	for {
+		stripe, stripes, help := 0, 0, false
+		if f.o.OriginAfter > 0 && f.o.OriginHelp != nil {
+			stripe, stripes, help = f.o.OriginHelp()
+		}
 		f.mu.Lock()
 		ch := f.changed()
 		var wait time.Duration
@@ -256,10 +269,18 @@ func (f *fetch) originWorker(ctx context.Context) {
 		if f.o.OriginAfter > 0 {
 			wait = f.o.OriginAfter - f.n.cfg.Now().Sub(f.lastPeerData)
 		}
-		if wait <= 0 {
-			if i = pickForOrigin(&f.st); i >= 0 {
-				f.st.inflight[i] = true
-			}
+		switch {
+		case wait <= 0:
+			i = pickForOrigin(&f.st)
+		case help && len(f.byID) > 0:
+			// Only once some peer said what it holds: before that, every
+			// piece looks missing everywhere.
+			i = pickForHelper(&f.st, stripe, stripes)
+		}
+		if i >= 0 {
+			f.st.inflight[i] = true
+		} else if f.o.OriginHelp != nil && wait > 0 {
+			wait = min(wait, helpRecheck) // help may be allowed by then
 		}
 		started := f.o.ReadsStarted != nil && f.st.allStarted()
 		f.mu.Unlock()

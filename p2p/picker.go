@@ -44,6 +44,29 @@ func pickForOrigin(st *pickState) int {
 	return -1
 }
 
+// pickForHelper returns a piece for a node that helps a shard's origin
+// read S3: the last needed piece of its stripe (stripe of stripes, counted
+// back from the shard's end, so helpers never pick the same piece) that no
+// connected peer has, at least two pieces past the run of pieces present
+// here or at a peer from the start, where the origin reads forward; -1 if
+// none.
+func pickForHelper(st *pickState, stripe, stripes int) int {
+	np := len(st.inflight)
+	if stripes <= 0 || stripe < 0 || stripe >= stripes {
+		return -1
+	}
+	front := 0
+	for front < np && (st.have.Has(front) || st.avail[front] > 0) {
+		front++
+	}
+	for i := np - 1 - stripe; i >= front+2; i -= stripes {
+		if !st.inflight[i] && !st.have.Has(i) && st.avail[i] == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
 // allStarted reports whether every piece is verified or being fetched.
 func (st *pickState) allStarted() bool {
 	for i := range st.inflight {

@@ -76,3 +76,35 @@ func TestPickForOrigin(t *testing.T) {
 		}
 	}
 }
+
+func TestPickForHelper(t *testing.T) {
+	cases := []struct {
+		name            string
+		have, inflight  []int
+		avail           []int32
+		stripe, stripes int
+		want            int
+	}{
+		{name: "nothing anywhere: the last piece", stripe: 0, stripes: 3, want: 9},
+		{name: "second stripe: one before the last", stripe: 1, stripes: 3, want: 8},
+		{name: "own stripe only", have: []int{9}, stripe: 0, stripes: 3, want: 6},
+		{name: "two past the origin's run", avail: []int32{1, 1, 1, 1}, stripe: 0, stripes: 1, want: 9},
+		{name: "the run counts own pieces", have: []int{0, 1, 2, 3, 4, 5, 6}, stripe: 0, stripes: 1, want: 9},
+		{name: "not next to the origin", have: []int{0, 1, 2, 3, 4, 5, 6, 9}, stripe: 0, stripes: 1, want: -1},
+		{name: "skips what a peer has", avail: []int32{0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, stripe: 0, stripes: 1, want: 8},
+		{name: "skips its own request", inflight: []int{9}, stripe: 0, stripes: 1, want: 8},
+		{name: "bad stripe", stripe: 3, stripes: 3, want: -1},
+		{name: "no stripes", stripe: 0, stripes: 0, want: -1},
+	}
+	for _, c := range cases {
+		avail := make([]int32, 10)
+		copy(avail, c.avail)
+		st := &pickState{have: bitsOf(10, c.have...), inflight: make([]bool, 10), avail: avail}
+		for _, i := range c.inflight {
+			st.inflight[i] = true
+		}
+		if got := pickForHelper(st, c.stripe, c.stripes); got != c.want {
+			t.Errorf("%s: got %d, want %d", c.name, got, c.want)
+		}
+	}
+}

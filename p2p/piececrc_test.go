@@ -107,3 +107,75 @@ func TestPieceCRCs(t *testing.T) {
 		t.Fatalf("reopened: complete %v with %d piece CRCs, want complete with none", again.Complete(), len(again.PieceCRCs()))
 	}
 }
+
+// A follower free to help reads from S3, from the shard's end, the pieces
+// its origin has not reached, once it knows what its peers hold; the
+// origin then takes those from it. Between them the object is read once.
+func TestHelperReadsTheTailOnce(t *testing.T) {
+	data := randomData(t, 16*testPiece)
+	open, reached := make(chan struct{}), make(chan struct{})
+	gated, originRead := gatedSource(data, 8*testPiece, open)
+	var once sync.Once
+	originSrc := func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+		if off >= 8*testPiece {
+			once.Do(func() { close(reached) }) // pieces 0-7 are in
+		}
+		return gated(ctx, off, n)
+	}
+	helperSrc, helperRead := gatedSource(data, int64(len(data)), nil) // never held
+	var helperOffsets []int64
+	var mu sync.Mutex
+	helperLog := func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+		mu.Lock()
+		helperOffsets = append(helperOffsets, off)
+		mu.Unlock()
+		return helperSrc(ctx, off, n)
+	}
+	origin := startNode(t, "origin", nil)
+	follower := startNode(t, "follower", nil)
+	spec := buildSpec(data, filepath.Join(origin.dir, "f"), origin.comp, originSrc)
+	spec.Concurrency, spec.Peers = 1, peers(follower.addr)
+
+	s, err := follower.OpenPartial(context.Background(), spec.Skeleton(), filepath.Join(follower.dir, "f"), follower.comp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	built := make(chan error, 1)
+	go func() {
+		b, err := origin.Build(context.Background(), spec)
+		if err == nil {
+			b.Close()
+		}
+		built <- err
+	}()
+	<-reached
+	fetched := make(chan error, 1)
+	go func() {
+		_, err := s.Fetch(context.Background(), FetchOptions{Peers: peers(origin.addr), Origin: helperLog, OriginAfter: time.Hour,
+			OriginConcurrency: 1, PeerRefresh: 20 * time.Millisecond, OriginHelp: func() (int, int, bool) { return 0, 1, true }})
+		fetched <- err
+	}()
+	// The origin is held at the half: the helper takes pieces 15 down to
+	// 10, leaving 8 and 9 next to the origin's run to the origin.
+	waitFor(t, func() bool { return s.Have().Count() == 14 })
+	waitFor(t, func() bool { return origin.Stats().PeersConnected >= 2 }) // it sees what the helper holds
+	close(open)
+	if err := <-built; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-fetched; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, off := range helperOffsets {
+		if off < 10*testPiece {
+			t.Errorf("helper read at %d, before piece 10", off)
+		}
+	}
+	if got := originRead.Load() + helperRead.Load(); got != int64(len(data)) {
+		t.Errorf("origin read %d and helper %d bytes: %d in all, want %d", originRead.Load(), helperRead.Load(), got, len(data))
+	}
+	assertFileRange(t, filepath.Join(follower.dir, "f"), data, s.Manifest())
+}
