@@ -10,7 +10,11 @@
 // source such as S3. Pieces are streamed straight to their offset in the
 // final file and only counted as present once their hash matches the
 // manifest; completion is persisted in batches after fdatasync so
-// a restart resumes without rehashing.
+// a restart resumes without rehashing. A node free of its own origin work
+// may help an origin (FetchOptions.OriginHelp), reading from the shard's end
+// the pieces of its stripe no peer has; a fetch can also take a CRC of each
+// piece from the bytes it verified (FetchOptions.PieceCRC), so the whole
+// file is checked against its object without reading it back.
 //
 // The bulk data plane is a small range-request protocol rather than the
 // BitTorrent wire protocol: the sender uses sendfile, and on plain TCP the
