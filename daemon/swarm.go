@@ -476,7 +476,7 @@ func (f *fetch) fillShard(ctx context.Context, spec p2p.BuildSpec, m *p2p.Manife
 		if m == nil {
 			// The shard is still being read from S3 (with a manifest, some
 			// member holds it whole): help its origin once free.
-			opts.OriginHelp = func() (int, int, bool) { return f.helpStripe(spec.ShardID) }
+			opts.OriginHelp = func() (int, int, bool) { return f.helpStripe(spec.ShardID, s) }
 		}
 		_, err = s.Fetch(fctx, opts)
 		became := errors.Is(context.Cause(fctx), errBecameOrigin)
@@ -502,16 +502,17 @@ func (f *fetch) fillShard(ctx context.Context, spec p2p.BuildSpec, m *p2p.Manife
 
 // helpStripe says whether this node may help a shard's origin read S3, and
 // which stripe of the shard's pieces is its own: only once its own S3
-// builds are done, and then by its place in the shard's rank, so helpers
-// never read the same piece.
-func (f *fetch) helpStripe(shardID string) (stripe, stripes int, ok bool) {
+// builds are done, only while the origin follows the shard here (else it
+// would not hear of the pieces read for it, and read them again), and then
+// by its place in the shard's rank, so helpers never read the same piece.
+func (f *fetch) helpStripe(shardID string, s *p2p.Shard) (stripe, stripes int, ok bool) {
 	if f.d.swarm.builds.Load() > 0 {
 		return 0, 0, false
 	}
 	names, _ := f.swarmPeers()
 	rank := f.originRank(shardID, names)
 	k := slices.Index(rank, f.d.fleet.LocalName())
-	if k < 1 {
+	if k < 1 || !s.Subscribed(rank[0]) {
 		return 0, 0, false
 	}
 	return k - 1, len(rank) - 1, true

@@ -44,12 +44,18 @@ func pickForOrigin(st *pickState) int {
 	return -1
 }
 
+// helpGap is how far past the origin's run a helper may read: the origin
+// learns of a helper's piece only once it is in, so a helper that read the
+// piece the origin reaches next would have read it for nothing. Four pieces
+// take the origin four piece times to reach, the helper one.
+const helpGap = 4
+
 // pickForHelper returns a piece for a node that helps a shard's origin
 // read S3: the last needed piece of its stripe (stripe of stripes, counted
 // back from the shard's end, so helpers never pick the same piece) that no
-// connected peer has, at least two pieces past the run of pieces present
-// here or at a peer from the start, where the origin reads forward; -1 if
-// none.
+// connected peer has, at least helpGap pieces past the run of pieces
+// present here or at a peer from the start, where the origin reads
+// forward; -1 if none.
 func pickForHelper(st *pickState, stripe, stripes int) int {
 	np := len(st.inflight)
 	if stripes <= 0 || stripe < 0 || stripe >= stripes {
@@ -59,7 +65,7 @@ func pickForHelper(st *pickState, stripe, stripes int) int {
 	for front < np && (st.have.Has(front) || st.avail[front] > 0) {
 		front++
 	}
-	for i := np - 1 - stripe; i >= front+2; i -= stripes {
+	for i := np - 1 - stripe; i >= front+helpGap; i -= stripes {
 		if !st.inflight[i] && !st.have.Has(i) && st.avail[i] == 0 {
 			return i
 		}

@@ -109,7 +109,7 @@ func TestPieceCRCs(t *testing.T) {
 }
 
 // A follower free to help reads from S3, from the shard's end, the pieces
-// its origin has not reached, once it knows what its peers hold; the
+// its origin has not reached (helpGap or more past its run), once it knows what its peers hold; the
 // origin then takes those from it. Between them the object is read once.
 func TestHelperReadsTheTailOnce(t *testing.T) {
 	data := randomData(t, 16*testPiece)
@@ -157,8 +157,8 @@ func TestHelperReadsTheTailOnce(t *testing.T) {
 		fetched <- err
 	}()
 	// The origin is held at the half: the helper takes pieces 15 down to
-	// 10, leaving 8 and 9 next to the origin's run to the origin.
-	waitFor(t, func() bool { return s.Have().Count() == 14 })
+	// 8+helpGap, leaving those nearer the origin's run to the origin.
+	waitFor(t, func() bool { return s.Have().Count() == 8+16-(8+helpGap) })
 	waitFor(t, func() bool { return origin.Stats().PeersConnected >= 2 }) // it sees what the helper holds
 	close(open)
 	if err := <-built; err != nil {
@@ -170,8 +170,8 @@ func TestHelperReadsTheTailOnce(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for _, off := range helperOffsets {
-		if off < 10*testPiece {
-			t.Errorf("helper read at %d, before piece 10", off)
+		if off < (8+helpGap)*testPiece {
+			t.Errorf("helper read at %d, before piece %d", off, 8+helpGap)
 		}
 	}
 	if got := originRead.Load() + helperRead.Load(); got != int64(len(data)) {

@@ -461,6 +461,19 @@ func (s *Shard) markVerified(i int, crc *uint64) {
 	}
 }
 
+// Subscribed reports whether the member named id follows this shard here:
+// it hears of each piece this node gets as soon as it is in.
+func (s *Shard) Subscribed(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sc := range s.subs {
+		if sc.peer == id {
+			return true
+		}
+	}
+	return false
+}
+
 // PieceCRC is the FetchOptions.PieceCRC of a verified piece: Off is its
 // offset in the file.
 type PieceCRC struct {
