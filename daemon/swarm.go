@@ -231,17 +231,15 @@ func (f *fetch) fetchShard(ctx context.Context, obj s3origin.Object, path string
 	skeleton := spec.Skeleton().SkeletonID()
 	start := f.d.now()
 	polls := 0
+	holders := f.readyHolders(sh.revision) // only the first poll asks them
 	for {
 		names, addrs := f.swarmPeers()
 		rank := f.originRank(spec.ShardID, names)
-		probe := manifestAsks(rank, self, polls, f.readyHolders(sh.revision))
+		probe := manifestAsks(rank, self, polls, holders)
 		polls++
 		inProgress := false
 		answers := f.askManifests(ctx, probe, addrs, spec.ShardID)
 		for k, name := range probe {
-			if name == self {
-				continue
-			}
 			m, err := answers[k].m, answers[k].err
 			if err == nil && m.SkeletonID() != skeleton {
 				// Cut otherwise (another version's piece length), or a
@@ -318,14 +316,7 @@ func (f *fetch) readyHolders(revision string) map[string]bool {
 // pollWait is the wait after poll number polls (from 1): manifestPollFirst,
 // doubling up to manifestPoll.
 func pollWait(polls int) time.Duration {
-	d := manifestPollFirst
-	for range polls - 1 {
-		if d >= manifestPoll {
-			break
-		}
-		d *= 2
-	}
-	return min(d, manifestPoll)
+	return min(manifestPoll, manifestPollFirst<<min(max(polls-1, 0), 8))
 }
 
 type manifestAnswer struct {
@@ -333,19 +324,14 @@ type manifestAnswer struct {
 	err error
 }
 
-// askManifests asks the named members for a shard's manifest at once (the
-// first round asks every member, and one after another they held up the
-// origin's first S3 read by a round trip each), and returns their answers
-// in the order of names; this node's own slot stays empty.
+// askManifests asks the named members (never this node: see manifestAsks)
+// for a shard's manifest at once, not one round trip after another, and
+// returns their answers in the order of names.
 func (f *fetch) askManifests(ctx context.Context, names []string, addrs map[string]string, shardID string) []manifestAnswer {
 	answers := make([]manifestAnswer, len(names))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, manifestAsksAtOnce)
-	self := f.d.fleet.LocalName()
 	for k, name := range names {
-		if name == self {
-			continue
-		}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()

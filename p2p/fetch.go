@@ -257,10 +257,15 @@ func (f *fetch) syncLoop(ctx context.Context) {
 
 func (f *fetch) originWorker(ctx context.Context) {
 	var buf []byte
+	// OriginHelp looks at the fleet: ask it at most every helpRecheck, not
+	// at every piece that changes the fetch's state.
+	var stripe, stripes int
+	var help bool
+	var helpAsked time.Time
 	for {
-		stripe, stripes, help := 0, 0, false
-		if f.o.OriginAfter > 0 && f.o.OriginHelp != nil {
+		if now := f.n.cfg.Now(); f.o.OriginAfter > 0 && f.o.OriginHelp != nil && now.Sub(helpAsked) >= helpRecheck {
 			stripe, stripes, help = f.o.OriginHelp()
+			helpAsked = now
 		}
 		f.mu.Lock()
 		ch := f.changed()
