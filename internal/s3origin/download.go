@@ -99,15 +99,20 @@ func (c *Client) Download(ctx context.Context, obj Object, dst File, plan Plan) 
 	}
 	var v Verification
 	if kind != nil {
-		err = forEachPart(ctx, len(skipped), func(i int, buf []byte) error {
-			part := skipped[i]
+		// The parts an earlier run fetched are the gaps, read back.
+		fetched := make([]RangeCRC, 0, len(pending))
+		for _, part := range pending {
 			off, length := PartRange(part, obj.Size, c.opts.PartSize)
-			return readRange(ctx, dst, off, length, buf, func(p []byte) { crcs[part] = kind.update(crcs[part], p) })
-		})
-		if err != nil {
-			return fmt.Errorf("verify %s: read back parts from an earlier run: %w", obj.URL(), err)
+			fetched = append(fetched, RangeCRC{Off: off, Len: length, CRC: crcs[part]})
 		}
-		v, err = c.compareCRC(obj, kind, chk, crcs, fmt.Sprintf("checked while downloading (%d of %d parts read back)", len(skipped), n))
+		got, _, err := c.combineCRCs(ctx, obj, kind, dst, fetched)
+		if err != nil {
+			return fmt.Errorf("verify %s: parts from an earlier run: %w", obj.URL(), err)
+		}
+		v, err = c.compareCombined(obj, kind, chk, got, fmt.Sprintf("checked while downloading (%d of %d parts read back)", len(skipped), n))
+		if err != nil {
+			return err
+		}
 	} else {
 		v, err = c.checkCopy(ctx, obj, dst, chk)
 	}

@@ -48,40 +48,49 @@ func (rc *RangeCheck) Update(crc uint64, p []byte) uint64 { return rc.kind.updat
 // order) and the CRCs of the gaps between them, read back from r, and
 // compares the result with the object's checksum.
 func (rc *RangeCheck) Verify(ctx context.Context, r io.ReaderAt, known []RangeCRC) (Verification, error) {
-	what := "verify " + rc.obj.URL()
-	known = slices.SortedFunc(slices.Values(known), func(a, b RangeCRC) int { return cmp.Compare(a.Off, b.Off) })
-	var got uint64
-	var buf []byte
-	readBack := func(off, n int64) error {
-		if buf == nil {
-			buf = make([]byte, readBackBuf)
-		}
-		var crc uint64
-		if err := readRange(ctx, r, off, n, buf, func(p []byte) { crc = rc.kind.update(crc, p) }); err != nil {
-			return fmt.Errorf("%s: read back: %w", what, err)
-		}
-		got = rc.kind.combine(got, crc, n)
-		return nil
+	got, readBack, err := rc.c.combineCRCs(ctx, rc.obj, rc.kind, r, known)
+	if err != nil {
+		return Verification{}, fmt.Errorf("verify %s: %w", rc.obj.URL(), err)
 	}
-	at, gaps := int64(0), int64(0)
+	return rc.c.compareCombined(rc.obj, rc.kind, rc.chk, got, fmt.Sprintf("checked while filling (%d of %d bytes read back)", readBack, rc.obj.Size))
+}
+
+// combineCRCs returns the CRC of the whole object from known (ranges with
+// their CRCs, none overlapping, in any order) and from the gaps between
+// them, read back from r in parts in parallel, with the bytes read back.
+// Every CRC check goes through it: a read-back (nothing known), a download
+// (the parts an earlier run fetched are the gaps) and a swarm fill.
+func (c *Client) combineCRCs(ctx context.Context, obj Object, kind *crcKind, r io.ReaderAt, known []RangeCRC) (crc uint64, readBack int64, err error) {
+	known = slices.SortedFunc(slices.Values(known), func(a, b RangeCRC) int { return cmp.Compare(a.Off, b.Off) })
+	var all []RangeCRC // the object, in order: known ranges and gap parts
+	var gaps []int     // indexes in all of the parts to read back
+	addGap := func(off, end int64) {
+		for ; off < end; off += c.opts.PartSize {
+			gaps = append(gaps, len(all))
+			all = append(all, RangeCRC{Off: off, Len: min(c.opts.PartSize, end-off)})
+		}
+	}
+	at := int64(0)
 	for _, k := range known {
-		if k.Off < at || k.Len < 0 || k.Off+k.Len > rc.obj.Size {
-			return Verification{}, fmt.Errorf("%s: range %d+%d overlaps another or lies outside %d bytes", what, k.Off, k.Len, rc.obj.Size)
+		if k.Off < at || k.Len < 0 || k.Off+k.Len > obj.Size {
+			return 0, 0, fmt.Errorf("range %d+%d overlaps another or lies outside %d bytes", k.Off, k.Len, obj.Size)
 		}
-		if k.Off > at {
-			if err := readBack(at, k.Off-at); err != nil {
-				return Verification{}, err
-			}
-			gaps += k.Off - at
-		}
-		got = rc.kind.combine(got, k.CRC, k.Len)
+		readBack += k.Off - at
+		addGap(at, k.Off)
+		all = append(all, k)
 		at = k.Off + k.Len
 	}
-	if at < rc.obj.Size {
-		if err := readBack(at, rc.obj.Size-at); err != nil {
-			return Verification{}, err
-		}
-		gaps += rc.obj.Size - at
+	readBack += obj.Size - at
+	addGap(at, obj.Size)
+	err = forEachPart(ctx, len(gaps), func(i int, buf []byte) error {
+		g := &all[gaps[i]]
+		return readRange(ctx, r, g.Off, g.Len, buf, func(p []byte) { g.CRC = kind.update(g.CRC, p) })
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("read back: %w", err)
 	}
-	return rc.c.compareCombined(rc.obj, rc.kind, rc.chk, got, fmt.Sprintf("checked while filling (%d of %d bytes read back)", gaps, rc.obj.Size))
+	for _, k := range all {
+		crc = kind.combine(crc, k.CRC, k.Len)
+	}
+	return crc, readBack, nil
 }

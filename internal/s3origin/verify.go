@@ -172,17 +172,12 @@ func (c *Client) checkCopy(ctx context.Context, obj Object, r io.ReaderAt, chk c
 		return c.verifyMultipart(ctx, obj, r, chk)
 	}
 	if kind := crcKindFor(chk.method); kind != nil {
-		// Chunks in parallel, then combined: read-back uses every core.
-		n := Parts(obj.Size, c.opts.PartSize)
-		crcs := make([]uint64, n)
-		err := forEachPart(ctx, n, func(part int, buf []byte) error {
-			off, length := PartRange(part, obj.Size, c.opts.PartSize)
-			return readRange(ctx, r, off, length, buf, func(p []byte) { crcs[part] = kind.update(crcs[part], p) })
-		})
+		// Parts in parallel, then combined: read-back uses every core.
+		got, _, err := c.combineCRCs(ctx, obj, kind, r, nil)
 		if err != nil {
-			return Verification{}, fmt.Errorf("%s: read back: %w", what, err)
+			return Verification{}, fmt.Errorf("%s: %w", what, err)
 		}
-		return c.compareCRC(obj, kind, chk, crcs, "read back")
+		return c.compareCombined(obj, kind, chk, got, "read back")
 	}
 	h := newHash(chk.method)
 	if err := readRange(ctx, r, 0, obj.Size, make([]byte, readBackBuf), func(p []byte) { h.Write(p) }); err != nil {
@@ -197,17 +192,6 @@ func (c *Client) checkCopy(ctx context.Context, obj Object, r io.ReaderAt, chk c
 		return Verification{}, fmt.Errorf("%s: %w: %s of the local copy is %s, S3 has %s", what, ErrCorrupt, chk.method, got, chk.expected)
 	}
 	return Verification{Verified: true, Method: chk.method, Detail: chk.method + " " + got + ", read back"}, nil
-}
-
-// compareCRC combines per-part CRCs (parts of c.opts.PartSize, in order)
-// and compares the result with the object's checksum.
-func (c *Client) compareCRC(obj Object, kind *crcKind, chk check, crcs []uint64, how string) (Verification, error) {
-	var got uint64
-	for part, crc := range crcs {
-		_, n := PartRange(part, obj.Size, c.opts.PartSize)
-		got = kind.combine(got, crc, n)
-	}
-	return c.compareCombined(obj, kind, chk, got, how)
 }
 
 // compareCombined compares the CRC of the whole copy with the object's.
