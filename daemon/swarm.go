@@ -41,7 +41,7 @@ const (
 	// manifestPoll, so a follower that asked before its origin opened the
 	// shard subscribes before the first piece is in.
 	manifestPollFirst  = 100 * time.Millisecond
-	manifestAsksAtOnce = 16
+	manifestAsksAtOnce = 16               // asks of one poll in flight at once
 	probeAllEvery      = 8                // polls: every member is asked each 4 s, the origin each 500 ms
 	originFallback     = 2 * time.Minute  // no manifest from anyone this long: read S3 ourselves
 	peerOriginAfter    = 15 * time.Second // a non-origin reads S3 only when no peer delivers for this long
