@@ -167,4 +167,8 @@ func TestFleetBenchSmall(t *testing.T) {
 	if len(naive.Hosts) != hosts || naive.PeakRSSBytes <= 0 {
 		t.Errorf("naive mode %+v, want %d hosts with a peak RSS", naive, hosts)
 	}
+	// The S3 link carried every host's copy, headers on top.
+	if u := naive.S3Link; u == nil || u.SentBytes < hosts*size || u.BusySeconds <= 0 || u.BusySeconds > naive.WarmSeconds {
+		t.Errorf("naive S3 link %+v, want at least %d bytes sent, busy for a part of the %.1f s run", u, hosts*size, naive.WarmSeconds)
+	}
 }

@@ -84,10 +84,41 @@ type HostResult struct {
 	Timeline []Sample `json:"timeline,omitempty"`
 }
 
-// Sample is a point of a host's timeline.
+// LinkUse is what the S3 host's link sent during a run: the bytes on the
+// wire (headers and retransmissions included) and when all but the last
+// 0.1% of them were out. Warm time minus BusySeconds is how long the
+// fleet took to spread the last bytes read from S3.
+type LinkUse struct {
+	SentBytes   int64   `json:"sent_bytes"`
+	BusySeconds float64 `json:"busy_seconds"`
+}
+
+// linkUse reduces a link's cumulative sent bytes, sampled from the start
+// of a run, to its LinkUse.
+func linkUse(sent []Sample) LinkUse {
+	if len(sent) == 0 {
+		return LinkUse{}
+	}
+	total := sent[len(sent)-1].Bytes
+	u := LinkUse{SentBytes: total}
+	for _, s := range sent {
+		if s.Bytes >= total-total/1000 {
+			u.BusySeconds = s.Seconds
+			break
+		}
+	}
+	return u
+}
+
+// s3SampleEvery is how often the S3 host's sent bytes are read in every
+// run: finely enough to place the end of its busy time.
+const s3SampleEvery = 100 * time.Millisecond
+
+// Sample is a point of a link counter's timeline.
 type Sample struct {
 	Seconds float64 `json:"t"`
-	RxBytes int64   `json:"rx_bytes"`
+	// Bytes counted since the run began: received, in a host's timeline.
+	Bytes int64 `json:"rx_bytes"`
 }
 
 // ModeResult sums up one mode over its runs. A mode that is not available
@@ -108,6 +139,14 @@ type ModeResult struct {
 	S3EgressRatio float64      `json:"s3_egress_ratio,omitempty"`
 	PeakRSSBytes  int64        `json:"peak_rss_bytes,omitempty"`
 	Hosts         []HostResult `json:"hosts,omitempty"` // of the median run
+	// S3Link is the S3 host's link in the median run.
+	S3Link *LinkUse `json:"s3_link,omitempty"`
+}
+
+// runResult is one run of one mode.
+type runResult struct {
+	hosts []HostResult
+	s3    LinkUse
 }
 
 // Result is the benchmark's output. Top-level figures without a "naive_"
@@ -204,7 +243,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 			lb   time.Duration
 		}{{modeSwarm, opts.SwarmArgs, swarmLB}}, modes...)
 	}
-	runs := map[string][][]HostResult{}
+	runs := map[string][]runResult{}
 	for i := range opts.Runs {
 		for _, m := range modes {
 			timeout := opts.RunTimeout
@@ -212,11 +251,11 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 				timeout = 2*m.lb*time.Duration(max(1, opts.Hosts/4)) + 2*time.Minute
 			}
 			log.Info("bench fleet: run", "mode", m.name, "run", i+1, "of", opts.Runs)
-			hosts, err := warmOnce(ctx, lab, model, opts, slices.Concat(opts.DaemonArgs, m.args), fmt.Sprintf("%s-%d", m.name, i+1), timeout)
+			run, err := warmOnce(ctx, lab, model, opts, slices.Concat(opts.DaemonArgs, m.args), fmt.Sprintf("%s-%d", m.name, i+1), timeout)
 			if err != nil {
 				return Result{}, fmt.Errorf("%s run %d: %w", m.name, i+1, err)
 			}
-			runs[m.name] = append(runs[m.name], hosts)
+			runs[m.name] = append(runs[m.name], run)
 		}
 	}
 	if opts.SwarmArgs == nil {
@@ -310,14 +349,14 @@ func daemonEnv(lab *netlab.Lab, opts Options) []string {
 
 // warmOnce starts a fresh daemon on every host, caches the model on all of
 // them at once and collects each host's figures.
-func warmOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts Options, args []string, cacheName string, timeout time.Duration) ([]HostResult, error) {
+func warmOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts Options, args []string, cacheName string, timeout time.Duration) (runResult, error) {
 	return warmHosts(ctx, lab, lab.Hosts(), model, opts, args, cacheName, timeout, nil)
 }
 
 // warmHosts starts a cold daemon on each of hosts, caches the model on all
 // of them and measures; then, if after is not nil, calls it with the
 // daemons still running.
-func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model netlab.Model, opts Options, args []string, cacheName string, timeout time.Duration, after func(ctx context.Context, args []string) error) ([]HostResult, error) {
+func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model netlab.Model, opts Options, args []string, cacheName string, timeout time.Duration, after func(ctx context.Context, args []string) error) (runResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	daemons := make([]*netlab.Daemon, len(hosts))
@@ -331,14 +370,14 @@ func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model
 	for i, h := range hosts {
 		// Every run starts cold.
 		if err := os.RemoveAll(h.DataDir); err != nil {
-			return nil, err
+			return runResult{}, err
 		}
 		if err := os.MkdirAll(h.DataDir, 0o755); err != nil {
-			return nil, err
+			return runResult{}, err
 		}
 		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: daemonEnv(lab, opts), Args: hostArgs(args, h, hosts[0], opts)})
 		if err != nil {
-			return nil, err
+			return runResult{}, err
 		}
 		daemons[i] = d
 	}
@@ -346,13 +385,18 @@ func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model
 		// The clock starts once the fleet has formed: a node that is alone
 		// when the cache is added would rightly fetch everything itself.
 		if err := waitFleet(ctx, daemons); err != nil {
-			return nil, err
+			return runResult{}, err
 		}
 	}
 	results := make([]HostResult, len(hosts))
 	errs := make([]error, len(hosts))
 	start := time.Now()
-	stopSampling := sampleLinks(hosts, opts.SampleEvery, start, results)
+	rx := make([]func() (int64, error), len(hosts))
+	for i, h := range hosts {
+		rx[i] = linkCounter(h, false)
+	}
+	stopTimelines := sampleCounters(opts.SampleEvery, start, rx)
+	stopS3 := sampleCounters(s3SampleEvery, start, []func() (int64, error){linkCounter(lab.S3().Host, true)})
 	var wg sync.WaitGroup
 	for i, d := range daemons {
 		wg.Go(func() {
@@ -365,34 +409,37 @@ func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model
 		})
 	}
 	wg.Wait()
-	stopSampling()
+	for i, tl := range stopTimelines() {
+		results[i].Timeline = tl
+	}
+	run := runResult{hosts: results, s3: linkUse(stopS3()[0])}
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return runResult{}, err
 	}
 	for i, d := range daemons {
 		s3b, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
 		if err != nil {
-			return nil, err
+			return runResult{}, err
 		}
 		results[i].S3Bytes = int64(s3b)
 		if pb, found, err := d.Metric(ctx, opts.PeerBytesMetric); err != nil {
-			return nil, err
+			return runResult{}, err
 		} else if found {
 			v := int64(pb)
 			results[i].PeerBytes = &v
 		}
 		ps, err := d.Stats()
 		if err != nil {
-			return nil, err
+			return runResult{}, err
 		}
 		results[i].PeakRSSBytes, results[i].CPUSeconds = ps.PeakRSS, ps.CPU.Seconds()
 	}
 	if after != nil {
 		if err := after(ctx, args); err != nil {
-			return nil, err
+			return runResult{}, err
 		}
 	}
-	return results, nil
+	return run, nil
 }
 
 // ScaleOut is one node joining a warm fleet.
@@ -491,25 +538,23 @@ func waitFleet(ctx context.Context, daemons []*netlab.Daemon) error {
 	return nil
 }
 
-// sampleLinks records each host's received bytes every interval into
-// results[i].Timeline until the returned stop is called. A zero interval
-// samples nothing.
-func sampleLinks(hosts []*netlab.Host, every time.Duration, start time.Time, results []HostResult) (stop func()) {
+// sampleCounters reads each counter every interval from start until the
+// returned stop is called; stop returns each counter's samples, counted
+// from its first reading. A zero interval samples nothing.
+func sampleCounters(every time.Duration, start time.Time, counters []func() (int64, error)) (stop func() [][]Sample) {
+	samples := make([][]Sample, len(counters))
 	if every <= 0 {
-		return func() {}
+		return func() [][]Sample { return samples }
 	}
-	base := make([]int64, len(hosts))
-	for i, h := range hosts {
-		if c, err := h.Link().Counters(context.Background()); err == nil {
-			base[i] = int64(c.RxBytes)
-		}
+	base := make([]int64, len(counters))
+	for i, read := range counters {
+		base[i], _ = read()
 	}
-	timelines := make([][]Sample, len(hosts))
 	sample := func() {
 		t := time.Since(start).Seconds()
-		for i, h := range hosts {
-			if c, err := h.Link().Counters(context.Background()); err == nil {
-				timelines[i] = append(timelines[i], Sample{Seconds: t, RxBytes: int64(c.RxBytes) - base[i]})
+		for i, read := range counters {
+			if v, err := read(); err == nil {
+				samples[i] = append(samples[i], Sample{Seconds: t, Bytes: v - base[i]})
 			}
 		}
 	}
@@ -530,44 +575,49 @@ func sampleLinks(hosts []*netlab.Host, every time.Duration, start time.Time, res
 			}
 		}
 	}()
-	return func() {
+	return func() [][]Sample {
 		close(done)
 		<-finished
-		for i := range results {
-			results[i].Timeline = timelines[i]
+		return samples
+	}
+}
+
+// linkCounter reads one of a host's link counters: its received or its
+// sent bytes.
+func linkCounter(h *netlab.Host, sent bool) func() (int64, error) {
+	return func() (int64, error) {
+		c, err := h.Link().Counters(context.Background())
+		if sent {
+			return int64(c.TxBytes), err
 		}
+		return int64(c.RxBytes), err
 	}
 }
 
 // summarize reduces a mode's runs to its median run's figures.
-func summarize(mode string, runs [][]HostResult, lb time.Duration, modelSize int64) ModeResult {
+func summarize(mode string, runs []runResult, lb time.Duration, modelSize int64) ModeResult {
 	mr := ModeResult{Mode: mode, Available: true, LowerBoundSeconds: lb.Seconds()}
 	if len(runs) == 0 {
 		return mr
 	}
 	type run struct {
-		warm  float64
-		hosts []HostResult
+		warm float64
+		runResult
 	}
 	rs := make([]run, len(runs))
-	for i, hosts := range runs {
-		for _, h := range hosts {
+	for i, r := range runs {
+		for _, h := range r.hosts {
 			rs[i].warm = max(rs[i].warm, h.ReadySeconds)
 		}
-		rs[i].hosts = hosts
+		rs[i].runResult = r
 		mr.RunSeconds = append(mr.RunSeconds, rs[i].warm)
 	}
-	slices.SortFunc(rs, func(a, b run) int {
-		switch {
-		case a.warm < b.warm:
-			return -1
-		case a.warm > b.warm:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(rs, func(a, b run) int { return cmp.Compare(a.warm, b.warm) })
 	med := rs[(len(rs)-1)/2]
 	mr.WarmSeconds, mr.Hosts = med.warm, med.hosts
+	if med.s3.SentBytes > 0 {
+		mr.S3Link = &med.s3
+	}
 	if lb > 0 {
 		mr.WarmRatio = med.warm / lb.Seconds()
 	}

@@ -34,13 +34,13 @@ func TestLowerBounds(t *testing.T) {
 }
 
 func TestSummarizeTakesMedianRun(t *testing.T) {
-	run := func(warm float64, s3 int64, rss int64) []HostResult {
-		return []HostResult{
+	run := func(warm float64, s3 int64, rss int64) runResult {
+		return runResult{hosts: []HostResult{
 			{Host: "h0", ReadySeconds: warm / 2, S3Bytes: s3, PeakRSSBytes: rss},
 			{Host: "h1", ReadySeconds: warm, S3Bytes: s3, PeakRSSBytes: rss / 2},
-		}
+		}, s3: LinkUse{SentBytes: 2 * s3, BusySeconds: warm - 1}}
 	}
-	runs := [][]HostResult{run(30, 100, 10), run(10, 100, 20), run(20, 150, 40)}
+	runs := []runResult{run(30, 100, 10), run(10, 100, 20), run(20, 150, 40)}
 	mr := summarize(modeNaive, runs, 10*time.Second, 100)
 	if mr.WarmSeconds != 20 || mr.WarmRatio != 2 {
 		t.Errorf("warm %v ratio %v, want the median run's 20 s and ratio 2", mr.WarmSeconds, mr.WarmRatio)
@@ -54,12 +54,33 @@ func TestSummarizeTakesMedianRun(t *testing.T) {
 	if !mr.Available || mr.Hosts[1].ReadySeconds != 20 {
 		t.Errorf("result %+v, want available with the median run's hosts", mr)
 	}
+	if mr.S3Link == nil || *mr.S3Link != (LinkUse{SentBytes: 300, BusySeconds: 19}) {
+		t.Errorf("S3 link %+v, want the median run's", mr.S3Link)
+	}
+}
+
+func TestLinkUse(t *testing.T) {
+	tests := []struct {
+		name string
+		sent []Sample
+		want LinkUse
+	}{
+		{"nothing sampled", nil, LinkUse{}},
+		{"busy until the last bytes", []Sample{{0, 0}, {1, 500}, {2, 1000}, {3, 1000}}, LinkUse{SentBytes: 1000, BusySeconds: 2}},
+		{"a trickle after the bulk is left out", []Sample{{0, 0}, {1, 99_950}, {2, 100_000}}, LinkUse{SentBytes: 100_000, BusySeconds: 1}},
+		{"idle link", []Sample{{0, 0}, {1, 0}}, LinkUse{BusySeconds: 0}},
+	}
+	for _, tt := range tests {
+		if got := linkUse(tt.sent); got != tt.want {
+			t.Errorf("%s: linkUse = %+v, want %+v", tt.name, got, tt.want)
+		}
+	}
 }
 
 // TestResultShapeWithoutSwarm checks the JSON keys the issue asks for and
 // that swarm figures are null, not zero, while the swarm is not available.
 func TestResultShapeWithoutSwarm(t *testing.T) {
-	naive := summarize(modeNaive, [][]HostResult{{{Host: "h0", ReadySeconds: 4, S3Bytes: 100, PeakRSSBytes: 1 << 20}}}, 2*time.Second, 100)
+	naive := summarize(modeNaive, []runResult{{hosts: []HostResult{{Host: "h0", ReadySeconds: 4, S3Bytes: 100, PeakRSSBytes: 1 << 20}}}}, 2*time.Second, 100)
 	r := Result{
 		Hosts: 1, Link: "200mbit", S3Link: "200mbit", ModelBytes: 100, Files: 1, Runs: 1,
 		LowerBoundSeconds: 2, NaiveWarmSeconds: naive.WarmSeconds, NaiveLowerBoundSeconds: 2,

@@ -39,6 +39,12 @@ func (r Result) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	for _, m := range r.Modes {
+		if u := m.S3Link; u != nil && u.BusySeconds > 0 {
+			fmt.Fprintf(w, "%s: the S3 link sent %s on the wire (%.3fx the model, headers included), %.1f MB/s until %.1f s; the last host was ready %.1f s later\n",
+				m.Mode, netlab.Size(u.SentBytes).Human(), float64(u.SentBytes)/float64(r.ModelBytes), float64(u.SentBytes)/u.BusySeconds/1e6, u.BusySeconds, m.WarmSeconds-u.BusySeconds)
+		}
+	}
 	if so := r.ScaleOut; so != nil {
 		fmt.Fprintf(w, "\nscale-out: 1 host joining %d warm ones: %.1f s, lower bound %.1f s, ratio %.2f, %d bytes from S3, %d from peers\n",
 			r.Hosts-1, so.Seconds, so.LowerBoundSeconds, so.Ratio, so.S3Bytes, so.PeerBytes)

@@ -36,7 +36,7 @@ func (r Result) WriteSVG(w io.Writer) error {
 		maxT, maxB := m.WarmSeconds, float64(r.ModelBytes)
 		for _, h := range m.Hosts {
 			for _, s := range h.Timeline {
-				maxT, maxB = math.Max(maxT, s.Seconds), math.Max(maxB, float64(s.RxBytes))
+				maxT, maxB = math.Max(maxT, s.Seconds), math.Max(maxB, float64(s.Bytes))
 			}
 		}
 		maxT, maxB = maxT*1.02+1e-9, maxB*1.05
@@ -61,7 +61,7 @@ func (r Result) WriteSVG(w io.Writer) error {
 			c := colors[i%len(colors)]
 			fmt.Fprintf(w, `<polyline fill="none" stroke="%s" stroke-width="1.5" points="`, c)
 			for _, s := range h.Timeline {
-				fmt.Fprintf(w, "%.1f,%.1f ", x(s.Seconds), y(float64(s.RxBytes)))
+				fmt.Fprintf(w, "%.1f,%.1f ", x(s.Seconds), y(float64(s.Bytes)))
 			}
 			fmt.Fprintln(w, `"/>`)
 			fmt.Fprintf(w, `<text x="%d" y="%d" fill="%s">%s</text>`+"\n", left+plotW+4, y0+top+30+14*i, c, html.EscapeString(h.Host))
