@@ -84,10 +84,12 @@ type HostResult struct {
 	Timeline []Sample `json:"timeline,omitempty"`
 }
 
-// LinkUse is what the S3 host's link sent during a run: the bytes on the
-// wire (headers and retransmissions included) and when all but the last
-// 0.1% of them were out. Warm time minus BusySeconds is how long the
-// fleet took to spread the last bytes read from S3.
+// LinkUse is what the S3 host's link sent during a run: the bytes its
+// counters saw (retransmissions included; headers once per packet the
+// kernel handed the link, which with segmentation offload is fewer than
+// on a real wire) and when all but the last 0.1% of them were out. Warm
+// time minus BusySeconds is how long the fleet took to spread the last
+// bytes read from S3.
 type LinkUse struct {
 	SentBytes   int64   `json:"sent_bytes"`
 	BusySeconds float64 `json:"busy_seconds"`

@@ -41,7 +41,7 @@ func (r Result) WriteTable(w io.Writer) error {
 	}
 	for _, m := range r.Modes {
 		if u := m.S3Link; u != nil && u.BusySeconds > 0 {
-			fmt.Fprintf(w, "%s: the S3 link sent %s on the wire (%.3fx the model, headers included), %.1f MB/s until %.1f s; the last host was ready %.1f s later\n",
+			fmt.Fprintf(w, "%s: the S3 link counted %s sent (%.3fx the model), %.1f MB/s until %.1f s; the last host was ready %.1f s later\n",
 				m.Mode, netlab.Size(u.SentBytes).Human(), float64(u.SentBytes)/float64(r.ModelBytes), float64(u.SentBytes)/u.BusySeconds/1e6, u.BusySeconds, m.WarmSeconds-u.BusySeconds)
 		}
 	}
