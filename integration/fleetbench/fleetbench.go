@@ -65,6 +65,10 @@ type Options struct {
 	// the machine's cores, so each has a fraction of one, as a DaemonSet
 	// under a CPU limit would (Go sets GOMAXPROCS from the cgroup limit).
 	HostProcs int
+	// Settle pauses before each warm-up, once the previous run's data is
+	// deleted: writing into freshly freed page cache is slow on some VMs,
+	// and the previous run's daemons leave load behind.
+	Settle time.Duration
 	// Dir keeps data and logs; default a temporary directory removed at the
 	// end.
 	Dir    string
@@ -155,14 +159,16 @@ type runResult struct {
 // prefix describe the product (swarm mode) and are null while it is not
 // available.
 type Result struct {
-	Hosts      int    `json:"hosts"`
-	HostProcs  int    `json:"host_procs,omitempty"`
-	Link       string `json:"link"`
-	MTU        int    `json:"mtu,omitempty"`
-	S3Link     string `json:"s3_link"`
-	ModelBytes int64  `json:"model_bytes"`
-	Files      int    `json:"files"`
-	Runs       int    `json:"runs"`
+	Hosts     int `json:"hosts"`
+	HostProcs int `json:"host_procs,omitempty"`
+	// SettleSeconds is Options.Settle.
+	SettleSeconds float64 `json:"settle_seconds,omitempty"`
+	Link          string  `json:"link"`
+	MTU           int     `json:"mtu,omitempty"`
+	S3Link        string  `json:"s3_link"`
+	ModelBytes    int64   `json:"model_bytes"`
+	Files         int     `json:"files"`
+	Runs          int     `json:"runs"`
 
 	WarmSeconds       *float64 `json:"warm_seconds"`
 	LowerBoundSeconds float64  `json:"lower_bound_seconds"`
@@ -223,7 +229,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 
 	swarmLB, naiveLB := LowerBounds(opts.Hosts, opts.ModelSize, opts.Link, opts.S3Link)
 	res := Result{
-		Hosts: opts.Hosts, HostProcs: opts.HostProcs, Link: opts.Link.String(), S3Link: opts.S3Link.String(), MTU: opts.MTU,
+		Hosts: opts.Hosts, HostProcs: opts.HostProcs, SettleSeconds: opts.Settle.Seconds(), Link: opts.Link.String(), S3Link: opts.S3Link.String(), MTU: opts.MTU,
 		ModelBytes: opts.ModelSize, Files: opts.Files, Runs: opts.Runs,
 		LowerBoundSeconds: swarmLB.Seconds(), NaiveLowerBoundSeconds: naiveLB.Seconds(),
 	}
@@ -369,7 +375,7 @@ func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model
 			}
 		}
 	}()
-	for i, h := range hosts {
+	for _, h := range hosts {
 		// Every run starts cold.
 		if err := os.RemoveAll(h.DataDir); err != nil {
 			return runResult{}, err
@@ -377,6 +383,13 @@ func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model
 		if err := os.MkdirAll(h.DataDir, 0o755); err != nil {
 			return runResult{}, err
 		}
+	}
+	select {
+	case <-ctx.Done():
+		return runResult{}, ctx.Err()
+	case <-time.After(opts.Settle):
+	}
+	for i, h := range hosts {
 		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: daemonEnv(lab, opts), Args: hostArgs(args, h, hosts[0], opts)})
 		if err != nil {
 			return runResult{}, err

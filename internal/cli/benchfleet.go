@@ -29,6 +29,7 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	files := fs.Int("files", 4, "files in the model")
 	runs := fs.Int("runs", 1, "runs per mode; the figures are medians")
 	hostProcs := fs.Int("host-procs", 1, "every daemon's GOMAXPROCS: the hosts share this machine's cores, as daemons under a CPU limit share a node's (0: Go's default, all cores)")
+	settle := fs.Duration("settle", 10*time.Second, "pause before each warm-up, once the previous run's data is deleted (freshly freed page cache is slow to write on some VMs; the last run's load lingers)")
 	output := fs.String("o", "table", "output format: table or json")
 	var daemonArgs listFlag
 	fs.Var(&daemonArgs, "daemon-arg", "extra flag for every daemon, e.g. --daemon-arg=--s3-concurrency=8 (repeatable)")
@@ -50,6 +51,9 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	}
 	if *hostProcs < 0 {
 		return usageError("--host-procs %d: want 0 or more", *hostProcs)
+	}
+	if *settle < 0 {
+		return usageError("--settle %v: want 0 or more", *settle)
 	}
 	if *output != "table" && *output != "json" {
 		return usageError("-o %q: want table or json", *output)
@@ -75,7 +79,7 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	opts := fleetbench.Options{
 		Hosts: *hosts, Link: link, S3Link: s3Link, MTU: *mtu, ModelSize: int64(modelSize), Files: *files, Runs: *runs,
 		Bin: bin, Versitygw: *versitygw, DaemonArgs: append([]string{"--containerd", "off"}, daemonArgs...), Dir: *dir,
-		HostProcs: *hostProcs, SampleEvery: sampleEvery, PeerBytesMetric: `warmfleet_peer_bytes_total{direction="in"}`,
+		HostProcs: *hostProcs, Settle: *settle, SampleEvery: sampleEvery, PeerBytesMetric: `warmfleet_peer_bytes_total{direction="in"}`,
 		Logger: slog.New(slog.NewTextHandler(e.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	if *naiveOnly && *swarmOnly {

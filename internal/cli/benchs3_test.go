@@ -40,12 +40,18 @@ func TestBenchS3BadFlags(t *testing.T) {
 		{[]string{"extra"}, "unexpected arguments"},
 	}
 	for _, tt := range tests {
-		var stderr bytes.Buffer
-		code := Run(t.Context(), append([]string{"bench", "s3"}, tt.args...),
-			&Env{Stdout: &bytes.Buffer{}, Stderr: &stderr, Getenv: func(string) string { return "" }})
-		if code != 2 || !strings.Contains(stderr.String(), tt.want) {
-			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tt.args, code, stderr.String(), tt.want)
-		}
+		assertUsageError(t, append([]string{"bench", "s3"}, tt.args...), tt.want)
+	}
+}
+
+// assertUsageError runs the command line and wants exit code 2 with want
+// in its error.
+func assertUsageError(t *testing.T, args []string, want string) {
+	t.Helper()
+	var stderr bytes.Buffer
+	code := Run(t.Context(), args, &Env{Stdout: &bytes.Buffer{}, Stderr: &stderr, Getenv: func(string) string { return "" }})
+	if code != 2 || !strings.Contains(stderr.String(), want) {
+		t.Errorf("%v: exit %d, stderr %q; want 2 and %q", args, code, stderr.String(), want)
 	}
 }
 
