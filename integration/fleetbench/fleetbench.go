@@ -66,8 +66,10 @@ type Options struct {
 	// under a CPU limit would (Go sets GOMAXPROCS from the cgroup limit).
 	HostProcs int
 	// Settle pauses before each warm-up, once the previous run's data is
-	// deleted: writing into freshly freed page cache is slow on some VMs,
-	// and the previous run's daemons leave load behind.
+	// deleted, as the benchmark method asks, so no run starts in
+	// the last one's wake. On the 2-core VM it also makes runs slower: the
+	// hosts then write into page cache the VM has taken back, not into
+	// pages the last run just freed (compare with 0).
 	Settle time.Duration
 	// Dir keeps data and logs; default a temporary directory removed at the
 	// end.
