@@ -210,3 +210,19 @@ func fakeMember(t *testing.T, name string, m *Manifest, serve func(c net.Conn, b
 	}()
 	return ln.Addr().String()
 }
+
+// buildAsync runs n.Build in the background and keeps the built shard open,
+// serving followers that may still need its last pieces, until the test
+// ends.
+func buildAsync(t *testing.T, n *testNode, spec BuildSpec) <-chan error {
+	t.Helper()
+	built := make(chan error, 1)
+	go func() {
+		b, err := n.Build(context.Background(), spec)
+		if err == nil {
+			t.Cleanup(func() { b.Close() })
+		}
+		built <- err
+	}()
+	return built
+}

@@ -141,14 +141,7 @@ func TestHelperReadsTheTailOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	built := make(chan error, 1)
-	go func() {
-		b, err := origin.Build(context.Background(), spec)
-		if err == nil {
-			b.Close()
-		}
-		built <- err
-	}()
+	built := buildAsync(t, origin, spec)
 	<-reached
 	fetched := make(chan error, 1)
 	go func() {

@@ -257,14 +257,7 @@ func TestBuildReportsReadsStarted(t *testing.T) {
 			close(started)
 		}
 	}
-	built := make(chan error, 1)
-	go func() {
-		s, err := n.Build(context.Background(), spec)
-		if err == nil {
-			s.Close()
-		}
-		built <- err
-	}()
+	built := buildAsync(t, n, spec)
 	<-started // must come although the last piece is still being read
 	select {
 	case err := <-built:

@@ -21,40 +21,6 @@ import (
 	"github.com/warmfleet/warmfleet/internal/testenv"
 )
 
-func TestBenchS3BadFlags(t *testing.T) {
-	tests := []struct {
-		args []string
-		want string
-	}{
-		{[]string{"--model-size", "lots"}, "model-size"},
-		{[]string{"--model-size", "0"}, "--model-size 0"},
-		{[]string{"--files", "0"}, "--files 0"},
-		{[]string{"--runs", "0"}, "--runs 0"},
-		{[]string{"--runs", "1000"}, "--runs 1000"},
-		{[]string{"--read-runs", "0"}, "--read-runs 0"},
-		{[]string{"--concurrency", "0"}, "--concurrency 0"},
-		{[]string{"--part-size", "1KiB"}, "--part-size"},
-		{[]string{"--methods", "daemon,ftp"}, `unknown method "ftp"`},
-		{[]string{"--methods", "plain,plain"}, "given twice"},
-		{[]string{"-o", "yaml"}, `-o "yaml"`},
-		{[]string{"extra"}, "unexpected arguments"},
-	}
-	for _, tt := range tests {
-		assertUsageError(t, append([]string{"bench", "s3"}, tt.args...), tt.want)
-	}
-}
-
-// assertUsageError runs the command line and wants exit code 2 with want
-// in its error.
-func assertUsageError(t *testing.T, args []string, want string) {
-	t.Helper()
-	var stderr bytes.Buffer
-	code := Run(t.Context(), args, &Env{Stdout: &bytes.Buffer{}, Stderr: &stderr, Getenv: func(string) string { return "" }})
-	if code != 2 || !strings.Contains(stderr.String(), want) {
-		t.Errorf("%v: exit %d, stderr %q; want 2 and %q", args, code, stderr.String(), want)
-	}
-}
-
 // buildWarmfleet builds ./cmd/warmfleet into dir, with -race when this test
 // binary has it (so CI shares the build with the integration tests').
 func buildWarmfleet(t testing.TB, dir string) string {

@@ -1,0 +1,42 @@
+package cli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestBenchBadFlags: every bench's bad flags end in a usage error (exit 2)
+// that names them, before any work starts.
+func TestBenchBadFlags(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"s3", "--model-size", "lots"}, "model-size"},
+		{[]string{"s3", "--model-size", "0"}, "--model-size 0"},
+		{[]string{"s3", "--files", "0"}, "--files 0"},
+		{[]string{"s3", "--runs", "0"}, "--runs 0"},
+		{[]string{"s3", "--runs", "1000"}, "--runs 1000"},
+		{[]string{"s3", "--read-runs", "0"}, "--read-runs 0"},
+		{[]string{"s3", "--concurrency", "0"}, "--concurrency 0"},
+		{[]string{"s3", "--part-size", "1KiB"}, "--part-size"},
+		{[]string{"s3", "--methods", "daemon,ftp"}, `unknown method "ftp"`},
+		{[]string{"s3", "--methods", "plain,plain"}, "given twice"},
+		{[]string{"s3", "-o", "yaml"}, `-o "yaml"`},
+		{[]string{"s3", "extra"}, "unexpected arguments"},
+		{[]string{"fleet", "--host-procs", "-1"}, "--host-procs -1"},
+		{[]string{"fleet", "--settle", "-1s"}, "--settle -1s"},
+		{[]string{"fleet", "--settle", "soon"}, "settle"},
+		{[]string{"fleet", "--mtu", "100"}, "--mtu 100"},
+		{[]string{"fleet", "-o", "yaml"}, `-o "yaml"`},
+	}
+	for _, tt := range tests {
+		args := append([]string{"bench"}, tt.args...)
+		var stderr bytes.Buffer
+		code := Run(t.Context(), args, &Env{Stdout: &bytes.Buffer{}, Stderr: &stderr, Getenv: func(string) string { return "" }})
+		if code != 2 || !strings.Contains(stderr.String(), tt.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", args, code, stderr.String(), tt.want)
+		}
+	}
+}
