@@ -67,9 +67,9 @@ type Options struct {
 	HostProcs int
 	// Settle pauses before each warm-up, once the previous run's data is
 	// deleted, as the benchmark method asks, so no run starts in
-	// the last one's wake. On the 2-core VM it also makes runs slower: the
-	// hosts then write into page cache the VM has taken back, not into
-	// pages the last run just freed (compare with 0).
+	// the last one's wake. On the 2-core test VM runs measured slower with
+	// the pause than back to back (0); why is not established (a guess:
+	// the VM reclaims the page cache the last run freed).
 	Settle time.Duration
 	// Dir keeps data and logs; default a temporary directory removed at the
 	// end.

@@ -29,7 +29,7 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	files := fs.Int("files", 4, "files in the model")
 	runs := fs.Int("runs", 1, "runs per mode; the figures are medians")
 	hostProcs := fs.Int("host-procs", 1, "every daemon's GOMAXPROCS: the hosts share this machine's cores, as daemons under a CPU limit share a node's (0: Go's default, all cores)")
-	settle := fs.Duration("settle", 10*time.Second, "pause before each warm-up, once the previous run's data is deleted (0: back to back, reusing the page cache the last run freed)")
+	settle := fs.Duration("settle", 10*time.Second, "pause before each warm-up, once the previous run's data is deleted (0: back to back)")
 	output := fs.String("o", "table", "output format: table or json")
 	var daemonArgs listFlag
 	fs.Var(&daemonArgs, "daemon-arg", "extra flag for every daemon, e.g. --daemon-arg=--s3-concurrency=8 (repeatable)")
