@@ -30,6 +30,7 @@ type Config struct {
 	DecodeWeight     float64 `yaml:"decode_weight"`     // a request past its first token in the load bound (1: plain in-flight)
 	ShareFactor      float64 `yaml:"share_factor"`      // recent traffic above this x fair share loses affinity
 	ShareHalfLife    int     `yaml:"share_half_life"`   // decisions over which recent traffic halves
+	HotShare         float64 `yaml:"hot_share"`         // a prefix in more than hot_share/backends of recent requests counts as common (0: off)
 	BalanceSlack     float64 `yaml:"balance_slack"`     // cap on the extra expected wait a new group takes for balance (0: none)
 	CharsPerToken    float64 `yaml:"chars_per_token"`   // to size the index from KV cache tokens
 	KVCacheTokens    int     `yaml:"kv_cache_tokens"`   // default backend KV cache size
@@ -151,6 +152,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ShareFactor < 1 || c.ShareFactor > 100 || c.ShareHalfLife < 1 {
 		errs = append(errs, fmt.Errorf("share_factor %v must be in [1, 100] and share_half_life %d >= 1", c.ShareFactor, c.ShareHalfLife))
+	}
+	if !(c.HotShare >= 0 && c.HotShare <= 100) { // also NaN
+		errs = append(errs, fmt.Errorf("hot_share %v must be in [0, 100]", c.HotShare))
 	}
 	if c.MinLoadBound < 1 {
 		errs = append(errs, fmt.Errorf("min_load_bound %d must be >= 1", c.MinLoadBound))

@@ -111,6 +111,7 @@ func New(cfg Config, opts Options) (*Router, error) {
 	}
 	rt := &Router{opts: opts, cfg: cfg, backends: map[string]*backend{}, index: prefix.NewIndex(), freed: make(chan struct{}),
 		depth: make([]int, prefix.MaxSlots)}
+	rt.index.SetHeat(heatHalfLife(&cfg))
 	rt.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	rt.log = opts.Logger
 	if rt.log == nil {
@@ -209,6 +210,7 @@ func (rt *Router) Apply(cfg Config) error {
 	defer rt.mu.Unlock()
 	rt.cfg = cfg
 	rt.shareDecay = 0
+	rt.index.SetHeat(heatHalfLife(&cfg))
 	for _, b := range rt.order {
 		rt.configureLocked(b)
 	}
@@ -381,6 +383,15 @@ func (rt *Router) release(r *routed) {
 	rt.mu.Unlock()
 }
 
+// heatHalfLife is how the index counts prefix heat under cfg: over the
+// traffic-share window, and only when hot_share uses it.
+func heatHalfLife(cfg *Config) int {
+	if cfg.HotShare <= 0 {
+		return 0
+	}
+	return cfg.ShareHalfLife
+}
+
 // routeRequest is what a decision needs to know about one request.
 type routeRequest struct {
 	model    string
@@ -443,6 +454,11 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		for _, b := range members {
 			common = min(common, depth[b.slot])
 		}
+		// A prefix much of the traffic carries is common too, before
+		// every backend has come to hold it: otherwise the first backend
+		// to see a chat app's system prompt would look like the best
+		// place for every request.
+		common = max(common, rt.index.Hot(req.keys, len(members), rt.cfg.HotShare))
 	}
 	for _, b := range members {
 		c := balance.Candidate{ID: b.id, Inflight: b.inflight, Limit: b.limit, Pending: b.pending, Prefilling: b.prefilling,

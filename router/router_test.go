@@ -352,6 +352,38 @@ func TestPrefixAffinity(t *testing.T) {
 	}
 }
 
+// TestHotPromptDoesNotPin: with the load, wait and traffic bounds relaxed
+// (a cache-first setup), a system prompt every request starts with makes
+// the first backend that saw it look like the best place for every request,
+// unless hot_share treats the prompt as common once it is in most requests.
+func TestHotPromptDoesNotPin(t *testing.T) {
+	var urls []string
+	for i := range 4 {
+		urls = append(urls, okBackend(t, fmt.Sprint("b", i), nil).URL)
+	}
+	system := strings.Repeat("You are a helpful assistant who answers at length. ", 200)
+	for _, tc := range []struct {
+		hot     float64
+		minUsed int
+		maxUsed int
+	}{{hot: 0, minUsed: 1, maxUsed: 1}, {hot: 1, minUsed: 3, maxUsed: 4}} {
+		cfg := Defaults()
+		cfg.LoadFactor, cfg.Slack, cfg.BalanceSlack, cfg.ShareFactor, cfg.HotShare = 100, 100, 100, 100, tc.hot
+		h := newHarness(t, cfg, Options{}, urls...)
+		used := map[string]int{}
+		for q := range 32 {
+			user := strings.Repeat(fmt.Sprintf("question %d about something else entirely. ", q), 40)
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, user)
+			resp := post(t, h.srv.URL+"/v1/chat/completions", body)
+			resp.Body.Close()
+			used[resp.Header.Get("X-Backend")]++
+		}
+		if len(used) < tc.minUsed || len(used) > tc.maxUsed {
+			t.Errorf("hot_share %v: 32 requests went to %v, want %d-%d backends", tc.hot, used, tc.minUsed, tc.maxUsed)
+		}
+	}
+}
+
 func TestStrategySwitchAndAdmin(t *testing.T) {
 	b := okBackend(t, "b", nil)
 	h := newHarness(t, Defaults(), Options{}, b.URL)
@@ -519,7 +551,7 @@ func TestConfigParse(t *testing.T) {
 	}
 	for _, bad := range []string{"strategy: fastest\n", "load_factor: 0.5\n", "unknown_key: 1\n", "backends:\n  - url: ftp://x\n",
 		"backends:\n  - url: http://a\n  - url: http://a/\n", "block_chars: 1\n", "queue_timeout: soon\n",
-		"share_factor: 0.5\n", "share_half_life: 0\n", "decode_weight: 2\n", "decode_weight: 0\n", "eject_5xx: -1\n"} {
+		"share_factor: 0.5\n", "share_half_life: 0\n", "decode_weight: 2\n", "decode_weight: 0\n", "eject_5xx: -1\n", "hot_share: -1\n", "hot_share: .nan\n"} {
 		c := Defaults()
 		if err := ParseConfig([]byte(bad), &c); err == nil {
 			t.Errorf("accepted %q", bad)

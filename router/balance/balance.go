@@ -311,6 +311,15 @@ func better(a, b *Candidate, ra, rb float64) bool {
 	return ra > rb
 }
 
+// tierBetter reports whether candidate i ranks above j within tier t (see
+// the tier constants).
+func tierBetter(t int8, i, j int, cands []Candidate, costs []int, rv []float64) bool {
+	if t >= tierFair && costs[i] != costs[j] {
+		return costs[i] < costs[j]
+	}
+	return better(&cands[i], &cands[j], rv[i], rv[j])
+}
+
 // cost is the expected wait for the first token in blocks of prefill: what
 // is queued on the backend plus this request's uncached blocks.
 func cost(c *Candidate, blocks int) int {
@@ -342,8 +351,10 @@ func Shares(cands []Candidate, dst []float64) []float64 {
 	return dst
 }
 
-// Tiers rank candidates for one request; the lowest non-empty tier wins and
-// the prefix score decides within it.
+// Tiers rank candidates for one request; the lowest non-empty tier wins.
+// Within tierHit and tierCold the prefix score decides (the longest cached
+// prefix; rendezvous, so replicas agree); within the others, which take a
+// request only once those rules have failed, the shortest expected wait.
 const (
 	tierHit  = iota // holds more than the common prefix; passes every bound
 	tierCold        // at most its fair share of traffic; passes every bound: may start a new group
@@ -469,7 +480,7 @@ func decidePrefix(in Input) Decision {
 			continue
 		}
 		if d.Pick < 0 || tiers[i] < tiers[d.Pick] ||
-			(tiers[i] == tiers[d.Pick] && better(&in.Candidates[i], &in.Candidates[d.Pick], rv[i], rv[d.Pick])) {
+			(tiers[i] == tiers[d.Pick] && tierBetter(tiers[i], i, d.Pick, in.Candidates, costs, rv)) {
 			d.Pick = i
 		}
 	}

@@ -483,3 +483,25 @@ func TestShareBoundBalancesGroups(t *testing.T) {
 		t.Fatalf("only %.2f of repeated groups kept their backend", frac)
 	}
 }
+
+// TestFallbackPicksShortestWait: once no backend passes every rule that
+// would keep a group or start a new one where traffic is short, the request
+// goes where the expected wait is shortest, whatever the rendezvous order.
+func TestFallbackPicksShortestWait(t *testing.T) {
+	k := keys(1, 20)
+	for _, tc := range []struct{ pend1, pend3, want int }{{2, 0, 3}, {0, 2, 1}} {
+		c := cands(8)
+		for i := range c {
+			c[i].Recent = 1.05 // above a fair share, within ShareFactor 1.1
+			if i >= 4 {
+				c[i].Recent, c[i].Pending = 0.95, 1000 // short of traffic, but a long queue
+			}
+		}
+		c[0].Pending, c[2].Pending = 6, 4 // beyond Slack of the best
+		c[1].Pending, c[3].Pending = tc.pend1, tc.pend3
+		d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: k, BalanceSlack: 0.1})
+		if d.Pick != tc.want {
+			t.Errorf("pending 1=%d 3=%d: picked %d, want %d (%+v)", tc.pend1, tc.pend3, d.Pick, tc.want, d)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"runtime"
@@ -48,6 +49,7 @@ type Options struct {
 	DecodeWeight  float64 // router decode weight (0: router default)
 	BalanceSlack  float64 // router balance slack (0: router default)
 	ShareHalfLife int     // router share half-life in decisions (0: router default)
+	HotShare      float64 // router hot-prefix share (0: router default; negative: off)
 
 	OverheadRate     int           // requests per second for the overhead phase (0 skips it)
 	OverheadDuration time.Duration // per round
@@ -103,6 +105,7 @@ type OptionsSummary struct {
 	ShareFactor     float64 `json:"share_factor"`
 	BalanceSlack    float64 `json:"balance_slack"`
 	Slack           float64 `json:"slack"`
+	HotShare        float64 `json:"hot_share"`
 }
 
 // WorkloadResult is one workload under every strategy.
@@ -152,10 +155,17 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 	if err := o.Sim.Validate(); err != nil {
 		return nil, err
 	}
+	rc := o.routerConfig()
+	if math.IsNaN(o.HotShare) {
+		return nil, errors.New("bench: hot share is not a number")
+	}
+	if err := rc.Validate(); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
 	res := &Results{Machine: Machine{CPUs: runtime.NumCPU(), LoadAvg1: loadAvg(), GoVersion: runtime.Version()},
 		Options: OptionsSummary{Backends: o.Backends, Load: o.Load, Requests: o.Requests, KVBlocks: o.Sim.KVBlocks, BlockTokens: o.Sim.BlockTokens,
 			MaxSeqs: o.Sim.MaxSeqs, PrefillPerToken: o.Sim.PrefillPerToken.String(), DecodePerToken: o.Sim.DecodePerToken.String(),
-			LoadFactor: o.routerConfig().LoadFactor, ShareFactor: o.routerConfig().ShareFactor, BalanceSlack: o.routerConfig().BalanceSlack, Slack: o.routerConfig().Slack}}
+			LoadFactor: rc.LoadFactor, ShareFactor: rc.ShareFactor, BalanceSlack: rc.BalanceSlack, Slack: rc.Slack, HotShare: rc.HotShare}}
 	tok := llmsim.Tokenizer{CharsPerToken: o.Sim.CharsPerToken, BlockTokens: o.Sim.BlockTokens}
 	for _, name := range o.Workloads {
 		var w Workload
@@ -231,6 +241,12 @@ func (o *Options) routerConfig() router.Config {
 	}
 	if o.BalanceSlack > 0 {
 		cfg.BalanceSlack = o.BalanceSlack
+	}
+	switch {
+	case o.HotShare > 0:
+		cfg.HotShare = o.HotShare
+	case o.HotShare < 0:
+		cfg.HotShare = 0
 	}
 	return cfg
 }

@@ -35,10 +35,78 @@ type Index struct {
 	holders map[uint64]Set
 	lrus    [MaxSlots]*lru
 	tracked Set // slots with an LRU
+
+	// Heat: how many recent requests carried a block, counted at Insert
+	// and halved every heatHalfLife requests, so Hot can tell a prefix
+	// that much of the traffic shares (a chat app's system prompt) from
+	// one group's history.
+	heatHalfLife uint64
+	heats        map[uint64]heat // nil while not counting
+	requests     uint64
+	total        heat // requests, decayed the same way
 }
 
-// NewIndex returns an empty index.
+// heat is a count halved once per elapsed epoch of heatHalfLife requests.
+type heat struct {
+	n     uint32
+	epoch uint32
+}
+
+// at returns h's count in epoch e.
+func (h heat) at(e uint32) uint32 {
+	if d := e - h.epoch; d < 32 {
+		return h.n >> d
+	}
+	return 0
+}
+
+// NewIndex returns an empty index; it counts no heat until SetHeat.
 func NewIndex() *Index { return &Index{holders: map[uint64]Set{}} }
+
+// SetHeat starts counting heat, halved every halfLife requests, or stops
+// (halfLife <= 0) and forgets it: counting costs a map write per block of
+// every request, which only Hot needs.
+func (x *Index) SetHeat(halfLife int) {
+	if uint64(max(halfLife, 0)) == x.heatHalfLife {
+		return
+	}
+	x.heatHalfLife = uint64(max(halfLife, 0))
+	x.requests, x.total, x.heats = 0, heat{}, nil
+	if halfLife > 0 {
+		x.heats = map[uint64]heat{}
+	}
+}
+
+func (x *Index) counting() bool { return x.heatHalfLife > 0 }
+
+func (x *Index) epoch() uint32 {
+	if !x.counting() {
+		return 0
+	}
+	return uint32(x.requests / x.heatHalfLife)
+}
+
+// Hot returns how many leading blocks are each carried by at least share/n
+// of recent requests (n: the backends that could serve them). A prefix that
+// busy cannot stay on one backend without pushing it past its fair share,
+// so callers treat it as common: every backend should come to hold it, and
+// where the request goes is decided by what follows it. 0 while the recent
+// traffic (decayed like the heat) is under n requests, when share <= 0, or
+// when heat is not counted.
+func (x *Index) Hot(blocks []uint64, n int, share float64) int {
+	e := x.epoch()
+	total := float64(x.total.at(e))
+	if !x.counting() || share <= 0 || n <= 0 || total < float64(n) {
+		return 0
+	}
+	need := share * total / float64(n)
+	for i, h := range blocks {
+		if float64(x.heats[h].at(e)) < need {
+			return i
+		}
+	}
+	return len(blocks)
+}
 
 type node struct {
 	hash       uint64
@@ -118,6 +186,7 @@ func (x *Index) clear(h uint64, slot int) {
 	s.remove(slot)
 	if s.empty() {
 		delete(x.holders, h)
+		delete(x.heats, h)
 	} else {
 		x.holders[h] = s
 	}
@@ -132,16 +201,27 @@ func (x *Index) evict(slot int, l *lru) {
 	x.clear(h, slot)
 }
 
-// Insert records that slot now holds blocks (a chain, first block first).
-// Blocks are touched last to first so the leading blocks are the most
-// recently used and a prefix is evicted from its tail, as vLLM does.
+// Insert records that slot now holds blocks (a chain, first block first)
+// and counts one request carrying them. Blocks are touched last to first so
+// the leading blocks are the most recently used and a prefix is evicted
+// from its tail, as vLLM does.
 func (x *Index) Insert(slot int, blocks []uint64) {
 	l := x.lrus[slot]
 	if l == nil {
 		return
 	}
+	count := x.counting()
+	var e uint32
+	if count {
+		x.requests++
+		e = x.epoch()
+		x.total = heat{n: x.total.at(e) + 1, epoch: e}
+	}
 	for j := len(blocks) - 1; j >= 0; j-- {
 		h := blocks[j]
+		if count {
+			x.heats[h] = heat{n: x.heats[h].at(e) + 1, epoch: e}
+		}
 		if i, ok := l.pos[h]; ok {
 			l.unlink(i)
 			l.pushFront(i)

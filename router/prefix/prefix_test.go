@@ -134,3 +134,99 @@ func TestIndex(t *testing.T) {
 		t.Fatalf("holders left: %d", len(x.holders))
 	}
 }
+
+// TestIndexHot: a prefix is hot while it is in more than share/n of recent
+// requests, and cools as other traffic takes over.
+func TestIndexHot(t *testing.T) {
+	sys := []uint64{1, 2}                                                       // a system prompt every request carries
+	conv := func(i uint64) []uint64 { return []uint64{1, 2, 100 + i, 200 + i} } // then its own history
+	tests := []struct {
+		name     string
+		requests int // distinct conversations inserted, round robin over 8 slots
+		n        int
+		share    float64
+		blocks   []uint64
+		want     int
+	}{
+		{name: "off", requests: 64, n: 8, share: 0, blocks: conv(0), want: 0},
+		{name: "too few requests yet", requests: 7, n: 8, share: 1, blocks: conv(0), want: 0},
+		{name: "shared prompt is hot, history is not", requests: 64, n: 8, share: 1, blocks: conv(0), want: 2},
+		{name: "prompt alone", requests: 64, n: 8, share: 1, blocks: sys, want: 2},
+		{name: "nothing known", requests: 64, n: 8, share: 1, blocks: []uint64{9}, want: 0},
+		{name: "one backend: every prefix is its share", requests: 64, n: 1, share: 1, blocks: conv(63), want: 2},
+		{name: "old history has cooled", requests: 64, n: 4, share: 1, blocks: conv(5), want: 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			x := NewIndex()
+			x.SetHeat(16)
+			for s := range 8 {
+				x.SetSlot(s, 1<<10)
+			}
+			for i := range tc.requests {
+				x.Insert(i%8, conv(uint64(i)))
+			}
+			if got := x.Hot(tc.blocks, tc.n, tc.share); got != tc.want {
+				t.Fatalf("Hot = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestIndexHotSession: one conversation that is most of the recent traffic
+// is hot through its history: it cannot stay on one backend either.
+func TestIndexHotSession(t *testing.T) {
+	x := NewIndex()
+	x.SetHeat(16)
+	x.SetSlot(0, 1<<10)
+	for i := range 32 {
+		x.Insert(0, []uint64{1, 2, 300, 301, uint64(400 + i)})
+	}
+	if got := x.Hot([]uint64{1, 2, 300, 301, 999}, 8, 1); got != 4 {
+		t.Fatalf("Hot = %d, want 4", got)
+	}
+}
+
+// TestIndexHeatCools: a prompt that stops being sent stops being hot.
+func TestIndexHeatCools(t *testing.T) {
+	x := NewIndex()
+	x.SetHeat(8)
+	x.SetSlot(0, 1<<12)
+	for range 32 {
+		x.Insert(0, []uint64{1, 2})
+	}
+	if got := x.Hot([]uint64{1, 2}, 4, 1); got != 2 {
+		t.Fatalf("while sent: Hot = %d, want 2", got)
+	}
+	for i := range 64 {
+		x.Insert(0, []uint64{uint64(1000 + i)})
+	}
+	if got := x.Hot([]uint64{1, 2}, 4, 1); got != 0 {
+		t.Fatalf("after 8 half-lives of other traffic: Hot = %d, want 0", got)
+	}
+}
+
+// TestIndexHeatOff: without SetHeat nothing is counted, and turning it off
+// forgets what was.
+func TestIndexHeatOff(t *testing.T) {
+	x := NewIndex()
+	x.SetSlot(0, 1<<10)
+	for range 32 {
+		x.Insert(0, []uint64{1, 2})
+	}
+	if got := x.Hot([]uint64{1, 2}, 4, 1); got != 0 {
+		t.Fatalf("never counted: Hot = %d, want 0", got)
+	}
+	x.SetHeat(8)
+	for range 32 {
+		x.Insert(0, []uint64{1, 2})
+	}
+	if got := x.Hot([]uint64{1, 2}, 4, 1); got != 2 {
+		t.Fatalf("counting: Hot = %d, want 2", got)
+	}
+	x.SetHeat(0)
+	x.SetHeat(8)
+	if got := x.Hot([]uint64{1, 2}, 4, 1); got != 0 {
+		t.Fatalf("after off and on again: Hot = %d, want 0", got)
+	}
+}
