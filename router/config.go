@@ -30,7 +30,7 @@ type Config struct {
 	DecodeWeight     float64 `yaml:"decode_weight"`     // a request past its first token in the load bound (1: plain in-flight)
 	ShareFactor      float64 `yaml:"share_factor"`      // recent traffic above this x fair share loses affinity
 	ShareHalfLife    int     `yaml:"share_half_life"`   // decisions over which recent traffic halves
-	HotShare         float64 `yaml:"hot_share"`         // a prefix in more than hot_share/backends of recent requests counts as common (0: off)
+	HotShare         float64 `yaml:"hot_share"`         // a prefix in at least hot_share/backends of recent requests counts as common (0: off)
 	BalanceSlack     float64 `yaml:"balance_slack"`     // cap on the extra expected wait a new group takes for balance (0: none)
 	CharsPerToken    float64 `yaml:"chars_per_token"`   // to size the index from KV cache tokens
 	KVCacheTokens    int     `yaml:"kv_cache_tokens"`   // default backend KV cache size
