@@ -156,3 +156,15 @@ func TestSteadyRate(t *testing.T) {
 		}
 	}
 }
+
+// TestRunRefusesBadRouterOptions: router settings the router would refuse
+// end the run with the router's own error, not a silent default.
+func TestRunRefusesBadRouterOptions(t *testing.T) {
+	for _, hot := range []float64{-1, 101, math.NaN()} {
+		o := DefaultOptions()
+		o.HotShare = hot
+		if _, err := Run(t.Context(), o); err == nil || !strings.Contains(err.Error(), "hot_share") {
+			t.Errorf("hot share %v: err %v, want a hot_share error", hot, err)
+		}
+	}
+}

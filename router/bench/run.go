@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"runtime"
@@ -49,7 +48,7 @@ type Options struct {
 	DecodeWeight  float64 // router decode weight (0: router default)
 	BalanceSlack  float64 // router balance slack (0: router default)
 	ShareHalfLife int     // router share half-life in decisions (0: router default)
-	HotShare      float64 // router hot-prefix share (0: router default; negative: off)
+	HotShare      float64 // router hot-prefix share (0: router default, off)
 
 	OverheadRate     int           // requests per second for the overhead phase (0 skips it)
 	OverheadDuration time.Duration // per round
@@ -156,9 +155,6 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 		return nil, err
 	}
 	rc := o.routerConfig()
-	if math.IsNaN(o.HotShare) {
-		return nil, errors.New("bench: hot share is not a number")
-	}
 	if err := rc.Validate(); err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
@@ -242,11 +238,8 @@ func (o *Options) routerConfig() router.Config {
 	if o.BalanceSlack > 0 {
 		cfg.BalanceSlack = o.BalanceSlack
 	}
-	switch {
-	case o.HotShare > 0:
+	if o.HotShare != 0 { // also NaN and negatives, which Validate refuses
 		cfg.HotShare = o.HotShare
-	case o.HotShare < 0:
-		cfg.HotShare = 0
 	}
 	return cfg
 }
