@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -64,6 +65,7 @@ type ModelConfig struct {
 // BackendConfig is one statically configured inference endpoint.
 type BackendConfig struct {
 	URL           string   `yaml:"url"`
+	ID            string   `yaml:"id"`     // identity in rendezvous hashing; default: the URL
 	Models        []string `yaml:"models"` // empty: serves whatever model is asked for
 	MaxInflight   int      `yaml:"max_inflight"`
 	KVCacheTokens int      `yaml:"kv_cache_tokens"`
@@ -174,7 +176,7 @@ func (c *Config) Validate() error {
 	if c.ProbeInterval > 0 && !strings.HasPrefix(c.ProbePath, "/") {
 		errs = append(errs, fmt.Errorf("probe_path %q must start with /", c.ProbePath))
 	}
-	seen := map[string]bool{}
+	seen, ids := map[string]bool{}, map[string]bool{}
 	for i, b := range c.Backends {
 		u, err := ParseBackendURL(b.URL)
 		if err != nil {
@@ -185,6 +187,11 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("backends[%d]: duplicate url %s", i, u))
 		}
 		seen[u] = true
+		if id := cmp.Or(b.ID, u); ids[id] {
+			errs = append(errs, fmt.Errorf("backends[%d]: duplicate id %q (an id must differ from every other backend's id or url)", i, id))
+		} else {
+			ids[id] = true
+		}
 		if b.MaxInflight < 0 || b.KVCacheTokens < 0 {
 			errs = append(errs, fmt.Errorf("backends[%d]: max_inflight and kv_cache_tokens must be >= 0", i))
 		}

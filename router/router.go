@@ -9,6 +9,7 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -61,6 +62,7 @@ type Router struct {
 	index    *prefix.Index
 	freed    chan struct{} // closed and replaced when a slot frees up
 	queued   int
+	active   int // requests holding a backend (see InFlight)
 	// shareDecay is the per-decision decay of backend.recent (0: not yet
 	// derived from the config).
 	shareDecay float64
@@ -193,6 +195,14 @@ func (rt *Router) Queued() int {
 	return rt.queued
 }
 
+// InFlight is how many requests hold a backend now: chosen and not yet
+// released, whether still being sent or answered.
+func (rt *Router) InFlight() int {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.active
+}
+
 // Config returns the current configuration.
 func (rt *Router) Config() Config {
 	rt.mu.Lock()
@@ -275,12 +285,13 @@ func (rt *Router) syncLocked(eps []Endpoint) {
 				continue
 			}
 			rt.slots[slot] = true
-			b = &backend{url: u, id: prefix.BackendID(u), slot: slot, gauge: rt.metrics.inflight.WithLabelValues(u)}
+			b = &backend{url: u, slot: slot, gauge: rt.metrics.inflight.WithLabelValues(u)}
 			rt.backends[u] = b
 			rt.order = append(rt.order, b)
 			rt.metrics.healthy.WithLabelValues(u).Set(1)
 		}
 		b.ep = ep
+		b.id = prefix.BackendID(cmp.Or(ep.ID, u))
 		rt.configureLocked(b)
 	}
 	for u, b := range rt.backends {
@@ -378,6 +389,7 @@ func (rt *Router) release(r *routed) {
 	b := r.b
 	rt.prefilledLocked(r)
 	b.inflight--
+	rt.active--
 	b.gauge.Set(float64(b.inflight))
 	rt.wakeLocked()
 	rt.mu.Unlock()
@@ -483,6 +495,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	b := members[d.Pick]
 	rt.countLocked(b)
 	b.inflight++
+	rt.active++
 	uncached := max(len(req.keys)-d.Matched, 0)
 	b.pending += uncached
 	b.prefilling++

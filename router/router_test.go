@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -352,6 +353,39 @@ func TestPrefixAffinity(t *testing.T) {
 	}
 }
 
+// TestReplicasAgreeByID: two routers that reach the same backends by
+// different URLs send each new prefix group to the same backend when the
+// backends carry the same IDs: rendezvous hashes the ID, not the address.
+func TestReplicasAgreeByID(t *testing.T) {
+	var byIP, byName []BackendConfig
+	for i := range 4 {
+		u := okBackend(t, fmt.Sprint("b", i), nil).URL
+		id := fmt.Sprint("gpu-", i)
+		byIP = append(byIP, BackendConfig{URL: u, ID: id})
+		byName = append(byName, BackendConfig{URL: strings.Replace(u, "127.0.0.1", "localhost", 1), ID: id})
+	}
+	pick := func(backends []BackendConfig) []string {
+		cfg := Defaults()
+		cfg.Backends = backends
+		h := newHarness(t, cfg, Options{})
+		var names []string
+		for doc := range 16 {
+			text := strings.Repeat(fmt.Sprintf("document %d says something long. ", doc), 50)
+			resp := post(t, h.srv.URL+"/v1/completions", fmt.Sprintf(`{"model":"m","prompt":%q}`, text))
+			resp.Body.Close()
+			names = append(names, resp.Header.Get("X-Backend"))
+		}
+		return names
+	}
+	a, b := pick(byIP), pick(byName)
+	if !slices.Equal(a, b) {
+		t.Fatalf("replicas disagree:\n%v\n%v", a, b)
+	}
+	if used := len(slices.Compact(slices.Sorted(slices.Values(a)))); used < 2 {
+		t.Fatalf("16 groups went to %d backend(s): %v", used, a)
+	}
+}
+
 // TestHotPromptDoesNotPin: with the load, wait and traffic bounds relaxed
 // (a cache-first setup), a system prompt every request starts with makes
 // the first backend that saw it look like the best place for every request,
@@ -551,7 +585,8 @@ func TestConfigParse(t *testing.T) {
 	}
 	for _, bad := range []string{"strategy: fastest\n", "load_factor: 0.5\n", "unknown_key: 1\n", "backends:\n  - url: ftp://x\n",
 		"backends:\n  - url: http://a\n  - url: http://a/\n", "block_chars: 1\n", "queue_timeout: soon\n",
-		"share_factor: 0.5\n", "share_half_life: 0\n", "decode_weight: 2\n", "decode_weight: 0\n", "eject_5xx: -1\n", "hot_share: -1\n", "hot_share: .nan\n"} {
+		"share_factor: 0.5\n", "share_half_life: 0\n", "decode_weight: 2\n", "decode_weight: 0\n", "eject_5xx: -1\n", "hot_share: -1\n", "hot_share: .nan\n",
+		"backends:\n  - {url: http://a, id: x}\n  - {url: http://b, id: x}\n", "backends:\n  - url: http://a\n  - {url: http://b, id: \"http://a\"}\n"} {
 		c := Defaults()
 		if err := ParseConfig([]byte(bad), &c); err == nil {
 			t.Errorf("accepted %q", bad)

@@ -12,6 +12,11 @@ type Endpoint struct {
 	URL    string   // base URL, e.g. http://10.0.0.7:8000
 	Models []string // models it serves; empty means any
 	Node   string   // node name, for display
+	// ID is the backend's identity in rendezvous hashing (which backend a
+	// new prefix group goes to); empty means URL. Replicas of one router
+	// must see the same IDs, so set it where they reach a backend by
+	// different URLs.
+	ID string
 	// Ready: the model is loaded and serving on this node. Endpoints not
 	// ready get no traffic.
 	Ready bool
@@ -95,7 +100,7 @@ func StaticEndpoints(cfg *Config) []Endpoint {
 			continue
 		}
 		warm := b.HoldsWeights == nil || *b.HoldsWeights
-		eps = append(eps, Endpoint{URL: u, Models: slices.Clone(b.Models), Ready: true, HoldsWeights: warm,
+		eps = append(eps, Endpoint{URL: u, ID: b.ID, Models: slices.Clone(b.Models), Ready: true, HoldsWeights: warm,
 			MaxInflight: b.MaxInflight, KVCacheTokens: b.KVCacheTokens})
 	}
 	return eps

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"runtime"
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -298,7 +300,7 @@ func startFleetWith(ctx context.Context, o *Options, n int, st balance.Strategy,
 	cfg.QueueTimeout = 60 * time.Second
 	cfg.ProbeInterval = -1 // probed once below; later probes would only add noise
 	cfg.RampUp = 0
-	for range n {
+	for i := range n {
 		h, err := newBackend()
 		if err != nil {
 			f.stop()
@@ -311,11 +313,14 @@ func startFleetWith(ctx context.Context, o *Options, n int, st balance.Strategy,
 		}
 		stops = append(stops, stop)
 		f.simURLs = append(f.simURLs, u)
-		cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: u})
+		// Rendezvous by name, not by the ephemeral port: the same seed
+		// then makes the same decisions.
+		cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: u, ID: fmt.Sprintf("sim-%d", i)})
 	}
 	src := router.NewStaticSource(router.StaticEndpoints(&cfg), nil)
 	f.reg = prometheus.NewRegistry()
-	rt, err := router.New(cfg, router.Options{Source: src, HashKey: prefix.KeyFromBytes([]byte("bench")),
+	rng := rand.New(rand.NewPCG(o.Seed, 0x62656e6368)) // the random strategy's draws, under the router's lock
+	rt, err := router.New(cfg, router.Options{Source: src, HashKey: prefix.KeyFromBytes([]byte("bench")), Rand: rng.Uint64,
 		Logger: slog.New(slog.DiscardHandler), Registry: f.reg})
 	if err != nil {
 		f.stop()
@@ -434,6 +439,24 @@ type driver struct {
 	client *http.Client
 	base   string
 	rt     *router.Router
+	// open counts requests sent whose answer has not ended at the client.
+	// Once a response's last byte lands the client is idle, but the
+	// router may not have released the backend yet: quiet waits until
+	// every open request is queued in or held by the router, so the next
+	// decision sees the in-flight counts of this instant, not a race.
+	open atomic.Int64
+}
+
+// start sends r in the background. It counts as motion, and as open,
+// until its answer has ended and done has run.
+func (d *driver) start(ctx context.Context, wg *sync.WaitGroup, r *Request, done func(outcome)) {
+	d.open.Add(1)
+	d.clock.Busy(1)
+	wg.Go(func() {
+		done(d.send(ctx, r))
+		d.open.Add(-1)
+		d.clock.Idle()
+	})
 }
 
 // quiet waits until nothing is in motion at the current instant.
@@ -441,11 +464,12 @@ func (d *driver) quiet(ctx context.Context) error {
 	watchdog := time.Now().Add(2 * time.Minute)
 	zeros := 0
 	for {
-		m := d.clock.Motion() - int64(d.rt.Queued())
+		queued := int64(d.rt.Queued())
+		m := d.clock.Motion() - queued
 		switch {
 		case m < 0:
 			return fmt.Errorf("bench: virtual clock accounting went negative (%d)", m)
-		case m == 0:
+		case m == 0 && int64(d.rt.InFlight())+queued == d.open.Load():
 			// Seen idle several times in a row, with the scheduler given a
 			// chance to run anything just woken.
 			if zeros++; zeros >= 3 {
@@ -469,9 +493,8 @@ type outcome struct {
 	err    error
 }
 
-// send posts one request whose Busy the caller already counted, reads the
-// whole answer, and leaves the last Idle to the caller (so a closed loop can
-// count its next request first).
+// send posts one request whose Busy the caller (start) counted, reads the
+// whole answer, and leaves the last Idle to the caller.
 func (d *driver) send(ctx context.Context, r *Request) outcome {
 	start := d.clock.Now()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.base+r.Path, bytes.NewReader(r.Body))
@@ -518,17 +541,12 @@ func (d *driver) openLoop(ctx context.Context, reqs []Request) ([]outcome, time.
 		}
 		timer, hasTimer := d.clock.Next()
 		if next < len(reqs) && (!hasTimer || !t0.Add(reqs[next].At).After(timer)) {
-			at := reqs[next].At
-			d.clock.AdvanceTo(t0.Add(at))
-			for next < len(reqs) && reqs[next].At == at {
-				i := next
-				d.clock.Busy(1)
-				wg.Go(func() {
-					outs[i] = d.send(ctx, &reqs[i])
-					d.clock.Idle()
-				})
-				next++
-			}
+			// One arrival at a time, even at the same instant: each
+			// decision then sees the one before it, in trace order.
+			d.clock.AdvanceTo(t0.Add(reqs[next].At))
+			i := next
+			d.start(ctx, &wg, &reqs[i], func(o outcome) { outs[i] = o })
+			next++
 			continue
 		}
 		if !hasTimer {
@@ -562,46 +580,38 @@ func steadyRate(ends []time.Duration) float64 {
 
 // closedLoop keeps `clients` requests outstanding until the list is done
 // and returns when each successful one ended (virtual time since the start).
+// A client whose request ended sends the next one only at quiet, one at a
+// time in list order, like openLoop's arrivals: requests ending at the same
+// instant would otherwise race to the router, and the same seed would not
+// give the same decisions.
 func (d *driver) closedLoop(ctx context.Context, reqs []Request, clients int) ([]time.Duration, error) {
 	var mu sync.Mutex
-	next := 0
 	var ends []time.Duration
+	freed := 0 // clients whose request ended since the last look
 	t0 := d.clock.Now()
-	take := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		if next >= len(reqs) {
-			return -1
-		}
-		next++
-		return next - 1
-	}
 	var wg sync.WaitGroup
-	for range clients {
-		i := take()
-		if i < 0 {
-			break
-		}
-		d.clock.Busy(1)
-		wg.Go(func() {
-			for i >= 0 {
-				out := d.send(ctx, &reqs[i])
-				if out.err == nil && out.status == http.StatusOK {
-					mu.Lock()
-					ends = append(ends, d.clock.Now().Sub(t0))
-					mu.Unlock()
-				}
-				if i = take(); i >= 0 {
-					d.clock.Busy(1) // the next request, before this one's last Idle
-				}
-				d.clock.Idle()
-			}
-		})
-	}
+	defer wg.Wait()
+	idle, next := clients, 0
 	for {
 		if err := d.quiet(ctx); err != nil {
-			wg.Wait()
 			return nil, err
+		}
+		mu.Lock()
+		idle += freed
+		freed = 0
+		mu.Unlock()
+		if idle > 0 && next < len(reqs) {
+			d.start(ctx, &wg, &reqs[next], func(out outcome) {
+				mu.Lock()
+				defer mu.Unlock()
+				if out.err == nil && out.status == http.StatusOK {
+					ends = append(ends, d.clock.Now().Sub(t0))
+				}
+				freed++
+			})
+			idle--
+			next++
+			continue
 		}
 		timer, ok := d.clock.Next()
 		if !ok {
