@@ -330,9 +330,15 @@ func (f *fetch) originWorker(ctx context.Context) {
 func (f *fetch) fromOriginPiece(ctx context.Context, i int, buf []byte) (crc *uint64, err error) {
 	off, n := f.s.m.PieceRange(i)
 	h := f.newHasher()
+	start := f.n.cfg.Now()
 	if err := f.readOrigin(ctx, off, n, buf, h); err != nil {
 		return nil, err
 	}
+	// Who read which piece, and how long it took, shows an origin falling
+	// behind the others or helpers that never read (by_origin=false: a
+	// helper, or a node whose peers all failed).
+	f.n.log.Debug("p2p: piece read from the origin", "shard", f.s.m.ShardID, "piece", i, "of", f.s.m.NumPieces(),
+		"took", f.n.cfg.Now().Sub(start), "by_origin", f.o.OriginAfter == 0)
 	sum := h.Sum(nil)
 	if want := f.s.pieceHash(i); want == nil {
 		// Nobody hashed this piece yet: the origin is where hashes come
