@@ -183,15 +183,14 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("backends[%d]: %w", i, err))
 			continue
 		}
-		if seen[u] {
+		id := cmp.Or(b.ID, u)
+		switch {
+		case seen[u]:
 			errs = append(errs, fmt.Errorf("backends[%d]: duplicate url %s", i, u))
-		}
-		seen[u] = true
-		if id := cmp.Or(b.ID, u); ids[id] {
+		case ids[id]:
 			errs = append(errs, fmt.Errorf("backends[%d]: duplicate id %q (an id must differ from every other backend's id or url)", i, id))
-		} else {
-			ids[id] = true
 		}
+		seen[u], ids[id] = true, true
 		if b.MaxInflight < 0 || b.KVCacheTokens < 0 {
 			errs = append(errs, fmt.Errorf("backends[%d]: max_inflight and kv_cache_tokens must be >= 0", i))
 		}

@@ -62,7 +62,6 @@ type Router struct {
 	index    *prefix.Index
 	freed    chan struct{} // closed and replaced when a slot frees up
 	queued   int
-	active   int // requests holding a backend (see InFlight)
 	// shareDecay is the per-decision decay of backend.recent (0: not yet
 	// derived from the config).
 	shareDecay float64
@@ -195,12 +194,16 @@ func (rt *Router) Queued() int {
 	return rt.queued
 }
 
-// InFlight is how many requests hold a backend now: chosen and not yet
-// released, whether still being sent or answered.
+// InFlight is how many requests hold one of the current backends: chosen
+// and not yet released, whether still being sent or answered.
 func (rt *Router) InFlight() int {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	return rt.active
+	n := 0
+	for _, b := range rt.order {
+		n += b.inflight
+	}
+	return n
 }
 
 // Config returns the current configuration.
@@ -389,7 +392,6 @@ func (rt *Router) release(r *routed) {
 	b := r.b
 	rt.prefilledLocked(r)
 	b.inflight--
-	rt.active--
 	b.gauge.Set(float64(b.inflight))
 	rt.wakeLocked()
 	rt.mu.Unlock()
@@ -495,7 +497,6 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	b := members[d.Pick]
 	rt.countLocked(b)
 	b.inflight++
-	rt.active++
 	uncached := max(len(req.keys)-d.Matched, 0)
 	b.pending += uncached
 	b.prefilling++

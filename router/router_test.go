@@ -593,6 +593,10 @@ func TestConfigParse(t *testing.T) {
 		}
 	}
 	c := Defaults()
+	if err := ParseConfig([]byte("backends:\n  - url: http://a\n  - url: http://a/\n"), &c); err == nil || strings.Contains(err.Error(), "duplicate id") {
+		t.Errorf("a duplicate url without ids: %v, want one duplicate url error", err)
+	}
+	c = Defaults()
 	if err := ParseConfig(nil, &c); err != nil {
 		t.Fatalf("empty config: %v", err)
 	}
