@@ -171,4 +171,8 @@ func TestFleetBenchSmall(t *testing.T) {
 	if u := naive.S3Link; u == nil || u.SentBytes < hosts*size || u.BusySeconds <= 0 || u.BusySeconds > naive.WarmSeconds {
 		t.Errorf("naive S3 link %+v, want at least %d bytes sent, busy for a part of the %.1f s run", u, hosts*size, naive.WarmSeconds)
 	}
+	// Every copy left S3 as TCP segments of at most a jumbo frame each.
+	if l := naive.Losses; l == nil || l.S3Segments < hosts*size/9000 {
+		t.Errorf("naive losses %+v, want at least %d S3 segments counted", l, hosts*size/9000)
+	}
 }

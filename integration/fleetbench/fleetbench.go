@@ -149,12 +149,74 @@ type ModeResult struct {
 	Hosts         []HostResult `json:"hosts,omitempty"` // of the median run
 	// S3Link is the S3 host's link in the median run.
 	S3Link *LinkUse `json:"s3_link,omitempty"`
+	// Losses are the median run's.
+	Losses *Losses `json:"losses,omitempty"`
 }
 
 // runResult is one run of one mode.
 type runResult struct {
-	hosts []HostResult
-	s3    LinkUse
+	hosts  []HostResult
+	s3     LinkUse
+	losses Losses
+}
+
+// Losses are what the network lost during a run: the S3 host's TCP
+// retransmissions, and the packets the link shapers dropped. A packet the
+// kernel handed over whole for segmentation offload counts once as a drop,
+// however many segments it held, so drops undercount lost segments.
+type Losses struct {
+	S3Segments      uint64 `json:"s3_segments"`      // TCP segments the S3 host sent, retransmissions not included
+	S3Retransmitted uint64 `json:"s3_retransmitted"` // TCP segments the S3 host sent again
+	S3UplinkDrops   uint64 `json:"s3_uplink_drops"`  // dropped on the S3 host's way out
+	DownlinkDrops   uint64 `json:"downlink_drops"`   // dropped on the way into the run's hosts, summed
+	UplinkDrops     uint64 `json:"uplink_drops"`     // dropped on the way out of the run's hosts, summed
+}
+
+// lossCounters are the cumulative counters Losses are the difference of.
+type lossCounters struct {
+	s3     netlab.TCPCounters
+	s3Link netlab.LinkDrops
+	hosts  netlab.LinkDrops // summed
+}
+
+func readLossCounters(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host) (lossCounters, error) {
+	var c lossCounters
+	var err error
+	if c.s3, err = lab.S3().TCPCounters(); err != nil {
+		return c, err
+	}
+	if c.s3Link, err = lab.S3().Link().Drops(ctx); err != nil {
+		return c, err
+	}
+	for _, h := range hosts {
+		d, err := h.Link().Drops(ctx)
+		if err != nil {
+			return c, err
+		}
+		c.hosts.Up += d.Up
+		c.hosts.Down += d.Down
+	}
+	return c, nil
+}
+
+// since is what was lost between the counters in before and c.
+func (c lossCounters) since(before lossCounters) Losses {
+	return Losses{
+		S3Segments:      c.s3.OutSegs - before.s3.OutSegs,
+		S3Retransmitted: c.s3.RetransSegs - before.s3.RetransSegs,
+		S3UplinkDrops:   c.s3Link.Up - before.s3Link.Up,
+		DownlinkDrops:   c.hosts.Down - before.hosts.Down,
+		UplinkDrops:     c.hosts.Up - before.hosts.Up,
+	}
+}
+
+// RetransmitShare is the share of the S3 host's segments that were
+// retransmissions.
+func (l Losses) RetransmitShare() float64 {
+	if sent := l.S3Segments + l.S3Retransmitted; sent > 0 {
+		return float64(l.S3Retransmitted) / float64(sent)
+	}
+	return 0
 }
 
 // Result is the benchmark's output. Top-level figures without a "naive_"
@@ -407,6 +469,10 @@ func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model
 	}
 	results := make([]HostResult, len(hosts))
 	errs := make([]error, len(hosts))
+	lossesBefore, err := readLossCounters(ctx, lab, hosts)
+	if err != nil {
+		return runResult{}, err
+	}
 	start := time.Now()
 	rx := make([]func() (int64, error), len(hosts))
 	for i, h := range hosts {
@@ -433,6 +499,11 @@ func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model
 	if err := errors.Join(errs...); err != nil {
 		return runResult{}, err
 	}
+	lossesAfter, err := readLossCounters(ctx, lab, hosts)
+	if err != nil {
+		return runResult{}, err
+	}
+	run.losses = lossesAfter.since(lossesBefore)
 	for i, d := range daemons {
 		s3b, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
 		if err != nil {
@@ -634,6 +705,9 @@ func summarize(mode string, runs []runResult, lb time.Duration, modelSize int64)
 	mr.WarmSeconds, mr.Hosts = med.warm, med.hosts
 	if med.s3.SentBytes > 0 {
 		mr.S3Link = &med.s3
+	}
+	if med.losses != (Losses{}) {
+		mr.Losses = &med.losses
 	}
 	if lb > 0 {
 		mr.WarmRatio = med.warm / lb.Seconds()

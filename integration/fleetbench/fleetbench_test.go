@@ -38,7 +38,7 @@ func TestSummarizeTakesMedianRun(t *testing.T) {
 		return runResult{hosts: []HostResult{
 			{Host: "h0", ReadySeconds: warm / 2, S3Bytes: s3, PeakRSSBytes: rss},
 			{Host: "h1", ReadySeconds: warm, S3Bytes: s3, PeakRSSBytes: rss / 2},
-		}, s3: LinkUse{SentBytes: 2 * s3, BusySeconds: warm - 1}}
+		}, s3: LinkUse{SentBytes: 2 * s3, BusySeconds: warm - 1}, losses: Losses{S3Segments: uint64(warm) * 100, S3Retransmitted: uint64(warm)}}
 	}
 	runs := []runResult{run(30, 100, 10), run(10, 100, 20), run(20, 150, 40)}
 	mr := summarize(modeNaive, runs, 10*time.Second, 100)
@@ -56,6 +56,28 @@ func TestSummarizeTakesMedianRun(t *testing.T) {
 	}
 	if mr.S3Link == nil || *mr.S3Link != (LinkUse{SentBytes: 300, BusySeconds: 19}) {
 		t.Errorf("S3 link %+v, want the median run's", mr.S3Link)
+	}
+	if mr.Losses == nil || *mr.Losses != (Losses{S3Segments: 2000, S3Retransmitted: 20}) {
+		t.Errorf("losses %+v, want the median run's", mr.Losses)
+	}
+	if mr := summarize(modeNaive, []runResult{{hosts: runs[0].hosts}}, time.Second, 100); mr.Losses != nil {
+		t.Errorf("losses %+v of a run that counted none, want them left out", mr.Losses)
+	}
+}
+
+func TestLossesSince(t *testing.T) {
+	before := lossCounters{s3: netlab.TCPCounters{OutSegs: 100, RetransSegs: 5}, s3Link: netlab.LinkDrops{Up: 1}, hosts: netlab.LinkDrops{Up: 2, Down: 3}}
+	after := lossCounters{s3: netlab.TCPCounters{OutSegs: 1100, RetransSegs: 35}, s3Link: netlab.LinkDrops{Up: 4, Down: 9}, hosts: netlab.LinkDrops{Up: 12, Down: 23}}
+	got := after.since(before)
+	want := Losses{S3Segments: 1000, S3Retransmitted: 30, S3UplinkDrops: 3, DownlinkDrops: 20, UplinkDrops: 10}
+	if got != want {
+		t.Errorf("since = %+v, want %+v", got, want)
+	}
+	if share := got.RetransmitShare(); share != 30.0/1030 {
+		t.Errorf("retransmit share %v, want 30/1030", share)
+	}
+	if share := (Losses{}).RetransmitShare(); share != 0 {
+		t.Errorf("retransmit share of nothing sent %v, want 0", share)
 	}
 }
 

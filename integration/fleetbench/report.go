@@ -44,6 +44,10 @@ func (r Result) WriteTable(w io.Writer) error {
 			fmt.Fprintf(w, "%s: the S3 link counted %s sent (%.3fx the model), %.1f MB/s until %.1f s; the last host was ready %.1f s later\n",
 				m.Mode, netlab.Size(u.SentBytes).Human(), float64(u.SentBytes)/float64(r.ModelBytes), float64(u.SentBytes)/u.BusySeconds/1e6, u.BusySeconds, m.WarmSeconds-u.BusySeconds)
 		}
+		if l := m.Losses; l != nil {
+			fmt.Fprintf(w, "%s: the S3 host retransmitted %d of %d TCP segments (%.1f%%); link shapers dropped %d packets into the hosts, %d out of them, %d out of S3\n",
+				m.Mode, l.S3Retransmitted, l.S3Segments+l.S3Retransmitted, 100*l.RetransmitShare(), l.DownlinkDrops, l.UplinkDrops, l.S3UplinkDrops)
+		}
 	}
 	if so := r.ScaleOut; so != nil {
 		fmt.Fprintf(w, "\nscale-out: 1 host joining %d warm ones: %.1f s, lower bound %.1f s, ratio %.2f, %d bytes from S3, %d from peers\n",

@@ -210,16 +210,23 @@ type LinkCounters struct {
 // /proc/net/dev from a thread inside it (no process is started), so it is
 // cheap enough to sample often.
 func (k *Link) Counters(ctx context.Context) (LinkCounters, error) {
-	var text []byte
-	err := k.host.NS.Do(func() error {
-		var err error
-		text, err = os.ReadFile("/proc/thread-self/net/dev")
-		return err
-	})
+	text, err := k.host.readNetFile("dev")
 	if err != nil {
 		return LinkCounters{}, fmt.Errorf("counters of %s: %w", k.host.Name, err)
 	}
 	return parseNetDev(string(text), "eth0")
+}
+
+// readNetFile reads /proc/net/name as the host's namespace sees it, from a
+// thread inside the namespace (no process is started).
+func (h *Host) readNetFile(name string) ([]byte, error) {
+	var text []byte
+	err := h.NS.Do(func() error {
+		var err error
+		text, err = os.ReadFile("/proc/thread-self/net/" + name)
+		return err
+	})
+	return text, err
 }
 
 // parseNetDev finds dev's byte counters in /proc/net/dev text.
