@@ -423,6 +423,20 @@ func (sc *serverConn) sendHaves(done <-chan struct{}) {
 	}
 }
 
+// pace has the kernel send this upload's next chunk at its share of the
+// upload limit, as the uploads in progress now split it. The limiter alone
+// lets each chunk go at once, and the kernel would send it at line rate:
+// bursts that overflow the queue of whichever downlink several uploaders
+// converge on, and drop the packets of everything else crossing it (that
+// node's S3 reads among them).
+func (sc *serverConn) pace() {
+	n := sc.n
+	share := float64(n.upLim.Limit()) / float64(max(1, len(n.uploads)))
+	if err := setPacing(sc.c, uint64(share)); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		n.log.Debug("p2p: cannot pace upload", "peer", sc.peer, "err", err)
+	}
+}
+
 func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {
 	n := sc.n
 	t := time.NewTimer(uploadSlotWait)
@@ -458,6 +472,9 @@ func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {
 		k := min(step, size-done)
 		if err := n.upLim.WaitN(ctx, int(min(k, math.MaxInt32))); err != nil {
 			return err
+		}
+		if step == chunkSize {
+			sc.pace()
 		}
 		w, err := sendRange(sc.c, f, off+done, k, buf)
 		done += w

@@ -1,0 +1,67 @@
+//go:build linux
+
+package p2p
+
+import (
+	"crypto/tls"
+	"errors"
+	"net"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func pacingOf(t *testing.T, c *net.TCPConn) uint64 {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v uint64
+	var gerr error
+	if err := raw.Control(func(fd uintptr) {
+		var n int
+		n, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE)
+		v = uint64(n)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	return v
+}
+
+func TestSetPacing(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tc := c.(*net.TCPConn)
+
+	if err := setPacing(c, 3<<20); err != nil {
+		t.Fatal(err)
+	}
+	if got := pacingOf(t, tc); got != 3<<20 {
+		t.Errorf("pacing %d, want %d", got, 3<<20)
+	}
+	// Through TLS: the socket under it is paced.
+	if err := setPacing(tls.Client(c, &tls.Config{}), 5<<20); err != nil {
+		t.Fatal(err)
+	}
+	if got := pacingOf(t, tc); got != 5<<20 {
+		t.Errorf("pacing through TLS %d, want %d", got, 5<<20)
+	}
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if err := setPacing(a, 1); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("pacing a pipe: %v, want ErrUnsupported", err)
+	}
+}
