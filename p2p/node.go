@@ -464,8 +464,9 @@ func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {
 		return err
 	}
 	// Limited uploads go a chunk at a time so the limiter can pace them.
+	limited := n.upLim.Limit() != rate.Inf
 	step := size
-	if n.upLim.Limit() != rate.Inf {
+	if limited {
 		step = chunkSize
 	}
 	for done := int64(0); done < size; {
@@ -473,7 +474,7 @@ func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {
 		if err := n.upLim.WaitN(ctx, int(min(k, math.MaxInt32))); err != nil {
 			return err
 		}
-		if step == chunkSize {
+		if limited {
 			sc.pace()
 		}
 		w, err := sendRange(sc.c, f, off+done, k, buf)

@@ -65,3 +65,36 @@ func TestSetPacing(t *testing.T) {
 		t.Errorf("pacing a pipe: %v, want ErrUnsupported", err)
 	}
 }
+
+// A limited node paces each upload at its share of the limit among the
+// uploads in progress.
+func TestUploadPacedAtItsShare(t *testing.T) {
+	const limit = 8 << 20
+	n, err := NewNode(Config{NodeID: "n", ClusterKey: testKey, UploadLimit: limit, MaxUploads: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc := &serverConn{c: c, n: n, peer: "p"}
+	for _, tt := range []struct {
+		uploads int
+		want    uint64
+	}{{1, limit}, {2, limit / 2}, {4, limit / 4}} {
+		for len(n.uploads) < tt.uploads {
+			n.uploads <- struct{}{}
+		}
+		sc.pace()
+		if got := pacingOf(t, c.(*net.TCPConn)); got != tt.want {
+			t.Errorf("%d uploads: paced at %d, want %d", tt.uploads, got, tt.want)
+		}
+	}
+}
