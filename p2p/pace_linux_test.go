@@ -20,9 +20,7 @@ func pacingOf(t *testing.T, c *net.TCPConn) uint64 {
 	var v uint64
 	var gerr error
 	if err := raw.Control(func(fd uintptr) {
-		var n int
-		n, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE)
-		v = uint64(n)
+		v, gerr = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE)
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -33,16 +31,7 @@ func pacingOf(t *testing.T, c *net.TCPConn) uint64 {
 }
 
 func TestSetPacing(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, _ := tcpPair(t)
 	tc := c.(*net.TCPConn)
 
 	if err := setPacing(c, 3<<20); err != nil {
@@ -74,16 +63,7 @@ func TestUploadPacedAtItsShare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, _ := tcpPair(t)
 	sc := &serverConn{c: c, n: n, peer: "p"}
 	for _, tt := range []struct {
 		uploads int

@@ -79,7 +79,7 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.zone, "zone", "", "this node's zone, shown to the fleet")
 	fs.StringVar(&f.p2pAddr, "p2p", "", "peer-to-peer listener ip:port: model files swarm between fleet members (needs --gossip and --cluster-key-file)")
 	fs.StringVar(&f.p2pAdvertise, "p2p-advertise", "", "peer address other members should use, if not --p2p")
-	fs.Var(&f.p2pUpload, "p2p-upload-limit", "bytes per second served to peers, e.g. 500MiB; each upload is paced by the kernel at its share, so set it a little under the link rate to keep peers' downlinks from overflowing (0 = unlimited)")
+	fs.Var(&f.p2pUpload, "p2p-upload-limit", "bytes per second served to peers, e.g. 500MiB; each upload is paced by the kernel at its share, so set it a little under the link rate and uploads reach peers without line-rate bursts (0 = unlimited)")
 	fs.Var(&f.p2pDownload, "p2p-download-limit", "bytes per second taken from peers, e.g. 1GiB (0 = unlimited; S3 reads are not counted)")
 	fs.IntVar(&f.p2pMaxUploads, "p2p-max-uploads", 8, "pieces served to peers at once; more requests are told to ask elsewhere, so local readers keep their share")
 	fs.StringVar(&f.containerd, "containerd", "", "containerd socket for image pre-pulls: unix:///run/containerd/containerd.sock, or off (default: that socket if it exists)")
