@@ -9,11 +9,14 @@
 package oai
 
 import (
+	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // maxDepth mirrors encoding/json's nesting limit so both accept the same bodies.
@@ -85,7 +88,7 @@ func Scan(body []byte) (Request, error) {
 	err := s.object(0, func(key []byte, esc bool) error {
 		k := string(key)
 		if esc {
-			k = unescape(key)
+			k = string(unescape(key))
 		}
 		switch k {
 		case "model":
@@ -426,21 +429,72 @@ func (s *scanner) stringValue() ([]byte, error) {
 	if err != nil || !esc {
 		return raw, err
 	}
-	return []byte(unescape(raw)), nil
+	return unescape(raw), nil
 }
 
-// unescape decodes the body of an already validated JSON string.
-func unescape(raw []byte) string {
-	quoted := make([]byte, 0, len(raw)+2)
-	quoted = append(quoted, '"')
-	quoted = append(quoted, raw...)
-	quoted = append(quoted, '"')
-	var out string
-	if err := json.Unmarshal(quoted, &out); err != nil {
-		// Unreachable for strings rawString accepted; keep the raw bytes.
-		return string(raw)
+// unescape decodes the body of a JSON string that rawString accepted, as
+// encoding/json does, except that bytes that are not valid UTF-8 are kept as
+// they are, as in strings without escapes (which are not copied at all).
+// Prompts from files and chats carry an escaped newline every line, so this
+// is on the routing path of most real requests.
+func unescape(raw []byte) []byte {
+	out := make([]byte, 0, len(raw))
+	for {
+		i := bytes.IndexByte(raw, '\\')
+		if i < 0 {
+			return append(out, raw...)
+		}
+		out = append(out, raw[:i]...)
+		c := raw[i+1]
+		raw = raw[i+2:]
+		switch c {
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r := hex4(raw)
+			raw = raw[4:]
+			if utf16.IsSurrogate(r) {
+				// A pair is one rune; a lone half is U+FFFD, and whatever
+				// follows it is decoded on its own.
+				if len(raw) >= 6 && raw[0] == '\\' && raw[1] == 'u' {
+					if pair := utf16.DecodeRune(r, hex4(raw[2:])); pair != unicode.ReplacementChar {
+						out = utf8.AppendRune(out, pair)
+						raw = raw[6:]
+						continue
+					}
+				}
+				r = unicode.ReplacementChar
+			}
+			out = utf8.AppendRune(out, r)
+		default: // '"', '\\', '/'
+			out = append(out, c)
+		}
 	}
-	return out
+}
+
+// hex4 decodes four hex digits that rawString validated.
+func hex4(p []byte) rune {
+	var r rune
+	for _, c := range p[:4] {
+		switch {
+		case c <= '9':
+			c -= '0'
+		case c >= 'a':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
 
 func (s *scanner) stringField(name string) ([]byte, error) {
@@ -493,7 +547,7 @@ func (s *scanner) messages(dst []Message) ([]Message, error) {
 		err := s.object(2, func(key []byte, esc bool) error {
 			k := string(key)
 			if esc {
-				k = unescape(key)
+				k = string(unescape(key))
 			}
 			switch k {
 			case "role":

@@ -2,6 +2,7 @@ package oai
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"os"
@@ -180,12 +181,22 @@ func checkText(t *testing.T, raw json.RawMessage, got []byte) {
 }
 
 func BenchmarkScan16k(b *testing.B) {
-	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"system","content":"` + strings.Repeat("lorem ipsum ", 1400) + `"},{"role":"user","content":"q"}]}`)
-	b.SetBytes(int64(len(body)))
-	for b.Loop() {
-		if _, err := Scan(body); err != nil {
-			b.Fatal(err)
-		}
+	for _, bc := range []struct{ name, line string }{
+		{"plain", "lorem ipsum "},
+		// Prompts from files and chats: an escaped newline every line, a
+		// quote now and then.
+		{"escaped", `lorem ipsum dolor sit amet, \"consectetur\" adipiscing elit, sed do eiusmod tempor\n`},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			body := []byte(`{"model":"m","stream":true,"messages":[{"role":"system","content":"` +
+				strings.Repeat(bc.line, 16800/len(bc.line)) + `"},{"role":"user","content":"q"}]}`)
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := Scan(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
@@ -194,14 +205,69 @@ func TestNeedsAttention(t *testing.T) {
 		for c := range 256 {
 			word := []byte("aaaaaaaa")
 			word[pos] = byte(c)
-			x := uint64(0)
-			for i := 7; i >= 0; i-- {
-				x = x<<8 | uint64(word[i])
-			}
 			want := c < 0x20 || c == '"' || c == '\\'
-			if got := needsAttention(x); got != want {
+			if got := needsAttention(binary.LittleEndian.Uint64(word)); got != want {
 				t.Fatalf("byte %#x at %d: got %v, want %v", c, pos, got, want)
 			}
 		}
 	}
+}
+
+func TestUnescape(t *testing.T) {
+	for _, tc := range []struct{ raw, want string }{
+		{`plain`, "plain"},
+		{`a\nb\tc\rd\be\ff`, "a\nb\tc\rd\be\ff"},
+		{`\"q\" \\ \/`, `"q" \ /`},
+		{`\u00e9\u4E2D`, "é中"},
+		{`\ud83d\ude00!`, "😀!"},
+		{`\ud83d`, "\ufffd"},               // lone high half
+		{`\ude00x`, "\ufffdx"},             // lone low half
+		{`\ud83d\u0041`, "\ufffdA"},        // a half, then a rune of its own
+		{`\ud83d\\ude00`, "\ufffd\\ude00"}, // an escaped backslash is no pair
+		{"caf\xc3\xa9\\n", "café\n"},
+	} {
+		s := scanner{b: []byte(`"` + tc.raw + `"`)}
+		raw, esc, err := s.rawString()
+		if err != nil || esc != (tc.raw != tc.want) {
+			t.Fatalf("rawString(%q): escapes %v, %v", tc.raw, esc, err)
+		}
+		if got := string(unescape(raw)); got != tc.want {
+			t.Errorf("unescape(%q) = %q, want %q", tc.raw, got, tc.want)
+		}
+	}
+}
+
+// FuzzString checks rawString and unescape against encoding/json on every
+// string body: the same ones accepted, the same text decoded.
+func FuzzString(f *testing.F) {
+	f.Add(`a\nb`)
+	f.Add(`\ud83d\ude00\u00e9\"`)
+	f.Add(`\ud83d\ud83d\ude00`)
+	f.Add("tab\tin")
+	f.Fuzz(func(t *testing.T, body string) {
+		quoted := []byte(`"` + body + `"`)
+		s := scanner{b: quoted}
+		raw, esc, err := s.rawString()
+		valid := json.Valid(quoted)
+		if err != nil || s.i != len(quoted) {
+			if valid {
+				t.Fatalf("rejected valid %q: %v", quoted, err)
+			}
+			return
+		}
+		var want string
+		if err := json.Unmarshal(quoted, &want); err != nil {
+			t.Fatalf("accepted %q, encoding/json did not: %v", quoted, err)
+		}
+		if string(raw) != body {
+			t.Fatalf("rawString(%q) = %q", quoted, raw)
+		}
+		got := raw
+		if esc {
+			got = unescape(raw)
+		}
+		if utf8.Valid(quoted) && string(got) != want {
+			t.Fatalf("unescape(%q) = %q, want %q", raw, got, want)
+		}
+	})
 }
