@@ -159,7 +159,7 @@ func (rt *Router) inference(w *statusWriter, r *http.Request) string {
 		return ""
 	}
 	start := time.Now()
-	req, err := oai.Scan(body)
+	model, kp, err := rt.scanKeys(&cfg, body, r.Header.Get(cfg.SessionHeader))
 	if err != nil {
 		msg := "invalid JSON body: " + err.Error()
 		if !oai.IsSyntax(err) {
@@ -168,14 +168,13 @@ func (rt *Router) inference(w *statusWriter, r *http.Request) string {
 		rt.fail(w, &oai.APIError{Status: http.StatusBadRequest, Type: oai.TypeInvalidRequest, Code: "invalid_request", Message: msg})
 		return ""
 	}
-	if req.Model == "" {
+	if model == "" {
 		rt.fail(w, &oai.APIError{Status: http.StatusBadRequest, Type: oai.TypeInvalidRequest, Code: "missing_model",
 			Param: "model", Message: "you must provide a model parameter"})
 		return ""
 	}
-	kp := rt.blockKeys(&cfg, &req, req.Model, r.Header.Get(cfg.SessionHeader))
 	defer rt.putKeys(kp)
-	rr := &routeRequest{model: req.Model, keys: *kp, strategy: cfg.StrategyFor(req.Model), hashTime: time.Since(start)}
+	rr := &routeRequest{model: model, keys: *kp, strategy: cfg.StrategyFor(model), hashTime: time.Since(start)}
 	rt.forward(w, r, body, rr, &cfg)
 	return string(rr.strategy)
 }

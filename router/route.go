@@ -5,7 +5,6 @@ import (
 	"errors"
 
 	"github.com/warmfleet/warmfleet/router/balance"
-	"github.com/warmfleet/warmfleet/router/oai"
 )
 
 // Route is a routing decision made without sending the request.
@@ -21,16 +20,15 @@ type Route struct {
 // reserved slot is released at once. For benchmarks and dry runs.
 func (rt *Router) Route(ctx context.Context, body []byte, session string) (Route, error) {
 	cfg := rt.Config()
-	req, err := oai.Scan(body)
+	model, kp, err := rt.scanKeys(&cfg, body, session)
 	if err != nil {
 		return Route{}, err
 	}
-	if req.Model == "" {
+	if model == "" {
 		return Route{}, errors.New("missing model")
 	}
-	kp := rt.blockKeys(&cfg, &req, req.Model, session)
 	defer rt.putKeys(kp)
-	got, err := rt.acquire(ctx, &routeRequest{model: req.Model, keys: *kp, strategy: cfg.StrategyFor(req.Model)})
+	got, err := rt.acquire(ctx, &routeRequest{model: model, keys: *kp, strategy: cfg.StrategyFor(model)})
 	if err != nil {
 		return Route{}, err
 	}

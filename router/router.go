@@ -53,6 +53,7 @@ type Router struct {
 	probe   *http.Client
 	bufs    sync.Pool // *[]byte copy buffers for streaming
 	keyBufs sync.Pool // *[]uint64 block hash buffers, one per request in flight
+	scans   sync.Pool // *oai.Scanner, so decoding prompts allocates nothing
 
 	mu       sync.Mutex
 	cfg      Config
@@ -319,15 +320,26 @@ func (rt *Router) wakeLocked() {
 	rt.freed = make(chan struct{})
 }
 
-// blockKeys hashes req into a pooled buffer; the caller returns it with
-// putKeys once the request is done (the index keeps copies, not the slice).
-func (rt *Router) blockKeys(cfg *Config, req *oai.Request, model, session string) *[]uint64 {
+// scanKeys reads the model from an inference body and hashes its prompt
+// into a pooled buffer; the caller returns that with putKeys once the
+// request is done (the index keeps copies, not the slice). The error is
+// oai.Scan's; a body without a model gives "" and no keys.
+func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (string, *[]uint64, error) {
+	sc, _ := rt.scans.Get().(*oai.Scanner)
+	if sc == nil {
+		sc = new(oai.Scanner)
+	}
+	defer rt.scans.Put(sc) // nothing of the request outlives this call
+	req, err := sc.Scan(body)
+	if err != nil || req.Model == "" {
+		return "", nil, err
+	}
 	kp, _ := rt.keyBufs.Get().(*[]uint64)
 	if kp == nil {
 		kp = new([]uint64)
 	}
-	*kp, _ = rt.hasher(cfg).Blocks((*kp)[:0], model, req, session)
-	return kp
+	*kp, _ = rt.hasher(cfg).Blocks((*kp)[:0], req.Model, &req, session)
+	return req.Model, kp, nil
 }
 
 func (rt *Router) putKeys(kp *[]uint64) {

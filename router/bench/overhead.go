@@ -44,11 +44,11 @@ func measureDecision(backends, promptBytes, samples int, seed uint64) (*Decision
 	// Prompts share long documents (so matches walk deep) and end uniquely.
 	docs := make([]string, 4*backends)
 	for i := range docs {
-		docs[i] = text(rng, promptBytes*3/4/4, 4)
+		docs[i] = lines(rng, promptBytes*3/4/4, 4)
 	}
 	bodies := make([][]byte, 512)
 	for i := range bodies {
-		suffix := text(rng, (promptBytes-len(docs[0]))/4, 4)
+		suffix := lines(rng, (promptBytes-len(docs[0]))/4, 4)
 		bodies[i] = chatBody("m", []chatMsg{{"system", "be brief"}, {"user", docs[rng.IntN(len(docs))] + suffix}}, 16)
 	}
 	ctx := context.Background()
@@ -112,11 +112,11 @@ func measureOverhead(ctx context.Context, o *Options) (*OverheadResult, error) {
 	promptBytes := o.DecisionPrompt
 	docs := make([]string, 32)
 	for i := range docs {
-		docs[i] = text(rng, promptBytes*3/4/4, 4)
+		docs[i] = lines(rng, promptBytes*3/4/4, 4)
 	}
 	reqs := make([]Request, 256)
 	for i := range reqs {
-		body := chatBody(sim.Model, []chatMsg{{"user", docs[rng.IntN(len(docs))] + text(rng, promptBytes/4/4, 4)}}, 1)
+		body := chatBody(sim.Model, []chatMsg{{"user", docs[rng.IntN(len(docs))] + lines(rng, promptBytes/4/4, 4)}}, 1)
 		body = []byte(strings.Replace(string(body), `"stream":true`, `"stream":false`, 1))
 		reqs[i] = Request{Path: "/v1/chat/completions", Body: body}
 	}

@@ -67,6 +67,18 @@ func text(rng *rand.Rand, tokens, charsPerToken int) string {
 	return string(b)
 }
 
+// lines is text broken into lines of lineBytes, as documents and code are:
+// each newline is an escape in the JSON body, which the router decodes
+// before hashing.
+func lines(rng *rand.Rand, tokens, charsPerToken int) string {
+	const lineBytes = 70
+	b := []byte(text(rng, tokens, charsPerToken))
+	for i := lineBytes - 1; i < len(b); i += lineBytes {
+		b[i] = '\n'
+	}
+	return string(b)
+}
+
 type chatMsg struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`

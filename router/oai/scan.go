@@ -9,7 +9,6 @@
 package oai
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -69,8 +68,26 @@ func (e *FieldError) Error() string {
 // Scan validates body as a JSON object and extracts the routing fields.
 // Unknown fields are validated and skipped. Returned byte slices may alias body.
 func Scan(body []byte) (Request, error) {
-	req := Request{MaxTokens: -1}
-	s := scanner{b: body}
+	var sc Scanner
+	return sc.Scan(body)
+}
+
+// A Scanner is Scan with memory it keeps between calls: the decoded text of
+// strings that hold escapes (most chat prompts: an escaped newline every
+// line) and the message list. A router that scans every request reuses
+// Scanners so that decoding a long prompt allocates nothing. The Request a
+// Scanner returns is valid until its next Scan.
+type Scanner struct {
+	text []byte
+	msgs []Message
+}
+
+// Scan is Scan, reusing sc's memory.
+func (sc *Scanner) Scan(body []byte) (Request, error) {
+	req := Request{MaxTokens: -1, Messages: sc.msgs[:0]}
+	defer func() { sc.msgs = req.Messages[:0] }()
+	s := scanner{b: body, text: sc.text[:0]}
+	defer func() { sc.text = s.text[:0] }()
 	s.ws()
 	if s.i >= len(s.b) || s.b[s.i] != '{' {
 		if s.i >= len(s.b) {
@@ -85,11 +102,8 @@ func Scan(body []byte) (Request, error) {
 		return req, &FieldError{Field: "(body)", Want: "a JSON object"}
 	}
 	maxTokens, maxCompletion := -1, -1
-	err := s.object(0, func(key []byte, esc bool) error {
+	err := s.object(0, func(key []byte) error {
 		k := string(key)
-		if esc {
-			k = string(unescape(key))
-		}
 		switch k {
 		case "model":
 			v, err := s.stringField("model")
@@ -175,6 +189,7 @@ func Scan(body []byte) (Request, error) {
 type scanner struct {
 	b    []byte
 	i    int
+	text []byte // where decoded strings go
 	ferr *FieldError // first field of the wrong type; reported only if the JSON is valid
 }
 
@@ -213,7 +228,7 @@ func (s *scanner) peek() byte {
 
 // object walks an object, calling field with the position at each value;
 // field must consume exactly one value.
-func (s *scanner) object(depth int, field func(key []byte, esc bool) error) error {
+func (s *scanner) object(depth int, field func(key []byte) error) error {
 	if depth+1 > maxDepth {
 		return s.errf("exceeded max depth")
 	}
@@ -226,7 +241,7 @@ func (s *scanner) object(depth int, field func(key []byte, esc bool) error) erro
 		if s.peek() != '"' {
 			return s.errf("expected string key")
 		}
-		key, esc, err := s.rawString()
+		key, err := s.str(true)
 		if err != nil {
 			return err
 		}
@@ -235,7 +250,7 @@ func (s *scanner) object(depth int, field func(key []byte, esc bool) error) erro
 		}
 		s.i++
 		s.ws()
-		if err := field(key, esc); err != nil {
+		if err := field(key); err != nil {
 			return err
 		}
 		switch s.peek() {
@@ -281,11 +296,11 @@ func (s *scanner) array(depth int, elem func() error) error {
 func (s *scanner) value(depth int) error {
 	switch s.peek() {
 	case '{':
-		return s.object(depth, func([]byte, bool) error { return s.value(depth + 1) })
+		return s.object(depth, func([]byte) error { return s.value(depth + 1) })
 	case '[':
 		return s.array(depth, func() error { return s.value(depth + 1) })
 	case '"':
-		_, _, err := s.rawString()
+		_, err := s.str(false)
 		return err
 	case 't':
 		return s.literal("true")
@@ -354,17 +369,27 @@ func isHex(c byte) bool {
 	return isDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
 }
 
-// rawString consumes a string and returns its bytes between the quotes and
-// whether they contain escapes.
-func (s *scanner) rawString() ([]byte, bool, error) {
-	s.i++ // opening quote
-	start := s.i
-	esc := false
-	for s.i < len(s.b) {
-		// Fast path over the bulk of a prompt: plain bytes need no checks.
-		b, i := s.b, s.i
-		// Eight bytes at a time while none of them needs attention.
-		for i+8 <= len(b) && !needsAttention(binary.LittleEndian.Uint64(b[i:])) {
+// str consumes a string and returns the bytes between the quotes: a
+// sub-slice of the body, unless decode is set and they hold escapes. Then it
+// returns them decoded, as encoding/json does, except that bytes that are
+// not valid UTF-8 are kept as they are (as where there are no escapes).
+// Decoded text goes to s.text, whose memory a Scanner keeps: a chat prompt
+// has an escaped newline every line, so this is on the path of most
+// requests, and it takes one pass and no allocation.
+func (s *scanner) str(decode bool) ([]byte, error) {
+	b := s.b
+	i := s.i + 1 // past the opening quote
+	start, seg, at := i, i, -1 // at: where this string's decoded text starts in s.text
+	for {
+		// Fast path over the bulk of a prompt: sixteen bytes at a time, then
+		// eight, while none of them needs attention.
+		for ; i+16 <= len(b); i += 16 {
+			p := b[i : i+16]
+			if attention(binary.LittleEndian.Uint64(p))|attention(binary.LittleEndian.Uint64(p[8:])) != 0 {
+				break
+			}
+		}
+		for i+8 <= len(b) && attention(binary.LittleEndian.Uint64(b[i:])) == 0 {
 			i += 8
 		}
 		for i < len(b) {
@@ -374,38 +399,81 @@ func (s *scanner) rawString() ([]byte, bool, error) {
 			i++
 		}
 		s.i = i
-		if s.i >= len(s.b) {
-			break
-		}
-		c := s.b[s.i]
 		switch {
-		case c == '"':
-			raw := s.b[start:s.i]
-			s.i++
-			return raw, esc, nil
-		case c == '\\':
-			esc = true
-			if s.i+1 >= len(s.b) {
-				return nil, false, s.errf("unterminated escape")
+		case i == len(b):
+			return nil, s.errf("unterminated string")
+		case b[i] == '"':
+			s.i = i + 1
+			if at < 0 {
+				return b[start:i], nil
 			}
-			switch s.b[s.i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				s.i += 2
-			case 'u':
-				if s.i+6 > len(s.b) || !isHex(s.b[s.i+2]) || !isHex(s.b[s.i+3]) || !isHex(s.b[s.i+4]) || !isHex(s.b[s.i+5]) {
-					return nil, false, s.errf("invalid \\u escape")
-				}
-				s.i += 6
-			default:
-				return nil, false, s.errf("invalid escape")
-			}
-		case c < 0x20:
-			return nil, false, s.errf("control character in string")
-		default:
-			s.i++
+			s.text = append(s.text, b[seg:i]...)
+			return s.text[at:len(s.text):len(s.text)], nil
+		case b[i] < 0x20:
+			return nil, s.errf("control character in string")
 		}
+		r, n, msg := escape(b[i:])
+		if n == 0 {
+			return nil, s.errf("%s", msg)
+		}
+		if decode {
+			if at < 0 {
+				at = len(s.text)
+			}
+			s.text = append(s.text, b[seg:i]...)
+			if r < utf8.RuneSelf {
+				s.text = append(s.text, byte(r))
+			} else {
+				s.text = utf8.AppendRune(s.text, r)
+			}
+		}
+		i += n
+		seg = i
 	}
-	return nil, false, s.errf("unterminated string")
+}
+
+// escape reads the escape sequence at the start of p (p[0] is a backslash):
+// what it stands for and its length, or a length of 0 and why it is invalid.
+// A \\u escape holding the first half of a UTF-16 pair takes the next escape
+// too when that is the second half; a lone half stands for U+FFFD, and what
+// follows it is read on its own, as in encoding/json.
+func escape(p []byte) (r rune, n int, invalid string) {
+	if len(p) < 2 {
+		return 0, 0, "unterminated escape"
+	}
+	switch c := p[1]; c {
+	case '"', '\\', '/':
+		return rune(c), 2, ""
+	case 'b':
+		return '\b', 2, ""
+	case 'f':
+		return '\f', 2, ""
+	case 'n':
+		return '\n', 2, ""
+	case 'r':
+		return '\r', 2, ""
+	case 't':
+		return '\t', 2, ""
+	case 'u':
+		if !isHex4(p[2:]) {
+			return 0, 0, "invalid \\u escape"
+		}
+		r = hex4(p[2:])
+		if !utf16.IsSurrogate(r) {
+			return r, 6, ""
+		}
+		if len(p) >= 12 && p[6] == '\\' && p[7] == 'u' && isHex4(p[8:]) {
+			if pair := utf16.DecodeRune(r, hex4(p[8:])); pair != unicode.ReplacementChar {
+				return pair, 12, ""
+			}
+		}
+		return unicode.ReplacementChar, 6, ""
+	}
+	return 0, 0, "invalid escape"
+}
+
+func isHex4(p []byte) bool {
+	return len(p) >= 4 && isHex(p[0]) && isHex(p[1]) && isHex(p[2]) && isHex(p[3])
 }
 
 const (
@@ -413,74 +481,20 @@ const (
 	highs = 0x8080808080808080
 )
 
-// needsAttention reports whether any byte of x is a control character, a
-// quote or a backslash (SWAR: a byte's high bit survives only where the
+// attention is non-zero when some byte of x is a control character, a quote
+// or a backslash (SWAR: a byte's high bit survives only where the
 // subtraction borrowed, i.e. where the byte was zero / below the bound).
-func needsAttention(x uint64) bool {
+func attention(x uint64) uint64 {
 	less := (x - ones*0x20) & ^x
 	quote := x ^ (ones * '"')
 	slash := x ^ (ones * '\\')
-	return (less|((quote-ones) & ^quote)|((slash-ones) & ^slash))&highs != 0
+	return (less | ((quote - ones) & ^quote) | ((slash - ones) & ^slash)) & highs
 }
 
-// stringValue consumes a string and returns its unescaped bytes.
-func (s *scanner) stringValue() ([]byte, error) {
-	raw, esc, err := s.rawString()
-	if err != nil || !esc {
-		return raw, err
-	}
-	return unescape(raw), nil
-}
+// stringValue consumes a string and returns its decoded bytes.
+func (s *scanner) stringValue() ([]byte, error) { return s.str(true) }
 
-// unescape decodes the body of a JSON string that rawString accepted, as
-// encoding/json does, except that bytes that are not valid UTF-8 are kept as
-// they are, as in strings without escapes (which are not copied at all).
-// Prompts from files and chats carry an escaped newline every line, so this
-// is on the routing path of most real requests.
-func unescape(raw []byte) []byte {
-	out := make([]byte, 0, len(raw))
-	for {
-		i := bytes.IndexByte(raw, '\\')
-		if i < 0 {
-			return append(out, raw...)
-		}
-		out = append(out, raw[:i]...)
-		c := raw[i+1]
-		raw = raw[i+2:]
-		switch c {
-		case 'b':
-			out = append(out, '\b')
-		case 'f':
-			out = append(out, '\f')
-		case 'n':
-			out = append(out, '\n')
-		case 'r':
-			out = append(out, '\r')
-		case 't':
-			out = append(out, '\t')
-		case 'u':
-			r := hex4(raw)
-			raw = raw[4:]
-			if utf16.IsSurrogate(r) {
-				// A pair is one rune; a lone half is U+FFFD, and whatever
-				// follows it is decoded on its own.
-				if len(raw) >= 6 && raw[0] == '\\' && raw[1] == 'u' {
-					if pair := utf16.DecodeRune(r, hex4(raw[2:])); pair != unicode.ReplacementChar {
-						out = utf8.AppendRune(out, pair)
-						raw = raw[6:]
-						continue
-					}
-				}
-				r = unicode.ReplacementChar
-			}
-			out = utf8.AppendRune(out, r)
-		default: // '"', '\\', '/'
-			out = append(out, c)
-		}
-	}
-}
-
-// hex4 decodes four hex digits that rawString validated.
+// hex4 decodes four hex digits that isHex4 accepted.
 func hex4(p []byte) rune {
 	var r rune
 	for _, c := range p[:4] {
@@ -544,11 +558,8 @@ func (s *scanner) messages(dst []Message) ([]Message, error) {
 			return s.typeErr("messages[]", "an object")
 		}
 		var m Message
-		err := s.object(2, func(key []byte, esc bool) error {
+		err := s.object(2, func(key []byte) error {
 			k := string(key)
-			if esc {
-				k = string(unescape(key))
-			}
 			switch k {
 			case "role":
 				v, err := s.stringField("role")

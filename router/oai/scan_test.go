@@ -191,8 +191,9 @@ func BenchmarkScan16k(b *testing.B) {
 			body := []byte(`{"model":"m","stream":true,"messages":[{"role":"system","content":"` +
 				strings.Repeat(bc.line, 16800/len(bc.line)) + `"},{"role":"user","content":"q"}]}`)
 			b.SetBytes(int64(len(body)))
+			var sc Scanner // as the router does: memory reused
 			for b.Loop() {
-				if _, err := Scan(body); err != nil {
+				if _, err := sc.Scan(body); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -200,20 +201,20 @@ func BenchmarkScan16k(b *testing.B) {
 	}
 }
 
-func TestNeedsAttention(t *testing.T) {
+func TestAttention(t *testing.T) {
 	for pos := range 8 {
 		for c := range 256 {
 			word := []byte("aaaaaaaa")
 			word[pos] = byte(c)
 			want := c < 0x20 || c == '"' || c == '\\'
-			if got := needsAttention(binary.LittleEndian.Uint64(word)); got != want {
+			if got := attention(binary.LittleEndian.Uint64(word)) != 0; got != want {
 				t.Fatalf("byte %#x at %d: got %v, want %v", c, pos, got, want)
 			}
 		}
 	}
 }
 
-func TestUnescape(t *testing.T) {
+func TestStringDecodes(t *testing.T) {
 	for _, tc := range []struct{ raw, want string }{
 		{`plain`, "plain"},
 		{`a\nb\tc\rd\be\ff`, "a\nb\tc\rd\be\ff"},
@@ -227,17 +228,18 @@ func TestUnescape(t *testing.T) {
 		{"caf\xc3\xa9\\n", "café\n"},
 	} {
 		s := scanner{b: []byte(`"` + tc.raw + `"`)}
-		raw, esc, err := s.rawString()
-		if err != nil || esc != (tc.raw != tc.want) {
-			t.Fatalf("rawString(%q): escapes %v, %v", tc.raw, esc, err)
+		got, err := s.str(true)
+		if err != nil || string(got) != tc.want {
+			t.Errorf("str(%q) = %q, %v; want %q", tc.raw, got, err, tc.want)
 		}
-		if got := string(unescape(raw)); got != tc.want {
-			t.Errorf("unescape(%q) = %q, want %q", tc.raw, got, tc.want)
+		s = scanner{b: []byte(`"` + tc.raw + `"`)}
+		if raw, err := s.str(false); err != nil || string(raw) != tc.raw {
+			t.Errorf("str(%q) undecoded = %q, %v", tc.raw, raw, err)
 		}
 	}
 }
 
-// FuzzString checks rawString and unescape against encoding/json on every
+// FuzzString checks the string scanner against encoding/json on every
 // string body: the same ones accepted, the same text decoded.
 func FuzzString(f *testing.F) {
 	f.Add(`a\nb`)
@@ -247,7 +249,7 @@ func FuzzString(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body string) {
 		quoted := []byte(`"` + body + `"`)
 		s := scanner{b: quoted}
-		raw, esc, err := s.rawString()
+		got, err := s.str(true)
 		valid := json.Valid(quoted)
 		if err != nil || s.i != len(quoted) {
 			if valid {
@@ -259,15 +261,41 @@ func FuzzString(f *testing.F) {
 		if err := json.Unmarshal(quoted, &want); err != nil {
 			t.Fatalf("accepted %q, encoding/json did not: %v", quoted, err)
 		}
-		if string(raw) != body {
-			t.Fatalf("rawString(%q) = %q", quoted, raw)
-		}
-		got := raw
-		if esc {
-			got = unescape(raw)
-		}
 		if utf8.Valid(quoted) && string(got) != want {
-			t.Fatalf("unescape(%q) = %q, want %q", raw, got, want)
+			t.Fatalf("str(%q) = %q, want %q", quoted, got, want)
+		}
+		s = scanner{b: quoted}
+		if raw, err := s.str(false); err != nil || string(raw) != body {
+			t.Fatalf("str(%q) undecoded = %q, %v", quoted, raw, err)
 		}
 	})
+}
+
+// TestScannerReuse: a Scanner's second Scan is as right as its first, and
+// decoding escapes costs no allocation once its memory has grown.
+func TestScannerReuse(t *testing.T) {
+	chat := func(content string) []byte {
+		b, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{
+			{"role": "system", "content": "be brief"}, {"role": "user", "content": content}}})
+		return b
+	}
+	lines := strings.Repeat("a line of \"code\"\n", 500)
+	var sc Scanner
+	for _, content := range []string{lines, "plain", lines + "é\t"} {
+		req, err := sc.Scan(chat(content))
+		if err != nil || len(req.Messages) != 2 || string(req.Messages[1].Content) != content || string(req.Messages[0].Content) != "be brief" {
+			t.Fatalf("scan of %.20q: %v, %+v", content, err, req.Messages)
+		}
+	}
+	escaped, plain := chat(lines), chat(strings.Repeat("a line of code. ", 500))
+	allocs := func(body []byte) float64 {
+		return testing.AllocsPerRun(50, func() {
+			if _, err := sc.Scan(body); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	if e, p := allocs(escaped), allocs(plain); e > p {
+		t.Fatalf("decoding escapes allocates: %v allocations per scan, %v without escapes", e, p)
+	}
 }
