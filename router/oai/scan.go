@@ -189,7 +189,7 @@ func (sc *Scanner) Scan(body []byte) (Request, error) {
 type scanner struct {
 	b    []byte
 	i    int
-	text []byte // where decoded strings go
+	text []byte      // where decoded strings go
 	ferr *FieldError // first field of the wrong type; reported only if the JSON is valid
 }
 
@@ -378,7 +378,7 @@ func isHex(c byte) bool {
 // requests, and it takes one pass and no allocation.
 func (s *scanner) str(decode bool) ([]byte, error) {
 	b := s.b
-	i := s.i + 1 // past the opening quote
+	i := s.i + 1               // past the opening quote
 	start, seg, at := i, i, -1 // at: where this string's decoded text starts in s.text
 	for {
 		// Fast path over the bulk of a prompt: sixteen bytes at a time, then
