@@ -23,10 +23,16 @@ func BenchmarkRoute64x16k(b *testing.B) {
 		b.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
+	// Lines of letters, as documents and code come: each line ends in an
+	// escaped newline the scanner must decode.
 	letters := func(n int) string {
-		s := make([]byte, n)
-		for i := range s {
-			s[i] = byte('a' + rng.IntN(26))
+		s := make([]byte, 0, n)
+		for len(s) < n {
+			if len(s)%70 >= 68 {
+				s = append(s, `\n`...)
+				continue
+			}
+			s = append(s, byte('a'+rng.IntN(26)))
 		}
 		return string(s)
 	}

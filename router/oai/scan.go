@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"unicode"
 	"unicode/utf16"
@@ -381,23 +382,7 @@ func (s *scanner) str(decode bool) ([]byte, error) {
 	i := s.i + 1               // past the opening quote
 	start, seg, at := i, i, -1 // at: where this string's decoded text starts in s.text
 	for {
-		// Fast path over the bulk of a prompt: sixteen bytes at a time, then
-		// eight, while none of them needs attention.
-		for ; i+16 <= len(b); i += 16 {
-			p := b[i : i+16]
-			if attention(binary.LittleEndian.Uint64(p))|attention(binary.LittleEndian.Uint64(p[8:])) != 0 {
-				break
-			}
-		}
-		for i+8 <= len(b) && attention(binary.LittleEndian.Uint64(b[i:])) == 0 {
-			i += 8
-		}
-		for i < len(b) {
-			if c := b[i]; c < 0x20 || c == '"' || c == '\\' {
-				break
-			}
-			i++
-		}
+		i = nextSpecial(b, i)
 		s.i = i
 		switch {
 		case i == len(b):
@@ -480,6 +465,35 @@ const (
 	ones  = 0x0101010101010101
 	highs = 0x8080808080808080
 )
+
+// nextSpecial returns the index of the first control character, quote or
+// backslash in b at or after i, or len(b). The bulk of a prompt needs no
+// attention, so it goes sixteen bytes at a time; in a word that needs it,
+// the lowest flagged byte is the first special one (a borrow only runs
+// upwards, from a byte that is itself special).
+func nextSpecial(b []byte, i int) int {
+	for ; i+16 <= len(b); i += 16 {
+		p := b[i : i+16]
+		if m := attention(binary.LittleEndian.Uint64(p)); m != 0 {
+			return i + bits.TrailingZeros64(m)/8
+		}
+		if m := attention(binary.LittleEndian.Uint64(p[8:])); m != 0 {
+			return i + 8 + bits.TrailingZeros64(m)/8
+		}
+	}
+	if i+8 <= len(b) {
+		if m := attention(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+			return i + bits.TrailingZeros64(m)/8
+		}
+		i += 8
+	}
+	for ; i < len(b); i++ {
+		if c := b[i]; c < 0x20 || c == '"' || c == '\\' {
+			break
+		}
+	}
+	return i
+}
 
 // attention is non-zero when some byte of x is a control character, a quote
 // or a backslash (SWAR: a byte's high bit survives only where the

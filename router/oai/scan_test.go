@@ -2,7 +2,6 @@ package oai
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"os"
@@ -201,14 +200,30 @@ func BenchmarkScan16k(b *testing.B) {
 	}
 }
 
-func TestAttention(t *testing.T) {
-	for pos := range 8 {
-		for c := range 256 {
-			word := []byte("aaaaaaaa")
-			word[pos] = byte(c)
-			want := c < 0x20 || c == '"' || c == '\\'
-			if got := attention(binary.LittleEndian.Uint64(word)) != 0; got != want {
-				t.Fatalf("byte %#x at %d: got %v, want %v", c, pos, got, want)
+func TestNextSpecial(t *testing.T) {
+	for n := range 40 {
+		for at := range n {
+			for c := range 256 {
+				b := bytes.Repeat([]byte{'a'}, n)
+				for k := at + 1; k < n; k++ {
+					b[k] = byte(k * 37) // anything may follow, specials too
+				}
+				b[at] = byte(c)
+				want := n
+				for k := at; k < n; k++ {
+					if b[k] < 0x20 || b[k] == '"' || b[k] == '\\' {
+						want = k
+						break
+					}
+				}
+				if got := nextSpecial(b, 0); got != want {
+					t.Fatalf("%q: got %d, want %d", b, got, want)
+				}
+				if n > 1 && c == '"' {
+					if got := nextSpecial(b, at+1); got <= at {
+						t.Fatalf("%q from %d: got %d", b, at+1, got)
+					}
+				}
 			}
 		}
 	}

@@ -49,6 +49,13 @@ type chain struct {
 
 func (c *chain) write(p []byte) {
 	for len(p) > 0 && len(c.out) < c.max {
+		if c.filled == 0 && len(p) >= c.size {
+			// A whole block in one piece, as most are: one call, no
+			// streaming state (the same hash as through the digest).
+			c.link(xxhash.Sum64(p[:c.size]))
+			p = p[c.size:]
+			continue
+		}
 		n := min(c.size-c.filled, len(p))
 		_, _ = c.d.Write(p[:n])
 		c.filled += n
@@ -60,10 +67,15 @@ func (c *chain) write(p []byte) {
 }
 
 func (c *chain) emit() {
-	c.prev = c.h.Key.Sum2(c.prev, c.d.Sum64())
-	c.out = append(c.out, c.prev)
+	c.link(c.d.Sum64())
 	c.d.Reset()
 	c.filled = 0
+}
+
+// link appends the next chained hash, of the block whose own hash is h.
+func (c *chain) link(h uint64) {
+	c.prev = c.h.Key.Sum2(c.prev, h)
+	c.out = append(c.out, c.prev)
 }
 
 // Blocks appends to dst the chained hashes of the request's full blocks and,

@@ -2,8 +2,11 @@ package prefix
 
 import (
 	"encoding/binary"
+	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/warmfleet/warmfleet/router/oai"
 )
@@ -92,6 +95,36 @@ func TestBlocks(t *testing.T) {
 	h.MaxBlocks = 2
 	if p, _ := h.Blocks(nil, "m", &oai.Request{HasPrompt: true, Prompt: []byte(doc)}, ""); len(p) != 2 {
 		t.Fatalf("max blocks: %d", len(p))
+	}
+}
+
+// TestBlocksSplitAnywhere: a block's hash is that of its bytes, whether
+// they come in one piece (hashed in one call) or across message boundaries
+// (through the streaming digest).
+func TestBlocksSplitAnywhere(t *testing.T) {
+	h := Hasher{Key: KeyFromBytes([]byte("k")), BlockChars: 64}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200 {
+		req := &oai.Request{HasMessages: true}
+		var stream []byte
+		for range 1 + rng.IntN(5) {
+			content := make([]byte, rng.IntN(300))
+			for i := range content {
+				content[i] = byte('a' + rng.IntN(26))
+			}
+			req.Messages = append(req.Messages, oai.Message{Role: "user", Content: content})
+			stream = append(append(stream, "\x1euser\x1f"...), content...)
+		}
+		got, full := h.Blocks(nil, "m", req, "")
+		prev := h.Key.Sum2(0x5eed, xxhash.Sum64String("m\x00salt:\x00session:"))
+		var want []uint64
+		for i := 0; i < len(stream); i += 64 {
+			prev = h.Key.Sum2(prev, xxhash.Sum64(stream[i:min(i+64, len(stream))]))
+			want = append(want, prev)
+		}
+		if full != len(stream)/64 || len(got) != len(want) || sharedLeading(got, want) != len(want) {
+			t.Fatalf("%d-byte stream: %d blocks (%d full), %d agree with the reference's %d", len(stream), len(got), full, sharedLeading(got, want), len(want))
+		}
 	}
 }
 
