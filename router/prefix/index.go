@@ -12,6 +12,7 @@ func (s *Set) add(i int)      { s[i>>6] |= 1 << (i & 63) }
 func (s *Set) remove(i int)   { s[i>>6] &^= 1 << (i & 63) }
 func (s *Set) Has(i int) bool { return s[i>>6]&(1<<(i&63)) != 0 }
 func (s *Set) and(o *Set)     { s[0] &= o[0]; s[1] &= o[1]; s[2] &= o[2]; s[3] &= o[3] }
+func (s *Set) andNot(o *Set)  { s[0] &^= o[0]; s[1] &^= o[1]; s[2] &^= o[2]; s[3] &^= o[3] }
 func (s *Set) empty() bool    { return s[0]|s[1]|s[2]|s[3] == 0 }
 func (s *Set) Count() int {
 	return bits.OnesCount64(s[0]) + bits.OnesCount64(s[1]) + bits.OnesCount64(s[2]) + bits.OnesCount64(s[3])
@@ -256,20 +257,22 @@ func (x *Index) Match(blocks []uint64, depth []int) (deepest, common int) {
 	var alive Set
 	tracked := x.tracked
 	commonOpen := !tracked.empty()
+	// A slot's depth is written once, when it drops out of the walk (or at
+	// the end), not at every block: the leading blocks of a shared prompt
+	// are held by most slots.
 	for i, h := range blocks {
 		s, ok := x.holders[h]
-		if !ok {
-			break
-		}
 		if i == 0 {
 			alive = s
 		} else {
+			dropped := alive
 			alive.and(&s)
+			dropped.andNot(&alive)
+			dropped.each(func(slot int) { depth[slot] = i })
 		}
-		if alive.empty() {
-			break
+		if !ok || alive.empty() {
+			return deepest, common
 		}
-		alive.each(func(slot int) { depth[slot] = i + 1 })
 		deepest = i + 1
 		if commonOpen {
 			t := tracked
@@ -281,6 +284,7 @@ func (x *Index) Match(blocks []uint64, depth []int) (deepest, common int) {
 			}
 		}
 	}
+	alive.each(func(slot int) { depth[slot] = deepest })
 	return deepest, common
 }
 

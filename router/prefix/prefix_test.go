@@ -128,6 +128,53 @@ func TestBlocksSplitAnywhere(t *testing.T) {
 	}
 }
 
+// TestMatchAgainstHolders: each slot's depth is the run of leading blocks it
+// holds, deepest the longest run and common the shortest over tracked slots,
+// on random chains across slots with small capacities (so some are evicted).
+func TestMatchAgainstHolders(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 300 {
+		x := NewIndex()
+		slots := 1 + rng.IntN(70)
+		for s := range slots {
+			x.SetSlot(s, 4+rng.IntN(40))
+		}
+		chain := func() []uint64 {
+			c := make([]uint64, 1+rng.IntN(12))
+			for i := range c {
+				c[i] = uint64(i)<<8 | uint64(rng.IntN(3)) // few variants per position: runs share
+				if i > 0 {
+					c[i] = c[i]*31 + c[i-1]
+				}
+			}
+			return c
+		}
+		for range 20 {
+			x.Insert(rng.IntN(slots), chain())
+		}
+		q := chain()
+		depth := make([]int, MaxSlots)
+		deepest, common := x.Match(q, depth)
+		wantDeepest, wantCommon := 0, len(q)
+		for s := range slots {
+			run := 0
+			for run < len(q) {
+				if h := x.holders[q[run]]; !h.Has(s) {
+					break
+				}
+				run++
+			}
+			if depth[s] != run {
+				t.Fatalf("slot %d: depth %d, holds a run of %d", s, depth[s], run)
+			}
+			wantDeepest, wantCommon = max(wantDeepest, run), min(wantCommon, run)
+		}
+		if deepest != wantDeepest || common != wantCommon {
+			t.Fatalf("deepest %d common %d, want %d and %d", deepest, common, wantDeepest, wantCommon)
+		}
+	}
+}
+
 func TestIndex(t *testing.T) {
 	x := NewIndex()
 	x.SetSlot(0, 4)
@@ -261,5 +308,23 @@ func TestIndexHeatOff(t *testing.T) {
 	x.SetHeat(8)
 	if got := x.Hot([]uint64{1, 2}, 4, 1); got != 0 {
 		t.Fatalf("after off and on again: Hot = %d, want 0", got)
+	}
+}
+
+// BenchmarkMatchShared: 64 backends all hold a 64-block prompt (a system
+// prompt every backend has seen), the worst case for the walk.
+func BenchmarkMatchShared(b *testing.B) {
+	x := NewIndex()
+	chain := make([]uint64, 64)
+	for i := range chain {
+		chain[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	for s := range 64 {
+		x.SetSlot(s, 4096)
+		x.Insert(s, chain)
+	}
+	depth := make([]int, MaxSlots)
+	for b.Loop() {
+		x.Match(chain, depth)
 	}
 }
