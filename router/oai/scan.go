@@ -397,9 +397,15 @@ func (s *scanner) str(decode bool) ([]byte, error) {
 		case b[i] < 0x20:
 			return nil, s.errf("control character in string")
 		}
-		r, n, msg := escape(b[i:])
-		if n == 0 {
-			return nil, s.errf("%s", msg)
+		var r rune
+		n := 2
+		if i+1 < len(b) && simpleEscapes[b[i+1]] != 0 {
+			r = rune(simpleEscapes[b[i+1]]) // \n, \", \\ ...: most escapes, decoded inline
+		} else {
+			var msg string
+			if r, n, msg = escape(b[i:]); n == 0 {
+				return nil, s.errf("%s", msg)
+			}
 		}
 		if decode {
 			if at < 0 {
@@ -417,6 +423,10 @@ func (s *scanner) str(decode bool) ([]byte, error) {
 	}
 }
 
+// simpleEscapes maps the letter after a backslash to the byte it stands
+// for, for the two-byte escapes (0: not one).
+var simpleEscapes = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
+
 // escape reads the escape sequence at the start of p (p[0] is a backslash):
 // what it stands for and its length, or a length of 0 and why it is invalid.
 // A \\u escape holding the first half of a UTF-16 pair takes the next escape
@@ -426,35 +436,25 @@ func escape(p []byte) (r rune, n int, invalid string) {
 	if len(p) < 2 {
 		return 0, 0, "unterminated escape"
 	}
-	switch c := p[1]; c {
-	case '"', '\\', '/':
+	if c := simpleEscapes[p[1]]; c != 0 {
 		return rune(c), 2, ""
-	case 'b':
-		return '\b', 2, ""
-	case 'f':
-		return '\f', 2, ""
-	case 'n':
-		return '\n', 2, ""
-	case 'r':
-		return '\r', 2, ""
-	case 't':
-		return '\t', 2, ""
-	case 'u':
-		if !isHex4(p[2:]) {
-			return 0, 0, "invalid \\u escape"
-		}
-		r = hex4(p[2:])
-		if !utf16.IsSurrogate(r) {
-			return r, 6, ""
-		}
-		if len(p) >= 12 && p[6] == '\\' && p[7] == 'u' && isHex4(p[8:]) {
-			if pair := utf16.DecodeRune(r, hex4(p[8:])); pair != unicode.ReplacementChar {
-				return pair, 12, ""
-			}
-		}
-		return unicode.ReplacementChar, 6, ""
 	}
-	return 0, 0, "invalid escape"
+	if p[1] != 'u' {
+		return 0, 0, "invalid escape"
+	}
+	if !isHex4(p[2:]) {
+		return 0, 0, "invalid \\u escape"
+	}
+	r = hex4(p[2:])
+	if !utf16.IsSurrogate(r) {
+		return r, 6, ""
+	}
+	if len(p) >= 12 && p[6] == '\\' && p[7] == 'u' && isHex4(p[8:]) {
+		if pair := utf16.DecodeRune(r, hex4(p[8:])); pair != unicode.ReplacementChar {
+			return pair, 12, ""
+		}
+	}
+	return unicode.ReplacementChar, 6, ""
 }
 
 func isHex4(p []byte) bool {
