@@ -3,9 +3,10 @@
 // the whole body into Go values, and writes OpenAI-style JSON errors.
 //
 // The scanner validates the entire body as JSON (so a malformed body is
-// rejected before it reaches a backend) but keeps the prompt as a sub-slice of
-// the body whenever it holds no escape sequences, so a 1 MB prompt costs one
-// pass over the bytes and no copy.
+// rejected before it reaches a backend) in one pass. It keeps the prompt as a
+// sub-slice of the body when it holds no escape sequences, and otherwise
+// decodes it in that same pass into memory a Scanner reuses, so a prompt
+// costs no allocation either way.
 package oai
 
 import (
