@@ -24,11 +24,18 @@ import (
 )
 
 type harness struct {
-	rt  *Router
-	srv *httptest.Server
-	reg *prometheus.Registry
-	src *StaticSource
+	rt       *Router
+	srv      *httptest.Server
+	reg      *prometheus.Registry
+	src      *StaticSource
+	handling sync.WaitGroup // requests the router is still handling
 }
+
+// settle waits until the router has finished every request a client has
+// seen the answer to: it records a request's duration and time to first
+// byte as its handler returns, which can be after the client has read the
+// whole answer.
+func (h *harness) settle() { h.handling.Wait() }
 
 func newHarness(t *testing.T, cfg Config, opts Options, urls ...string) *harness {
 	t.Helper()
@@ -47,9 +54,14 @@ func newHarness(t *testing.T, cfg Config, opts Options, urls ...string) *harness
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = rt.Run(ctx); close(done) }()
-	srv := httptest.NewServer(rt)
-	t.Cleanup(func() { srv.Close(); cancel(); <-done })
-	return &harness{rt: rt, srv: srv, reg: reg, src: src}
+	h := &harness{rt: rt, reg: reg, src: src}
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.handling.Add(1)
+		defer h.handling.Done()
+		rt.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { h.srv.Close(); cancel(); <-done })
+	return h
 }
 
 func post(t *testing.T, url, body string, hdr ...string) *http.Response {
@@ -435,6 +447,7 @@ func TestStrategySwitchAndAdmin(t *testing.T) {
 	for _, m := range []string{"m1", "m2"} {
 		post(t, h.srv.URL+"/v1/completions", `{"model":"`+m+`","prompt":"hello"}`).Body.Close()
 	}
+	h.settle()
 	if testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("least-outstanding", "least")) != 1 ||
 		testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "cold")) != 1 {
 		t.Fatal("per-model strategy not applied")
