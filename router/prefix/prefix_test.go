@@ -175,6 +175,40 @@ func TestMatchAgainstHolders(t *testing.T) {
 	}
 }
 
+// TestIndexKeepsHotPrefix: a prefix every other request carries stays held
+// however many one-off prompts pass through, though a touch only moves a
+// block that has drifted a quarter of the cache from the front; the one-offs
+// go oldest first.
+func TestIndexKeepsHotPrefix(t *testing.T) {
+	x := NewIndex()
+	x.SetSlot(0, 64)
+	depth := make([]int, MaxSlots)
+	held := func(c []uint64) int {
+		clear(depth)
+		x.Match(c, depth)
+		return depth[0]
+	}
+	hot := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+	var last, before []uint64
+	for round := range 200 {
+		x.Insert(0, hot)
+		before, last = last, nil
+		for i := range 8 {
+			last = append(last, uint64(1000+round*8+i))
+		}
+		x.Insert(0, last)
+		if got := held(hot); got != len(hot) {
+			t.Fatalf("round %d: hot prefix down to %d blocks", round, got)
+		}
+		if x.Len(0) > 64 || held(last) != len(last) || (before != nil && held(before) != len(before)) {
+			t.Fatalf("round %d: %d held; the last two one-offs keep %d and %d blocks", round, x.Len(0), held(last), held(before))
+		}
+	}
+	if held([]uint64{1000}) != 0 {
+		t.Fatal("the oldest one-off is still held")
+	}
+}
+
 func TestIndex(t *testing.T) {
 	x := NewIndex()
 	x.SetSlot(0, 4)
@@ -326,5 +360,24 @@ func BenchmarkMatchShared(b *testing.B) {
 	depth := make([]int, MaxSlots)
 	for b.Loop() {
 		x.Match(chain, depth)
+	}
+}
+
+// BenchmarkInsertHot: a backend's cache holds 64 prompts of 64 blocks and
+// requests repeat them, so each Insert only touches blocks it holds.
+func BenchmarkInsertHot(b *testing.B) {
+	x := NewIndex()
+	x.SetSlot(0, 4096)
+	chains := make([][]uint64, 64)
+	for c := range chains {
+		for i := range 64 {
+			chains[c] = append(chains[c], uint64(c)<<32|uint64(i)*0x9e3779b97f4a7c15)
+		}
+		x.Insert(0, chains[c])
+	}
+	i := 0
+	for b.Loop() {
+		x.Insert(0, chains[i%len(chains)])
+		i++
 	}
 }
