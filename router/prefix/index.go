@@ -28,7 +28,8 @@ func (s *Set) each(f func(i int)) {
 }
 
 // Index approximates which backend (slot) holds which block hashes: one LRU
-// per slot with a capacity mirroring that backend's KV cache, and a shared
+// per slot with a capacity mirroring that backend's KV cache (exact but for
+// the order of blocks within the most recent quarter), and a shared
 // map from hash to the set of slots holding it, so a match costs one map
 // lookup per leading block no matter how many backends there are.
 // It is not safe for concurrent use.
