@@ -404,7 +404,7 @@ func (s *scanner) str(decode bool) ([]byte, error) {
 			r = rune(simpleEscapes[b[i+1]]) // \n, \", \\ ...: most escapes, decoded inline
 		} else {
 			var msg string
-			if r, n, msg = escape(b[i:]); n == 0 {
+			if r, n, msg = unicodeEscape(b[i:]); n == 0 {
 				return nil, s.errf("%s", msg)
 			}
 		}
@@ -428,17 +428,15 @@ func (s *scanner) str(decode bool) ([]byte, error) {
 // for, for the two-byte escapes (0: not one).
 var simpleEscapes = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
-// escape reads the escape sequence at the start of p (p[0] is a backslash):
-// what it stands for and its length, or a length of 0 and why it is invalid.
-// A \\u escape holding the first half of a UTF-16 pair takes the next escape
+// unicodeEscape reads the escape sequence at the start of p (p[0] is a
+// backslash) that is not one of the simpleEscapes: what a \\u escape stands
+// for and its length, or a length of 0 and why the sequence is invalid. A
+// \\u escape holding the first half of a UTF-16 pair takes the next escape
 // too when that is the second half; a lone half stands for U+FFFD, and what
 // follows it is read on its own, as in encoding/json.
-func escape(p []byte) (r rune, n int, invalid string) {
+func unicodeEscape(p []byte) (r rune, n int, invalid string) {
 	if len(p) < 2 {
 		return 0, 0, "unterminated escape"
-	}
-	if c := simpleEscapes[p[1]]; c != 0 {
-		return rune(c), 2, ""
 	}
 	if p[1] != 'u' {
 		return 0, 0, "invalid escape"
