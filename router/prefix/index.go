@@ -14,6 +14,19 @@ func (s *Set) Has(i int) bool { return s[i>>6]&(1<<(i&63)) != 0 }
 func (s *Set) and(o *Set)     { s[0] &= o[0]; s[1] &= o[1]; s[2] &= o[2]; s[3] &= o[3] }
 func (s *Set) andNot(o *Set)  { s[0] &^= o[0]; s[1] &^= o[1]; s[2] &^= o[2]; s[3] &^= o[3] }
 func (s *Set) empty() bool    { return s[0]|s[1]|s[2]|s[3] == 0 }
+
+// single reports whether the set has exactly one member.
+func (s *Set) single() bool { return s.Count() == 1 }
+
+// first returns the lowest member of a non-empty set.
+func (s *Set) first() int {
+	for w, word := range s {
+		if word != 0 {
+			return w*64 + bits.TrailingZeros64(word)
+		}
+	}
+	return -1
+}
 func (s *Set) Count() int {
 	return bits.OnesCount64(s[0]) + bits.OnesCount64(s[1]) + bits.OnesCount64(s[2]) + bits.OnesCount64(s[3])
 }
@@ -263,7 +276,7 @@ func (x *Index) Insert(slot int, blocks []uint64) {
 // (depth must have MaxSlots entries; slots not touched are left as they
 // are, so callers zero it first) and returns the deepest match and the
 // depth every tracked slot holds (the common prefix). The walk stops at the
-// first block no slot holds.
+// first block no slot holds; once one slot is left, it gallops.
 func (x *Index) Match(blocks []uint64, depth []int) (deepest, common int) {
 	var alive Set
 	tracked := x.tracked
@@ -273,6 +286,7 @@ func (x *Index) Match(blocks []uint64, depth []int) (deepest, common int) {
 	// are held by most slots.
 	for i, h := range blocks {
 		s, ok := x.holders[h]
+		narrowed := i == 0
 		if i == 0 {
 			alive = s
 		} else {
@@ -280,6 +294,7 @@ func (x *Index) Match(blocks []uint64, depth []int) (deepest, common int) {
 			alive.and(&s)
 			dropped.andNot(&alive)
 			dropped.each(func(slot int) { depth[slot] = i })
+			narrowed = !dropped.empty()
 		}
 		if !ok || alive.empty() {
 			return deepest, common
@@ -294,9 +309,45 @@ func (x *Index) Match(blocks []uint64, depth []int) (deepest, common int) {
 				commonOpen = false
 			}
 		}
+		if narrowed && alive.single() {
+			slot := alive.first()
+			// One slot left: find where its run ends by galloping rather
+			// than looking up every block. A slot that holds a block holds
+			// the ones before it: every request carrying a block carries
+			// them, and Insert touches them after it.
+			deepest = i + 1 + x.run(slot, blocks[i+1:])
+			depth[slot] = deepest
+			if commonOpen {
+				common = deepest
+			}
+			return deepest, common
+		}
 	}
 	alive.each(func(slot int) { depth[slot] = deepest })
 	return deepest, common
+}
+
+// run returns how many leading blocks slot holds, in O(log n) lookups.
+func (x *Index) run(slot int, blocks []uint64) int {
+	holds := func(k int) bool { // the first k blocks
+		s := x.holders[blocks[k-1]]
+		return s.Has(slot)
+	}
+	lo, step := 0, 1 // lo blocks are held
+	for lo+step <= len(blocks) && holds(lo+step) {
+		lo += step
+		step *= 2
+	}
+	hi := min(lo+step, len(blocks)+1) // not held, or past the end
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		if holds(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
 }
 
 // Len returns how many blocks slot holds.

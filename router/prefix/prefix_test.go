@@ -139,13 +139,17 @@ func TestMatchAgainstHolders(t *testing.T) {
 		for s := range slots {
 			x.SetSlot(s, 4+rng.IntN(40))
 		}
+		// Chained like real block hashes (each covers all before it), with
+		// few variants per position so that runs share.
 		chain := func() []uint64 {
 			c := make([]uint64, 1+rng.IntN(12))
+			var prev uint64
 			for i := range c {
-				c[i] = uint64(i)<<8 | uint64(rng.IntN(3)) // few variants per position: runs share
-				if i > 0 {
-					c[i] = c[i]*31 + c[i-1]
-				}
+				var link [16]byte
+				binary.LittleEndian.PutUint64(link[:], prev)
+				binary.LittleEndian.PutUint64(link[8:], uint64(rng.IntN(3)))
+				prev = xxhash.Sum64(link[:])
+				c[i] = prev
 			}
 			return c
 		}
@@ -378,6 +382,30 @@ func BenchmarkInsertHot(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		x.Insert(0, chains[i%len(chains)])
+		i++
+	}
+}
+
+// BenchmarkMatchOne: 64 backends hold 8 prompts of 64 blocks each, and the
+// prompt matched is held by one of them, as a document or a session is.
+func BenchmarkMatchOne(b *testing.B) {
+	x := NewIndex()
+	var chains [][]uint64
+	for s := range 64 {
+		x.SetSlot(s, 4096)
+		for c := range 8 {
+			chain := make([]uint64, 64)
+			for i := range chain {
+				chain[i] = uint64(s*8+c)<<32 | uint64(i)*0x9e3779b97f4a7c15
+			}
+			x.Insert(s, chain)
+			chains = append(chains, chain)
+		}
+	}
+	depth := make([]int, MaxSlots)
+	i := 0
+	for b.Loop() {
+		x.Match(chains[i%len(chains)], depth)
 		i++
 	}
 }
