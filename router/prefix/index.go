@@ -314,7 +314,10 @@ func (x *Index) Match(blocks []uint64, depth []int) (deepest, common int) {
 			// One slot left: find where its run ends by galloping rather
 			// than looking up every block. A slot that holds a block holds
 			// the ones before it: every request carrying a block carries
-			// them, and Insert touches them after it.
+			// them, and Insert touches them after it. (Not quite always:
+			// an earlier block Insert left in place can reach the LRU's
+			// tail shortly before a later one, and the run then looks a
+			// few blocks longer than it is until that one goes too.)
 			deepest = i + 1 + x.run(slot, blocks[i+1:])
 			depth[slot] = deepest
 			if commonOpen {
