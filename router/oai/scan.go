@@ -87,9 +87,8 @@ type Scanner struct {
 // Scan is Scan, reusing sc's memory.
 func (sc *Scanner) Scan(body []byte) (Request, error) {
 	req := Request{MaxTokens: -1, Messages: sc.msgs[:0]}
-	defer func() { sc.msgs = req.Messages[:0] }()
 	s := scanner{b: body, text: sc.text[:0]}
-	defer func() { sc.text = s.text[:0] }()
+	defer func() { sc.msgs, sc.text = req.Messages[:0], s.text[:0] }()
 	s.ws()
 	if s.i >= len(s.b) || s.b[s.i] != '{' {
 		if s.i >= len(s.b) {
@@ -150,7 +149,7 @@ func (sc *Scanner) Scan(body []byte) (Request, error) {
 		case "prompt":
 			req.HasPrompt = true
 			if s.peek() == '"' {
-				v, err := s.stringValue()
+				v, err := s.str(true)
 				req.Prompt = v
 				return err
 			}
@@ -504,9 +503,6 @@ func attention(x uint64) uint64 {
 	return (less | ((quote - ones) & ^quote) | ((slash - ones) & ^slash)) & highs
 }
 
-// stringValue consumes a string and returns its decoded bytes.
-func (s *scanner) stringValue() ([]byte, error) { return s.str(true) }
-
 // hex4 decodes four hex digits that isHex4 accepted.
 func hex4(p []byte) rune {
 	var r rune
@@ -531,7 +527,7 @@ func (s *scanner) stringField(name string) ([]byte, error) {
 		}
 		return nil, s.typeErr(name, "a string")
 	}
-	return s.stringValue()
+	return s.str(true)
 }
 
 func (s *scanner) intField(name string) (int, error) {
@@ -580,7 +576,7 @@ func (s *scanner) messages(dst []Message) ([]Message, error) {
 				return err
 			case "content":
 				if s.peek() == '"' {
-					v, err := s.stringValue()
+					v, err := s.str(true)
 					m.Content = v
 					return err
 				}
