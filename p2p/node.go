@@ -383,6 +383,9 @@ type serverConn struct {
 	mu   sync.Mutex
 	have []haveNote // pending have notifications
 	wake chan struct{}
+	// paced is the pacing rate last set on c (0: none yet). Only the
+	// goroutine serving the connection's requests touches it.
+	paced uint64
 }
 
 type haveNote struct {
@@ -431,10 +434,17 @@ func (sc *serverConn) sendHaves(done <-chan struct{}) {
 // node's S3 reads among them).
 func (sc *serverConn) pace() {
 	n := sc.n
-	share := float64(n.upLim.Limit()) / float64(max(1, len(n.uploads)))
-	if err := setPacing(sc.c, uint64(share)); err != nil && !errors.Is(err, errors.ErrUnsupported) {
-		n.log.Debug("p2p: cannot pace upload", "peer", sc.peer, "err", err)
+	share := uint64(float64(n.upLim.Limit()) / float64(max(1, len(n.uploads))))
+	if share == sc.paced {
+		return // the kernel has it: no system call per chunk
 	}
+	if err := setPacing(sc.c, share); err != nil {
+		if !errors.Is(err, errors.ErrUnsupported) {
+			n.log.Debug("p2p: cannot pace upload", "peer", sc.peer, "err", err)
+		}
+		return
+	}
+	sc.paced = share
 }
 
 func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {

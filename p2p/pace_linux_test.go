@@ -77,4 +77,12 @@ func TestUploadPacedAtItsShare(t *testing.T) {
 			t.Errorf("%d uploads: paced at %d, want %d", tt.uploads, got, tt.want)
 		}
 	}
+	// The same share again is not set again: no system call per chunk.
+	if err := setPacing(c, 1); err != nil {
+		t.Fatal(err)
+	}
+	sc.pace()
+	if got := pacingOf(t, c.(*net.TCPConn)); got != 1 {
+		t.Errorf("an unchanged share was set again (pacing %d)", got)
+	}
 }
