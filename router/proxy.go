@@ -193,8 +193,8 @@ func (rt *Router) passthrough(w *statusWriter, r *http.Request) {
 	}
 	model := ""
 	if len(body) > 0 {
-		if req, err := oai.Scan(body); err == nil {
-			model = req.Model
+		if m, err := rt.scanModel(body); err == nil {
+			model = m
 		}
 	}
 	rr := &routeRequest{model: model, strategy: balance.LeastOutstanding}

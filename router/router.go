@@ -325,10 +325,7 @@ func (rt *Router) wakeLocked() {
 // request is done (the index keeps copies, not the slice). The error is
 // oai.Scan's; a body without a model gives "" and no keys.
 func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (string, *[]uint64, error) {
-	sc, _ := rt.scans.Get().(*oai.Scanner)
-	if sc == nil {
-		sc = new(oai.Scanner)
-	}
+	sc := rt.scanner()
 	defer rt.scans.Put(sc) // nothing of the request outlives this call
 	req, err := sc.Scan(body)
 	if err != nil || req.Model == "" {
@@ -340,6 +337,22 @@ func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (string, *[
 	}
 	*kp, _ = rt.hasher(cfg).Blocks((*kp)[:0], req.Model, &req, session)
 	return req.Model, kp, nil
+}
+
+// scanModel reads the model named in a body, "" if there is none.
+func (rt *Router) scanModel(body []byte) (string, error) {
+	sc := rt.scanner()
+	defer rt.scans.Put(sc)
+	req, err := sc.Scan(body)
+	return req.Model, err
+}
+
+// scanner is a pooled oai.Scanner; return it to rt.scans.
+func (rt *Router) scanner() *oai.Scanner {
+	if sc, ok := rt.scans.Get().(*oai.Scanner); ok {
+		return sc
+	}
+	return new(oai.Scanner)
 }
 
 func (rt *Router) putKeys(kp *[]uint64) {
