@@ -234,7 +234,7 @@ func TestLocalClient(t *testing.T) {
 	}
 	seen := make(chan string, 1)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { seen <- r.RemoteAddr })}
-	go srv.Serve(l)
+	go func() { _ = srv.Serve(l) }()
 	defer srv.Close()
 	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer

@@ -28,7 +28,7 @@ const maxBodyBytes = 64 << 10
 // bearer token on every request.
 func (d *Daemon) Handler(token string) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", d.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /v1/node", d.handleNode)
@@ -63,7 +63,7 @@ func (d *Daemon) handleReady(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, err)
 		return
 	}
-	io.WriteString(w, "ok\n")
+	_, _ = io.WriteString(w, "ok\n")
 }
 
 func (d *Daemon) handleNode(w http.ResponseWriter, _ *http.Request) {

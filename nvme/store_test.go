@@ -259,7 +259,7 @@ func TestFullDiskFailsAtPreallocation(t *testing.T) {
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir).CombinedOutput(); err != nil {
 		t.Skipf("mount tmpfs: %v: %s", err, out)
 	}
-	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	t.Cleanup(func() { _ = exec.Command("umount", dir).Run() })
 	s, err := Open(dir, Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -183,7 +183,7 @@ func (a *auth) client(c net.Conn, deadline time.Time) (net.Conn, string, error) 
 	if err := c.SetDeadline(deadline); err != nil {
 		return nil, "", err
 	}
-	defer c.SetDeadline(time.Time{})
+	defer func() { _ = c.SetDeadline(time.Time{}) }() // the connection fails its next IO if this did
 	if a.tlsConf != nil {
 		tc := tls.Client(c, a.tlsConf)
 		if err := tc.Handshake(); err != nil {
@@ -231,7 +231,7 @@ func (a *auth) server(c net.Conn, deadline time.Time) (net.Conn, string, error) 
 	if err := c.SetDeadline(deadline); err != nil {
 		return nil, "", err
 	}
-	defer c.SetDeadline(time.Time{})
+	defer func() { _ = c.SetDeadline(time.Time{}) }() // the connection fails its next IO if this did
 	if a.tlsConf != nil {
 		tc := tls.Server(c, a.tlsConf)
 		if err := tc.Handshake(); err != nil {

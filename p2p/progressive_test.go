@@ -185,7 +185,9 @@ func TestPartialShardResumesAcrossReopen(t *testing.T) {
 	}()
 	waitFor(t, func() bool { return s.Have().Count() >= 2 })
 	cancel()
-	<-done
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
 	kept := s.Have()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)

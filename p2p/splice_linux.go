@@ -184,8 +184,8 @@ func hashMapped(h hash.Hash, file *os.File, off, n int64) (err error) {
 				return
 			}
 			func() {
-				defer unix.Munmap(m)
-				h.Write(m[pos-base:])
+				defer func() { _ = unix.Munmap(m) }() // only fails for a bad address
+				_, _ = h.Write(m[pos-base:])
 			}()
 			pos += k
 		}

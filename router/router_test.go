@@ -518,7 +518,7 @@ func TestProbesEjectAndReadmit(t *testing.T) {
 	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.URL.Path == "/metrics":
-			io.WriteString(w, "# HELP x\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1.0\n")
+			_, _ = io.WriteString(w, "# HELP x\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1.0\n")
 		case !healthy.Load():
 			w.WriteHeader(500)
 		}

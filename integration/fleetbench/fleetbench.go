@@ -556,7 +556,7 @@ func scaleOutOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts
 		if err != nil {
 			return err
 		}
-		defer d.Stop(10 * time.Second)
+		defer func() { _ = d.Stop(10 * time.Second) }() // the figures are taken; a slow exit does not change them
 		start := time.Now()
 		st, err := d.CacheAdd(ctx, "scale-out", model.Source())
 		if err != nil {

@@ -324,10 +324,10 @@ func (l *Lab) Host(name string) *Host {
 			return h
 		}
 	}
-	if l.s3 != nil && l.s3.Host.Name == name {
+	if l.s3 != nil && l.s3.Name == name {
 		return l.s3.Host
 	}
-	if l.registry != nil && l.registry.Host.Name == name {
+	if l.registry != nil && l.registry.Name == name {
 		return l.registry.Host
 	}
 	return nil

@@ -44,7 +44,7 @@ func path(pid int, name string) string {
 
 // ParseVmHWM reads the peak resident set ("VmHWM:  1234 kB") of a
 // /proc/PID/status text, in bytes.
-func ParseVmHWM(status []byte) (int64, error) {
+func ParseVmHWM(status []byte) (int64, error) { //nolint:staticcheck // named after the VmHWM field
 	sc := bufio.NewScanner(bytes.NewReader(status))
 	for sc.Scan() {
 		rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:")

@@ -88,7 +88,7 @@ func Push(ctx context.Context, ref string, img v1.Image, auth Auth) (string, err
 	if err != nil {
 		return "", fmt.Errorf("testimage: reference %q: %w", ref, err)
 	}
-	var a authn.Authenticator = authn.Anonymous
+	a := authn.Anonymous
 	if auth.Username != "" {
 		a = &authn.Basic{Username: auth.Username, Password: auth.Password}
 	}

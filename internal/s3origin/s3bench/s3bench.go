@@ -120,7 +120,7 @@ type Result struct {
 	Note    string // why it was skipped, if it was
 }
 
-// Median, Min and Max durations of the samples.
+// Median is the middle run.
 func (r Result) Median() time.Duration { return quantile(r.Samples, 0.5) }
 
 // Min is the fastest run.

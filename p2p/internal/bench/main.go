@@ -306,12 +306,12 @@ func startSeed(dir, mpath string, encrypt bool) (*seedProc, error) {
 	}
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
-		cmd.Process.Kill()
+		_ = cmd.Process.Kill() // best effort: the error below is the one to report
 		return nil, fmt.Errorf("seed: %w", err)
 	}
 	f := strings.Fields(line)
 	if len(f) != 3 || f[0] != "READY" {
-		cmd.Process.Kill()
+		_ = cmd.Process.Kill() // best effort: the error below is the one to report
 		return nil, fmt.Errorf("seed said %q", line)
 	}
 	return &seedProc{cmd: cmd, p2pAddr: f[1], httpAddr: f[2]}, nil
