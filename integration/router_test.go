@@ -1,0 +1,239 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/integration/netlab"
+	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
+	"github.com/warmfleet/warmfleet/router"
+)
+
+// routerReply is one answer through the router.
+type routerReply struct {
+	status  int
+	backend string // from the debug explanation
+	route   string
+	body    string
+}
+
+// askRouter sends a chat completion for doc's long system prompt and a
+// question, asking the router to explain its choice.
+func askRouter(ctx context.Context, c *http.Client, url string, doc, question int) (routerReply, error) {
+	text := strings.Repeat(fmt.Sprintf("Document %d, section after section of the same long text.\n", doc), 60)
+	body, err := json.Marshal(map[string]any{"model": "sim", "max_tokens": 2, "messages": []map[string]string{
+		{"role": "system", "content": text}, {"role": "user", "content": fmt.Sprintf("question %d", question)}}})
+	if err != nil {
+		return routerReply{}, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(string(body)))
+	if err != nil {
+		return routerReply{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(router.DebugRequestHeader, "1")
+	resp, err := c.Do(req)
+	if err != nil {
+		return routerReply{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return routerReply{}, err
+	}
+	r := routerReply{status: resp.StatusCode, route: resp.Header.Get(router.RouteHeader), body: string(b)}
+	for _, part := range strings.Split(r.route, "; ") {
+		if v, ok := strings.CutPrefix(part, "backend="); ok {
+			r.backend = v
+		}
+	}
+	return r, nil
+}
+
+// routerState reads a router's /admin/state.
+func routerState(ctx context.Context, c *http.Client, adminURL string) (router.State, error) {
+	var st router.State
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, adminURL+"/admin/state", nil)
+	if err != nil {
+		return st, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("admin state: %s", resp.Status)
+	}
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// TestRouterAcrossHosts runs, on each of three hosts, a daemon and a
+// simulated inference server registered with `warmfleet endpoint add`, and
+// on a fourth host a router that joins their encrypted gossip cluster. The
+// router learns the endpoints from gossip and:
+//   - refuses with 503 while no node has the model ready;
+//   - sends traffic only to the two nodes the model was cached on, never to
+//     the third, whose endpoint it knows;
+//   - keeps each long shared prefix on one backend, and spreads the groups;
+//   - loses no request when a node dies: the request that finds the dead
+//     endpoint is retried on the other, and gossip then drops the endpoint.
+//
+// A second router with another cluster key never learns an endpoint.
+func TestRouterAcrossHosts(t *testing.T) {
+	lab := netlabtest.New(t, netlab.Options{Hosts: 4, Link: 500 * netlab.Mbit, S3: true})
+	bin := warmfleetBin(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	model, err := lab.S3().SeedModel(ctx, "models", "sim/", 1, 1<<20, 11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := writeKey(t, "cluster.key")
+	hosts := lab.Hosts()
+	nodes, routerHost := hosts[:3], hosts[3]
+	seed := nodes[0].Addr(7946)
+	var daemons []*netlab.Daemon
+	var sims []*netlab.Process
+	endpoint := map[string]string{} // host name -> endpoint URL
+	for i, h := range nodes {
+		pool := "warm"
+		if i == 2 {
+			pool = "cold"
+		}
+		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: bin, Env: lab.S3().Env(), Args: []string{
+			"--reserve", "0", "--reserve-fraction", "0", "--gossip", h.Addr(7946),
+			"--join", seed, "--cluster-key-file", key, "--label", "pool=" + pool,
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		daemons = append(daemons, d)
+		sim, err := h.Start(netlab.ProcSpec{Name: "llmsim", Path: bin, Args: []string{
+			"llmsim", "--listen", h.Addr(8000), "--model", "sim", "--decode-per-token", "1ms"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sims = append(sims, sim)
+		endpoint[h.Name] = "http://" + h.Addr(8000)
+		if _, err := d.CLI(ctx, "endpoint", "add", "--model", "sim", "--url", endpoint[h.Name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startRouter := func(name string, port int, keyFile string) (api, admin string) {
+		api, admin = "http://"+routerHost.Addr(port), "http://"+routerHost.Addr(port+100)
+		if _, err := routerHost.Start(netlab.ProcSpec{Name: name, Path: bin, Args: []string{
+			"router", "--listen", routerHost.Addr(port), "--admin-listen", routerHost.Addr(port + 100),
+			"--gossip", routerHost.Addr(port - 100), "--join", seed, "--cluster-key-file", keyFile, "--node-name", name,
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		return api, admin
+	}
+	routerURL, adminURL := startRouter("router", 8080, key)
+	strangerURL, _ := startRouter("stranger", 8081, writeKey(t, "other.key"))
+	client := &http.Client{Transport: &http.Transport{DialContext: routerHost.NS.DialContext}, Timeout: 30 * time.Second}
+
+	// Every endpoint known, none ready: refused, not sent to a cold node.
+	eventually(t, ctx, "three endpoints known, none ready", func() error {
+		st, err := routerState(ctx, client, adminURL)
+		if err != nil {
+			return err
+		}
+		if len(st.Backends) != 3 {
+			return fmt.Errorf("%d backends", len(st.Backends))
+		}
+		for _, b := range st.Backends {
+			if b.Ready {
+				return fmt.Errorf("%s ready before any cache", b.URL)
+			}
+		}
+		return nil
+	})
+	if r, err := askRouter(ctx, client, routerURL, 0, 0); err != nil || r.status != http.StatusServiceUnavailable ||
+		!strings.Contains(r.body, "no_backend") {
+		t.Fatalf("before any cache: %+v, %v (want 503 no_backend)", r, err)
+	}
+
+	// Cache the model on the two warm nodes only.
+	if _, err := daemons[0].CLI(ctx, "cache", "add", "sim", "--source", model.Source(), "--selector", "pool=warm"); err != nil {
+		t.Fatal(err)
+	}
+	warm := map[string]bool{endpoint[nodes[0].Name]: true, endpoint[nodes[1].Name]: true}
+	eventually(t, ctx, "the two warm endpoints ready in the router", func() error {
+		st, err := routerState(ctx, client, adminURL)
+		if err != nil {
+			return err
+		}
+		for _, b := range st.Backends {
+			if b.Ready != warm[b.URL] {
+				return fmt.Errorf("%s ready=%v", b.URL, b.Ready)
+			}
+		}
+		return nil
+	})
+
+	// Eight long prefixes, four questions each, interleaved.
+	const docs, rounds = 8, 4
+	home := map[int]string{}
+	used := map[string]int{}
+	for q := range rounds {
+		for doc := range docs {
+			r, err := askRouter(ctx, client, routerURL, doc, q)
+			if err != nil || r.status != http.StatusOK {
+				t.Fatalf("doc %d q %d: %+v, %v", doc, q, r, err)
+			}
+			if !warm[r.backend] {
+				t.Fatalf("doc %d q %d went to %s, a node without the model", doc, q, r.backend)
+			}
+			if q == 0 {
+				home[doc] = r.backend
+			} else if r.backend != home[doc] || !strings.Contains(r.route, "reason=hit") {
+				t.Fatalf("doc %d q %d left its backend %s: %s", doc, q, home[doc], r.route)
+			}
+			used[r.backend]++
+		}
+	}
+	if len(used) != 2 {
+		t.Fatalf("%d prefix groups all went to one backend: %v", docs, used)
+	}
+
+	// The stranger's gossip cannot be read by the cluster, nor the
+	// cluster's by it: it knows no endpoint.
+	if r, err := askRouter(ctx, client, strangerURL, 0, 0); err != nil || r.status != http.StatusServiceUnavailable {
+		t.Fatalf("router with another key: %+v, %v (want 503)", r, err)
+	}
+
+	// Node 0 dies, inference server and daemon. Every request still gets
+	// an answer; then gossip drops its endpoint.
+	dead := endpoint[nodes[0].Name]
+	for _, p := range []*netlab.Process{sims[0], daemons[0].Process} {
+		if err := p.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for doc := range docs {
+		r, err := askRouter(ctx, client, routerURL, doc, rounds)
+		if err != nil || r.status != http.StatusOK || r.backend == dead {
+			t.Fatalf("doc %d after node 0 died: %+v, %v", doc, r, err)
+		}
+	}
+	eventually(t, ctx, "the dead node's endpoint gone", func() error {
+		st, err := routerState(ctx, client, adminURL)
+		if err != nil {
+			return err
+		}
+		for _, b := range st.Backends {
+			if b.URL == dead {
+				return fmt.Errorf("still listed: %+v", b)
+			}
+		}
+		return nil
+	})
+}
