@@ -527,7 +527,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	b.prefilling++
 	b.gauge.Set(float64(b.inflight))
 	if len(req.keys) > 0 {
-		rt.index.Insert(b.slot, req.keys)
+		rt.index.Insert(b.slot, req.keys, d.Matched)
 	}
 	return routed{b: b, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
 		pending: &pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched}, nil

@@ -223,8 +223,9 @@ func (x *Index) evict(slot int, l *lru) {
 // Insert records that slot now holds blocks (a chain, first block first)
 // and counts one request carrying them. Blocks are touched last to first so
 // the leading blocks are the most recently used and a prefix is evicted
-// from its tail, as vLLM does.
-func (x *Index) Insert(slot int, blocks []uint64) {
+// from its tail, as vLLM does. held is how many leading blocks Match found
+// the slot holding (0 if not known).
+func (x *Index) Insert(slot int, blocks []uint64, held int) {
 	l := x.lrus[slot]
 	if l == nil {
 		return
@@ -236,10 +237,30 @@ func (x *Index) Insert(slot int, blocks []uint64) {
 		e = x.epoch()
 		x.total = heat{n: x.total.at(e) + 1, epoch: e}
 	}
+	// The blocks before one the slot holds were touched right after it, at
+	// every request carrying it (its hash covers them), and each was then
+	// left within a quarter of the cache from the front (see below). So if
+	// the deepest held block went to the front less than a quarter of the
+	// cache ago, the ones before it are within about half of it: leave them
+	// all, without a lookup each. Hot prefixes are long and carried by most
+	// requests, so this is most of a hit's blocks. Past that, the loop
+	// below moves the deepest block, and the next request skips again.
+	keep := 0 // blocks [0, keep) are left where they are
+	if held > 0 && held <= len(blocks) {
+		if i, ok := l.pos[blocks[held-1]]; ok && l.pushes-l.nodes[i].moved < uint64(l.capacity/4) {
+			keep = held
+		}
+	}
 	for j := len(blocks) - 1; j >= 0; j-- {
 		h := blocks[j]
 		if count {
 			x.heats[h] = heat{n: x.heats[h].at(e) + 1, epoch: e}
+		}
+		if j < keep {
+			if !count {
+				break
+			}
+			continue
 		}
 		if i, ok := l.pos[h]; ok {
 			// A block sent to the front less than a quarter of the cache

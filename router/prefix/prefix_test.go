@@ -154,7 +154,7 @@ func TestMatchAgainstHolders(t *testing.T) {
 			return c
 		}
 		for range 20 {
-			x.Insert(rng.IntN(slots), chain())
+			x.Insert(rng.IntN(slots), chain(), 0)
 		}
 		q := chain()
 		depth := make([]int, MaxSlots)
@@ -181,35 +181,74 @@ func TestMatchAgainstHolders(t *testing.T) {
 
 // TestIndexKeepsHotPrefix: a prefix every other request carries stays held
 // however many one-off prompts pass through, though a touch only moves a
-// block that has drifted a quarter of the cache from the front; the one-offs
-// go oldest first.
+// block that has drifted a quarter of the cache from the front, and leaves
+// a held prefix alone while its deepest block is recent; the one-offs go
+// oldest first. Inserts pass what Match found held, as the router does, or
+// nothing.
 func TestIndexKeepsHotPrefix(t *testing.T) {
-	x := NewIndex()
-	x.SetSlot(0, 64)
-	depth := make([]int, MaxSlots)
-	held := func(c []uint64) int {
-		clear(depth)
-		x.Match(c, depth)
-		return depth[0]
+	for _, hint := range []bool{false, true} {
+		x := NewIndex()
+		x.SetSlot(0, 64)
+		depth := make([]int, MaxSlots)
+		held := func(c []uint64) int {
+			clear(depth)
+			x.Match(c, depth)
+			return depth[0]
+		}
+		insert := func(c []uint64) {
+			h := 0
+			if hint {
+				h = held(c)
+			}
+			x.Insert(0, c, h)
+		}
+		hot := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+		var last, before []uint64
+		for round := range 200 {
+			insert(hot)
+			before, last = last, nil
+			for i := range 8 {
+				last = append(last, uint64(1000+round*8+i))
+			}
+			insert(last)
+			if got := held(hot); got != len(hot) {
+				t.Fatalf("hint %v, round %d: hot prefix down to %d blocks", hint, round, got)
+			}
+			if x.Len(0) > 64 || held(last) != len(last) || (before != nil && held(before) != len(before)) {
+				t.Fatalf("hint %v, round %d: %d held; the last two one-offs keep %d and %d blocks", hint, round, x.Len(0), held(last), held(before))
+			}
+		}
+		if held([]uint64{1000}) != 0 {
+			t.Fatalf("hint %v: the oldest one-off is still held", hint)
+		}
 	}
-	hot := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
-	var last, before []uint64
-	for round := range 200 {
-		x.Insert(0, hot)
-		before, last = last, nil
-		for i := range 8 {
-			last = append(last, uint64(1000+round*8+i))
-		}
-		x.Insert(0, last)
-		if got := held(hot); got != len(hot) {
-			t.Fatalf("round %d: hot prefix down to %d blocks", round, got)
-		}
-		if x.Len(0) > 64 || held(last) != len(last) || (before != nil && held(before) != len(before)) {
-			t.Fatalf("round %d: %d held; the last two one-offs keep %d and %d blocks", round, x.Len(0), held(last), held(before))
-		}
-	}
-	if held([]uint64{1000}) != 0 {
-		t.Fatal("the oldest one-off is still held")
+}
+
+// TestInsertWrongHint: a held count that overstates what the slot holds
+// (Match's gallop can, briefly) or runs past the chain costs the shortcut,
+// never a block.
+func TestInsertWrongHint(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		first []uint64 // inserted before
+		chain []uint64
+		held  int
+	}{
+		{name: "past the end", first: []uint64{1, 2}, chain: []uint64{1, 2, 3}, held: 9},
+		{name: "deepest not held", first: []uint64{1, 2}, chain: []uint64{1, 2, 3, 4}, held: 3},
+		{name: "nothing held", chain: []uint64{5, 6}, held: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x := NewIndex()
+			x.SetSlot(0, 64)
+			x.Insert(0, tc.first, 0)
+			x.Insert(0, tc.chain, tc.held)
+			depth := make([]int, MaxSlots)
+			x.Match(tc.chain, depth)
+			if depth[0] != len(tc.chain) {
+				t.Fatalf("holds %d of %d blocks", depth[0], len(tc.chain))
+			}
+		})
 	}
 }
 
@@ -220,14 +259,14 @@ func TestIndex(t *testing.T) {
 	depth := make([]int, MaxSlots)
 	a := []uint64{1, 2, 3}
 	b := []uint64{1, 2, 9, 10}
-	x.Insert(0, a)
-	x.Insert(1, b)
+	x.Insert(0, a, 0)
+	x.Insert(1, b, 0)
 	deepest, common := x.Match([]uint64{1, 2, 3, 4}, depth)
 	if depth[0] != 3 || depth[1] != 2 || deepest != 3 || common != 2 {
 		t.Fatalf("depth %v deepest %d common %d", depth[:2], deepest, common)
 	}
 	// Capacity 4: inserting a 3-block chain evicts the old chain's tail first.
-	x.Insert(0, []uint64{1, 7, 8})
+	x.Insert(0, []uint64{1, 7, 8}, 0)
 	clear(depth)
 	x.Match(a, depth)
 	if depth[0] != 2 || x.Len(0) != 4 { // block 3 (the tail) went first
@@ -282,7 +321,7 @@ func TestIndexHot(t *testing.T) {
 				x.SetSlot(s, 1<<10)
 			}
 			for i := range tc.requests {
-				x.Insert(i%8, conv(uint64(i)))
+				x.Insert(i%8, conv(uint64(i)), 0)
 			}
 			if got := x.Hot(tc.blocks, tc.n, tc.share); got != tc.want {
 				t.Fatalf("Hot = %d, want %d", got, tc.want)
@@ -298,7 +337,7 @@ func TestIndexHotSession(t *testing.T) {
 	x.SetHeat(16)
 	x.SetSlot(0, 1<<10)
 	for i := range 32 {
-		x.Insert(0, []uint64{1, 2, 300, 301, uint64(400 + i)})
+		x.Insert(0, []uint64{1, 2, 300, 301, uint64(400 + i)}, 0)
 	}
 	if got := x.Hot([]uint64{1, 2, 300, 301, 999}, 8, 1); got != 4 {
 		t.Fatalf("Hot = %d, want 4", got)
@@ -311,13 +350,13 @@ func TestIndexHeatCools(t *testing.T) {
 	x.SetHeat(8)
 	x.SetSlot(0, 1<<12)
 	for range 32 {
-		x.Insert(0, []uint64{1, 2})
+		x.Insert(0, []uint64{1, 2}, 0)
 	}
 	if got := x.Hot([]uint64{1, 2}, 4, 1); got != 2 {
 		t.Fatalf("while sent: Hot = %d, want 2", got)
 	}
 	for i := range 64 {
-		x.Insert(0, []uint64{uint64(1000 + i)})
+		x.Insert(0, []uint64{uint64(1000 + i)}, 0)
 	}
 	if got := x.Hot([]uint64{1, 2}, 4, 1); got != 0 {
 		t.Fatalf("after 8 half-lives of other traffic: Hot = %d, want 0", got)
@@ -330,14 +369,14 @@ func TestIndexHeatOff(t *testing.T) {
 	x := NewIndex()
 	x.SetSlot(0, 1<<10)
 	for range 32 {
-		x.Insert(0, []uint64{1, 2})
+		x.Insert(0, []uint64{1, 2}, 0)
 	}
 	if got := x.Hot([]uint64{1, 2}, 4, 1); got != 0 {
 		t.Fatalf("never counted: Hot = %d, want 0", got)
 	}
 	x.SetHeat(8)
 	for range 32 {
-		x.Insert(0, []uint64{1, 2})
+		x.Insert(0, []uint64{1, 2}, 0)
 	}
 	if got := x.Hot([]uint64{1, 2}, 4, 1); got != 2 {
 		t.Fatalf("counting: Hot = %d, want 2", got)
@@ -359,7 +398,7 @@ func BenchmarkMatchShared(b *testing.B) {
 	}
 	for s := range 64 {
 		x.SetSlot(s, 4096)
-		x.Insert(s, chain)
+		x.Insert(s, chain, 0)
 	}
 	depth := make([]int, MaxSlots)
 	for b.Loop() {
@@ -368,21 +407,30 @@ func BenchmarkMatchShared(b *testing.B) {
 }
 
 // BenchmarkInsertHot: a backend's cache holds 64 prompts of 64 blocks and
-// requests repeat them, so each Insert only touches blocks it holds.
+// requests repeat them, so each Insert only touches blocks it holds; with
+// the held count from Match (as the router passes it) or without.
 func BenchmarkInsertHot(b *testing.B) {
-	x := NewIndex()
-	x.SetSlot(0, 4096)
-	chains := make([][]uint64, 64)
-	for c := range chains {
-		for i := range 64 {
-			chains[c] = append(chains[c], uint64(c)<<32|uint64(i)*0x9e3779b97f4a7c15)
-		}
-		x.Insert(0, chains[c])
-	}
-	i := 0
-	for b.Loop() {
-		x.Insert(0, chains[i%len(chains)])
-		i++
+	for _, hint := range []bool{false, true} {
+		b.Run(map[bool]string{false: "unknown", true: "held"}[hint], func(b *testing.B) {
+			x := NewIndex()
+			x.SetSlot(0, 4096)
+			chains := make([][]uint64, 64)
+			for c := range chains {
+				for i := range 64 {
+					chains[c] = append(chains[c], uint64(c)<<32|uint64(i)*0x9e3779b97f4a7c15)
+				}
+				x.Insert(0, chains[c], 0)
+			}
+			held := 0
+			if hint {
+				held = 64
+			}
+			i := 0
+			for b.Loop() {
+				x.Insert(0, chains[i%len(chains)], held)
+				i++
+			}
+		})
 	}
 }
 
@@ -398,7 +446,7 @@ func BenchmarkMatchOne(b *testing.B) {
 			for i := range chain {
 				chain[i] = uint64(s*8+c)<<32 | uint64(i)*0x9e3779b97f4a7c15
 			}
-			x.Insert(s, chain)
+			x.Insert(s, chain, 0)
 			chains = append(chains, chain)
 		}
 	}
