@@ -120,6 +120,14 @@ func TestRunSmall(t *testing.T) {
 	if len(res.Workloads) != 2 || res.Decision == nil || res.Overhead == nil {
 		t.Fatalf("missing phases: %+v", res)
 	}
+	if ov := res.Overhead; len(ov.ByStrategy) != len(o.Strategies) || ov.Failures != 0 {
+		t.Fatalf("overhead: %+v", ov)
+	}
+	for _, so := range res.Overhead.ByStrategy {
+		if so.RouterP50ms <= 0 || (so.Strategy == balance.PrefixAware && so.AddedP99ms != res.Overhead.AddedP99ms) {
+			t.Errorf("overhead of %s: %+v", so.Strategy, so)
+		}
+	}
 	for _, wr := range res.Workloads {
 		for _, s := range wr.Strategies {
 			if s.Errors+s.Rejected429+s.Rejected503 != 0 || s.HitRate < 0 || s.HitRate > wr.BestReuse+1e-9 || s.TTFTp50 <= 0 || s.Throughput <= 0 {

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,18 +77,32 @@ func measureDecision(backends, promptBytes, samples int, seed uint64) (*Decision
 
 // OverheadResult compares end-to-end latency straight to a backend with
 // latency through the router at a fixed request rate, against instant
-// simulated backends (so only HTTP and routing remain).
+// simulated backends (so only HTTP and routing remain). The top-level
+// router and added figures are prefix-aware's, the goal's; ByStrategy has
+// every strategy measured, in the same rounds.
 type OverheadResult struct {
-	Rate        int     `json:"rate_rps"`
-	Requests    int     `json:"requests_per_mode"`
-	PromptBytes int     `json:"prompt_bytes"`
-	DirectP50ms float64 `json:"direct_p50_ms"`
-	DirectP99ms float64 `json:"direct_p99_ms"`
-	RouterP50ms float64 `json:"router_p50_ms"`
-	RouterP99ms float64 `json:"router_p99_ms"`
-	AddedP50ms  float64 `json:"added_p50_ms"`
-	AddedP99ms  float64 `json:"added_p99_ms"`
-	Failures    int     `json:"failures"`
+	Rate        int                `json:"rate_rps"`
+	Requests    int                `json:"requests_per_mode"`
+	PromptBytes int                `json:"prompt_bytes"`
+	DirectP50ms float64            `json:"direct_p50_ms"`
+	DirectP99ms float64            `json:"direct_p99_ms"`
+	RouterP50ms float64            `json:"router_p50_ms"`
+	RouterP99ms float64            `json:"router_p99_ms"`
+	AddedP50ms  float64            `json:"added_p50_ms"`
+	AddedP99ms  float64            `json:"added_p99_ms"`
+	Failures    int                `json:"failures"` // every mode's
+	ByStrategy  []StrategyOverhead `json:"by_strategy"`
+}
+
+// StrategyOverhead is one strategy's latency through the router and what it
+// adds to the direct latency of the same rounds.
+type StrategyOverhead struct {
+	Strategy    balance.Strategy `json:"strategy"`
+	RouterP50ms float64          `json:"router_p50_ms"`
+	RouterP99ms float64          `json:"router_p99_ms"`
+	AddedP50ms  float64          `json:"added_p50_ms"`
+	AddedP99ms  float64          `json:"added_p99_ms"`
+	Failures    int              `json:"failures"`
 }
 
 // instantBackend reads the request and answers at once: with no model
@@ -123,11 +138,24 @@ func measureOverhead(ctx context.Context, o *Options) (*OverheadResult, error) {
 	client := newClient()
 	defer client.CloseIdleConnections()
 	res := &OverheadResult{Rate: o.OverheadRate, PromptBytes: len(reqs[0].Body)}
-	var direct, routed []float64
+	// Each round sends direct, then through the router once per strategy,
+	// switched at run time: the modes see the same machine weather.
+	strategies := slices.Clone(o.Strategies)
+	if !slices.Contains(strategies, balance.PrefixAware) {
+		strategies = append(strategies, balance.PrefixAware)
+	}
+	var direct []float64
+	routed := make([][]float64, len(strategies))
+	fails := make([]int, len(strategies))
 	for round := range o.OverheadRounds + 1 {
-		for _, viaRouter := range []bool{false, true} {
-			lat, fails := openLoop(ctx, client, o.OverheadRate, o.OverheadDuration, reqs, func(i int) string {
-				if viaRouter {
+		for mode := -1; mode < len(strategies); mode++ { // -1: direct
+			if mode >= 0 {
+				if err := f.rt.SetStrategy("", strategies[mode]); err != nil {
+					return nil, err
+				}
+			}
+			lat, failed := openLoop(ctx, client, o.OverheadRate, o.OverheadDuration, reqs, func(i int) string {
+				if mode >= 0 {
 					return f.url
 				}
 				return f.simURLs[i%len(f.simURLs)]
@@ -135,18 +163,26 @@ func measureOverhead(ctx context.Context, o *Options) (*OverheadResult, error) {
 			if round == 0 {
 				continue // warm-up: connections, caches
 			}
-			res.Failures += fails
-			if viaRouter {
-				routed = append(routed, lat...)
-			} else {
+			if mode < 0 {
 				direct = append(direct, lat...)
+				res.Failures += failed
+				continue
 			}
+			routed[mode] = append(routed[mode], lat...)
+			fails[mode] += failed
 		}
 	}
 	res.Requests = len(direct)
 	res.DirectP50ms, res.DirectP99ms = quantile(direct, 0.5), quantile(direct, 0.99)
-	res.RouterP50ms, res.RouterP99ms = quantile(routed, 0.5), quantile(routed, 0.99)
-	res.AddedP50ms, res.AddedP99ms = res.RouterP50ms-res.DirectP50ms, res.RouterP99ms-res.DirectP99ms
+	for i, st := range strategies {
+		so := StrategyOverhead{Strategy: st, RouterP50ms: quantile(routed[i], 0.5), RouterP99ms: quantile(routed[i], 0.99), Failures: fails[i]}
+		so.AddedP50ms, so.AddedP99ms = so.RouterP50ms-res.DirectP50ms, so.RouterP99ms-res.DirectP99ms
+		res.ByStrategy = append(res.ByStrategy, so)
+		res.Failures += so.Failures
+		if st == balance.PrefixAware {
+			res.RouterP50ms, res.RouterP99ms, res.AddedP50ms, res.AddedP99ms = so.RouterP50ms, so.RouterP99ms, so.AddedP50ms, so.AddedP99ms
+		}
+	}
 	return res, nil
 }
 

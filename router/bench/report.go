@@ -71,6 +71,10 @@ func WriteText(w io.Writer, r *Results) error {
 	if ov := r.Overhead; ov != nil {
 		fmt.Fprintf(w, "added latency at %d req/s, %d-byte bodies, %d requests per mode: direct p50 %.3f ms p99 %.3f ms; via router p50 %.3f ms p99 %.3f ms; added p50 %.3f ms p99 %.3f ms (goal p99 <= 0.5 ms); failures %d\n",
 			ov.Rate, ov.PromptBytes, ov.Requests, ov.DirectP50ms, ov.DirectP99ms, ov.RouterP50ms, ov.RouterP99ms, ov.AddedP50ms, ov.AddedP99ms, ov.Failures)
+		for _, so := range ov.ByStrategy {
+			fmt.Fprintf(w, "  %-17s via router p50 %.3f ms p99 %.3f ms; added p50 %.3f ms p99 %.3f ms; failures %d\n",
+				so.Strategy, so.RouterP50ms, so.RouterP99ms, so.AddedP50ms, so.AddedP99ms, so.Failures)
+		}
 	}
 	return nil
 }
