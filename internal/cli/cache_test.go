@@ -125,7 +125,8 @@ func TestDemo(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("demo exited %d: %s\n%s", code, out.String(), errOut.String())
 	}
-	for _, want := range []string{"verified", "time to ready", "bytes from S3"} {
+	for _, want := range []string{"verified", "time to ready", "bytes from S3",
+		"12 requests over 2 servers; each document's questions stayed on one server"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("demo output lacks %q:\n%s", want, out.String())
 		}

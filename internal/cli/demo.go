@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/s3embed"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/synthmodel"
@@ -21,7 +22,8 @@ import (
 // runDemo shows the main job end to end with nothing installed: an S3 server
 // embedded in the process, a synthetic model in it, a daemon caching it onto
 // a temporary data directory with a live progress bar, and a check of what
-// landed on disk.
+// landed on disk; then a router that learns the node's inference endpoints
+// from gossip and keeps each document's questions on one of them.
 func runDemo(ctx context.Context, e *Env, args []string) error {
 	fs := newFlagSet(e, "demo")
 	var size byteSize = 256 << 20
@@ -73,6 +75,15 @@ func runDemo(ctx context.Context, e *Env, args []string) error {
 	f.register(dfs)
 	f.dataDir, f.reserve, f.reserveFraction, f.nodeName = *dataDir, 0, 0, "demo-node"
 	f.apiAddr = "unix://" + filepath.Join(work, "api.sock")
+	// A fleet of one, on loopback, so the router can join it.
+	key, err := gossip.GenerateKey()
+	if err != nil {
+		return err
+	}
+	f.gossipAddr, f.clusterKeyFile = "127.0.0.1:0", filepath.Join(work, "cluster.key")
+	if err := os.WriteFile(f.clusterKeyFile, []byte(gossip.EncodeKey(key)+"\n"), 0o600); err != nil {
+		return err
+	}
 	logOut := io.Discard
 	if *verbose {
 		logOut = e.Stderr
@@ -123,6 +134,10 @@ func runDemo(ctx context.Context, e *Env, args []string) error {
 	}
 	s3Bytes := metricValue(metrics, "warmfleet_s3_bytes_total")
 	say("verified: every file is a complete safetensors file identical to the source")
+	rr, err := demoRouter(ctx, e, say, cl, "demo/llama", f.clusterKeyFile, logOut)
+	if err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
 	fmt.Fprintf(e.Stdout, "\nsummary\n")
 	fmt.Fprintf(e.Stdout, "  model          demo/llama, %d files, %s\n", st.Files, nvme.FormatBytes(st.BytesTotal))
 	fmt.Fprintf(e.Stdout, "  revision       %s\n", st.RevisionID)
@@ -130,6 +145,13 @@ func runDemo(ctx context.Context, e *Env, args []string) error {
 	fmt.Fprintf(e.Stdout, "  current link   %s\n", filepath.Join(filepath.Dir(st.Path), nvme.CurrentLink))
 	fmt.Fprintf(e.Stdout, "  time to ready  %s (%s/s)\n", elapsed.Round(time.Millisecond), nvme.FormatBytes(int64(float64(st.BytesTotal)/elapsed.Seconds())))
 	fmt.Fprintf(e.Stdout, "  bytes from S3  %s (warmfleet_s3_bytes_total; the model is %d bytes)\n", s3Bytes, st.BytesTotal)
+	affinity := "each document's questions stayed on one server"
+	if !rr.stayed {
+		affinity = "some documents' questions moved between servers"
+	}
+	fmt.Fprintf(e.Stdout, "  router         %d requests over %d servers; %s\n", rr.requests, rr.servers, affinity)
+	fmt.Fprintf(e.Stdout, "  prefix cache   %d of %d prompt tokens (%.0f%%) served from the servers' caches (each document's first question misses)\n",
+		rr.cachedTokens, rr.promptTokens, 100*float64(rr.cachedTokens)/float64(max(rr.promptTokens, 1)))
 
 	cancel()
 	if err := <-daemonErr; err != nil && !errors.Is(err, context.Canceled) {

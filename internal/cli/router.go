@@ -69,6 +69,12 @@ func (f strategyFlag) Set(v string) error {
 
 func runRouter(ctx context.Context, e *Env, args []string) error {
 	tuneRouterGC()
+	return serveRouter(ctx, e, args, nil)
+}
+
+// serveRouter runs `warmfleet router ARGS` until ctx ends; onListen, if not
+// nil, is told the API's address once it listens (the demo asks for port 0).
+func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.Addr)) error {
 	fs := newFlagSet(e, "router")
 	listen := fs.String("listen", "127.0.0.1:8080", "address for the OpenAI-compatible API")
 	adminListen := fs.String("admin-listen", "127.0.0.1:9180", "private address for /metrics and /admin/* (empty: off)")
@@ -239,6 +245,9 @@ func runRouter(ctx context.Context, e *Env, args []string) error {
 			return fmt.Errorf("listen %s: %w", srv.Addr, err)
 		}
 		log.Info("listening", "addr", l.Addr().String())
+		if srv == api && onListen != nil {
+			onListen(l.Addr())
+		}
 		wg.Go(func() {
 			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- err
