@@ -92,28 +92,35 @@ func demoRouter(ctx context.Context, e *Env, say func(string, ...any), cl *api.C
 	say("warmfleet router --join %s --cluster-key-file ...   (listening on %s)", join, base)
 
 	client := &http.Client{Timeout: 10 * time.Second}
-	ask := func(doc, question int) (backend, reason string, prompt, cached int, err error) {
+	// ask sends one question about doc and reports where it went and how much
+	// of its prompt that server had cached.
+	type answer struct {
+		backend, reason string
+		prompt, cached  int
+	}
+	ask := func(doc, question int) (answer, error) {
+		var a answer
 		text := strings.Repeat(fmt.Sprintf("Document %d: one paragraph after another of the same long text.\n", doc+1), 80)
 		body, err := json.Marshal(map[string]any{"model": model, "max_tokens": 8, "messages": []map[string]string{
 			{"role": "system", "content": "Answer from the document."},
 			{"role": "user", "content": fmt.Sprintf("%s\nQuestion %d?", text, question+1)}}})
 		if err != nil {
-			return "", "", 0, 0, err
+			return a, err
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
 		if err != nil {
-			return "", "", 0, 0, err
+			return a, err
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(router.DebugRequestHeader, "1")
 		resp, err := client.Do(req)
 		if err != nil {
-			return "", "", 0, 0, err
+			return a, err
 		}
 		defer resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-			return "", "", 0, 0, fmt.Errorf("%s: %s", resp.Status, b)
+			return a, fmt.Errorf("%s: %s", resp.Status, b)
 		}
 		var out struct {
 			Usage struct {
@@ -124,17 +131,18 @@ func demoRouter(ctx context.Context, e *Env, say func(string, ...any), cl *api.C
 			} `json:"usage"`
 		}
 		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			return "", "", 0, 0, err
+			return a, err
 		}
 		for _, part := range strings.Split(resp.Header.Get(router.RouteHeader), "; ") {
 			if v, ok := strings.CutPrefix(part, "backend="); ok {
-				backend = names[v]
+				a.backend = names[v]
 			}
 			if v, ok := strings.CutPrefix(part, "reason="); ok {
-				reason = v
+				a.reason = v
 			}
 		}
-		return backend, reason, out.Usage.PromptTokens, out.Usage.Details.CachedTokens, nil
+		a.prompt, a.cached = out.Usage.PromptTokens, out.Usage.Details.CachedTokens
+		return a, nil
 	}
 
 	// The router learns the endpoints, and that the node holds the model,
@@ -172,19 +180,19 @@ func demoRouter(ctx context.Context, e *Env, say func(string, ...any), cl *api.C
 	res.stayed = true
 	for q := range questions {
 		for d := range docs {
-			backend, reason, prompt, cached, err := ask(d, q)
+			a, err := ask(d, q)
 			if err != nil {
 				return res, fmt.Errorf("document %d, question %d: %w", d+1, q+1, err)
 			}
 			if q == 0 {
-				home[d] = backend
-			} else if backend != home[d] {
+				home[d] = a.backend
+			} else if a.backend != home[d] {
 				res.stayed = false
 			}
 			res.requests++
-			res.promptTokens += prompt
-			res.cachedTokens += cached
-			lines[d] = append(lines[d], fmt.Sprintf("%s %s, %d/%d cached", backend, reason, cached, prompt))
+			res.promptTokens += a.prompt
+			res.cachedTokens += a.cached
+			lines[d] = append(lines[d], fmt.Sprintf("%s %s, %d/%d cached", a.backend, a.reason, a.cached, a.prompt))
 		}
 	}
 	say("%d documents, %d questions each, asked round robin through the router (server, decision, prompt tokens the server had cached):", docs, questions)
