@@ -58,7 +58,7 @@ type Store struct {
 
 // Open opens (creating if needed) the store rooted at dir.
 func Open(dir string, opts Options) (*Store, error) {
-	if opts.ReserveBytes < 0 || opts.ReserveFraction < 0 || opts.ReserveFraction >= 1 {
+	if opts.ReserveBytes < 0 || !(opts.ReserveFraction >= 0 && opts.ReserveFraction < 1) { // NaN too
 		return nil, fmt.Errorf("nvme: reserve must be >= 0 bytes and a fraction in [0, 1)")
 	}
 	abs, err := filepath.Abs(dir)

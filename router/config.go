@@ -140,22 +140,25 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("model %q: %w", m, err))
 		}
 	}
-	if c.LoadFactor < 1 {
-		errs = append(errs, fmt.Errorf("load_factor %v must be >= 1", c.LoadFactor))
+	// Every float is checked as "inside", so NaN (YAML .nan, flag NaN) fails
+	// too: it would turn the load bound and the index size into garbage.
+	within := func(x, lo, hi float64) bool { return x >= lo && x <= hi }
+	if !within(c.LoadFactor, 1, 1000) {
+		errs = append(errs, fmt.Errorf("load_factor %v must be in [1, 1000]", c.LoadFactor))
 	}
-	if c.Slack < 0 || c.Slack > 100 {
+	if !within(c.Slack, 0, 100) {
 		errs = append(errs, fmt.Errorf("slack %v must be in [0, 100]", c.Slack))
 	}
-	if c.BalanceSlack < 0 || c.BalanceSlack > 100 {
+	if !within(c.BalanceSlack, 0, 100) {
 		errs = append(errs, fmt.Errorf("balance_slack %v must be in [0, 100]", c.BalanceSlack))
 	}
-	if c.DecodeWeight <= 0 || c.DecodeWeight > 1 {
+	if !(c.DecodeWeight > 0 && c.DecodeWeight <= 1) {
 		errs = append(errs, fmt.Errorf("decode_weight %v must be in (0, 1]", c.DecodeWeight))
 	}
-	if c.ShareFactor < 1 || c.ShareFactor > 100 || c.ShareHalfLife < 1 {
+	if !within(c.ShareFactor, 1, 100) || c.ShareHalfLife < 1 {
 		errs = append(errs, fmt.Errorf("share_factor %v must be in [1, 100] and share_half_life %d >= 1", c.ShareFactor, c.ShareHalfLife))
 	}
-	if !(c.HotShare >= 0 && c.HotShare <= 100) { // also NaN
+	if !within(c.HotShare, 0, 100) {
 		errs = append(errs, fmt.Errorf("hot_share %v must be in [0, 100]", c.HotShare))
 	}
 	if c.MinLoadBound < 1 {
@@ -164,8 +167,8 @@ func (c *Config) Validate() error {
 	if c.BlockChars < 16 || c.MaxBlocks < 1 || c.RendezvousBlocks < 1 {
 		errs = append(errs, errors.New("block_chars must be >= 16, max_blocks and rendezvous_blocks >= 1"))
 	}
-	if c.CharsPerToken <= 0 || c.KVCacheTokens < 1 || c.MaxInflight < 0 {
-		errs = append(errs, errors.New("chars_per_token and kv_cache_tokens must be positive, max_inflight >= 0"))
+	if !(c.CharsPerToken > 0 && c.CharsPerToken <= 64) || c.KVCacheTokens < 1 || c.MaxInflight < 0 {
+		errs = append(errs, errors.New("chars_per_token must be in (0, 64], kv_cache_tokens positive, max_inflight >= 0"))
 	}
 	if c.MaxBodyBytes < 1 || c.MaxQueue < 0 || c.MaxRetries < 0 || c.QueueTimeout < 0 || c.Eject5xx < 0 {
 		errs = append(errs, errors.New("max_body_bytes must be positive; max_queue, max_retries, queue_timeout, eject_5xx >= 0"))

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -599,6 +600,9 @@ func TestConfigParse(t *testing.T) {
 	for _, bad := range []string{"strategy: fastest\n", "load_factor: 0.5\n", "unknown_key: 1\n", "backends:\n  - url: ftp://x\n",
 		"backends:\n  - url: http://a\n  - url: http://a/\n", "block_chars: 1\n", "queue_timeout: soon\n",
 		"share_factor: 0.5\n", "share_half_life: 0\n", "decode_weight: 2\n", "decode_weight: 0\n", "eject_5xx: -1\n", "hot_share: -1\n", "hot_share: .nan\n",
+		// NaN and infinities pass a plain "< bound" check; each float is checked as "inside".
+		"load_factor: .nan\n", "load_factor: .inf\n", "load_factor: 1e308\n", "slack: .nan\n", "balance_slack: .nan\n", "decode_weight: .nan\n",
+		"share_factor: .nan\n", "chars_per_token: .nan\n", "chars_per_token: .inf\n", "chars_per_token: -1\n",
 		"backends:\n  - {url: http://a, id: x}\n  - {url: http://b, id: x}\n", "backends:\n  - url: http://a\n  - {url: http://b, id: \"http://a\"}\n"} {
 		c := Defaults()
 		if err := ParseConfig([]byte(bad), &c); err == nil {
@@ -838,4 +842,53 @@ func TestOverflowNamesTheBound(t *testing.T) {
 	if v := testutil.ToFloat64(h.rt.metrics.overflows.WithLabelValues("prefix-aware", "limit")); v != 1 {
 		t.Fatalf("overflows{bound=limit} = %v, want 1", v)
 	}
+}
+
+// FuzzParseConfig: any bytes give a config or an error, never a panic; an
+// accepted config has every float finite and in its range, validates again,
+// and lists backends by URLs that are already normal.
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte("strategy: random\nload_factor: 2\nslack: 30\nhot_share: 0.25\nbackends:\n  - url: http://127.0.0.1:8000/\n"))
+	f.Add([]byte("load_factor: .nan\n"))
+	f.Add([]byte("chars_per_token: .inf\nbackends:\n  - {url: https://a/b, id: x, models: [m]}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg := Defaults()
+		if ParseConfig(data, &cfg) != nil {
+			return
+		}
+		for name, x := range map[string]float64{"load_factor": cfg.LoadFactor, "slack": cfg.Slack, "balance_slack": cfg.BalanceSlack,
+			"decode_weight": cfg.DecodeWeight, "share_factor": cfg.ShareFactor, "hot_share": cfg.HotShare, "chars_per_token": cfg.CharsPerToken} {
+			if math.IsNaN(x) || math.IsInf(x, 0) || x < 0 || x > 1000 {
+				t.Fatalf("accepted %s = %v", name, x)
+			}
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("accepted, then invalid: %v", err)
+		}
+		for _, ep := range StaticEndpoints(&cfg) {
+			if u, err := ParseBackendURL(ep.URL); err != nil || u != ep.URL {
+				t.Fatalf("endpoint URL %q not normal: %q, %v", ep.URL, u, err)
+			}
+		}
+	})
+}
+
+// FuzzParseBackendURL: a URL is accepted as http(s) with a host and no
+// query, fragment or credentials, and its normal form is a fixed point.
+func FuzzParseBackendURL(f *testing.F) {
+	for _, s := range []string{"http://127.0.0.1:8000/", "https://a.b/base//", "ftp://x", "http://u:p@h", "http://h/?q=1", "http://[::1]:80"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		u, err := ParseBackendURL(s)
+		if err != nil {
+			return
+		}
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			t.Fatalf("%q normalised to %q", s, u)
+		}
+		if again, err := ParseBackendURL(u); err != nil || again != u {
+			t.Fatalf("%q -> %q -> %q, %v", s, u, again, err)
+		}
+	})
 }

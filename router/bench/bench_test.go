@@ -209,3 +209,26 @@ func TestRunRefusesBadRouterOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestRunRejectsBadOptions: options a flag can carry are checked before any
+// phase starts; NaN passes a plain "<= 0" test.
+func TestRunRejectsBadOptions(t *testing.T) {
+	for name, mutate := range map[string]func(*Options){
+		"no backends":      func(o *Options) { o.Backends = 0 },
+		"too many":         func(o *Options) { o.Backends = 257 },
+		"load 0":           func(o *Options) { o.Load = 0 },
+		"load NaN":         func(o *Options) { o.Load = math.NaN() },
+		"load +Inf":        func(o *Options) { o.Load = math.Inf(1) },
+		"no requests":      func(o *Options) { o.Requests = 0 },
+		"time scale NaN":   func(o *Options) { o.Sim.TimeScale = math.NaN() },
+		"load factor NaN":  func(o *Options) { o.LoadFactor = math.NaN() },
+		"share factor Inf": func(o *Options) { o.ShareFactor = math.Inf(1) },
+	} {
+		o := DefaultOptions()
+		o.Workloads, o.DecisionBackends, o.OverheadRate = []string{WorkNoShare}, 0, 0
+		mutate(&o)
+		if _, err := Run(t.Context(), o); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

@@ -150,8 +150,8 @@ func (o *Options) logf(format string, args ...any) {
 
 // Run runs every phase.
 func Run(ctx context.Context, o Options) (*Results, error) {
-	if o.Backends < 1 || o.Backends > prefix.MaxSlots || o.Load <= 0 || o.Requests < 1 || o.ClosedPerBE < 0 {
-		return nil, errors.New("bench: backends must be 1..256; load and requests positive; closed-loop clients not negative")
+	if o.Backends < 1 || o.Backends > prefix.MaxSlots || !(o.Load > 0 && o.Load <= 100) || o.Requests < 1 || o.ClosedPerBE < 0 {
+		return nil, errors.New("bench: backends must be 1..256; load in (0, 100]; requests positive; closed-loop clients not negative")
 	}
 	if err := o.Sim.Validate(); err != nil {
 		return nil, err
@@ -219,29 +219,24 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 	return res, nil
 }
 
-// routerConfig is the router configuration the options produce.
+// routerConfig is the router configuration the options produce: 0 keeps
+// the router's default; anything else, also NaN and negatives, is taken and
+// left to Validate.
 func (o *Options) routerConfig() router.Config {
 	cfg := router.Defaults()
-	if o.LoadFactor > 0 {
-		cfg.LoadFactor = o.LoadFactor
+	set := func(dst *float64, v float64) {
+		if v != 0 {
+			*dst = v
+		}
 	}
-	if o.Slack > 0 {
-		cfg.Slack = o.Slack
-	}
-	if o.DecodeWeight > 0 {
-		cfg.DecodeWeight = o.DecodeWeight
-	}
-	if o.ShareFactor > 0 {
-		cfg.ShareFactor = o.ShareFactor
-	}
-	if o.ShareHalfLife > 0 {
+	set(&cfg.LoadFactor, o.LoadFactor)
+	set(&cfg.Slack, o.Slack)
+	set(&cfg.DecodeWeight, o.DecodeWeight)
+	set(&cfg.ShareFactor, o.ShareFactor)
+	set(&cfg.BalanceSlack, o.BalanceSlack)
+	set(&cfg.HotShare, o.HotShare)
+	if o.ShareHalfLife != 0 {
 		cfg.ShareHalfLife = o.ShareHalfLife
-	}
-	if o.BalanceSlack > 0 {
-		cfg.BalanceSlack = o.BalanceSlack
-	}
-	if o.HotShare != 0 { // also NaN and negatives, which Validate refuses
-		cfg.HotShare = o.HotShare
 	}
 	return cfg
 }

@@ -58,8 +58,8 @@ func Defaults() Config {
 func (c *Config) Validate() error {
 	if c.Model == "" || c.KVBlocks < 1 || c.BlockTokens < 1 || c.CharsPerToken < 1 || c.MaxSeqs < 1 ||
 		c.PrefillPerToken < 0 || c.DecodePerToken < 0 || c.DefaultMaxTok < 1 || c.MaxBodyBytes < 1 ||
-		c.TimeScale <= 0 || c.ChunkInterval < 0 {
-		return errors.New("llmsim: model must be set; kv-blocks, block-tokens, chars-per-token, max-seqs, default max tokens, max body and time scale must be positive; durations non-negative")
+		!(c.TimeScale > 0 && c.TimeScale <= 1e6) || c.ChunkInterval < 0 { // !(>0): NaN too
+		return errors.New("llmsim: model must be set; kv-blocks, block-tokens, chars-per-token, max-seqs, default max tokens and max body must be positive, time scale in (0, 1e6]; durations non-negative")
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package llmsim
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -244,5 +245,27 @@ func TestVirtualClock(t *testing.T) {
 	}
 	if clock.Motion() != 0 {
 		t.Fatalf("motion left %d", clock.Motion())
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if c := Defaults(); c.Validate() != nil {
+		t.Fatalf("defaults rejected: %v", c.Validate())
+	}
+	for name, mutate := range map[string]func(*Config){
+		"no model":           func(c *Config) { c.Model = "" },
+		"no KV blocks":       func(c *Config) { c.KVBlocks = 0 },
+		"no sequences":       func(c *Config) { c.MaxSeqs = 0 },
+		"negative prefill":   func(c *Config) { c.PrefillPerToken = -1 },
+		"time scale 0":       func(c *Config) { c.TimeScale = 0 },
+		"time scale NaN":     func(c *Config) { c.TimeScale = math.NaN() },
+		"time scale +Inf":    func(c *Config) { c.TimeScale = math.Inf(1) },
+		"negative chunk gap": func(c *Config) { c.ChunkInterval = -time.Millisecond },
+	} {
+		c := Defaults()
+		mutate(&c)
+		if c.Validate() == nil {
+			t.Errorf("%s: accepted", name)
+		}
 	}
 }
