@@ -30,6 +30,14 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"fleet", "--settle", "soon"}, "settle"},
 		{[]string{"fleet", "--mtu", "100"}, "--mtu 100"},
 		{[]string{"fleet", "-o", "yaml"}, `-o "yaml"`},
+		{[]string{"s3", "--pause", "-1s"}, "--pause -1s"},
+		{[]string{"router", "--overhead-duration", "-1s"}, "overhead rate"},
+		{[]string{"router", "--trace-offset", "-5"}, "trace offset"},
+		{[]string{"router", "--prompt-bytes", "0"}, "decision backends"},
+		{[]string{"router", "--load", "NaN"}, "load in (0, 100]"},
+		{[]string{"router", "--load-factor", "NaN"}, "load_factor NaN"},
+		{[]string{"router", "--slack", "-1"}, "slack -1"},
+		{[]string{"router", "--kv-blocks", "0"}, "kv-blocks"},
 	}
 	for _, tt := range tests {
 		args := append([]string{"bench"}, tt.args...)

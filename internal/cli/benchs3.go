@@ -61,7 +61,10 @@ func runBenchS3(ctx context.Context, e *Env, args []string) error {
 		}
 		*daemonBin = bin
 	}
-	if *pause == 0 {
+	switch {
+	case *pause < 0:
+		return usageError("--pause %v: want 0 or more", *pause)
+	case *pause == 0:
 		*pause = -1 // the library's "none"
 	}
 	workDir := *dir

@@ -400,7 +400,7 @@ func runBenchRouter(ctx context.Context, e *Env, args []string) error {
 		}
 		o.Strategies = append(o.Strategies, st)
 	}
-	if err := o.Sim.Validate(); err != nil {
+	if err := o.Validate(); err != nil {
 		return usageError("%v", err)
 	}
 	o.Progress = e.Stderr

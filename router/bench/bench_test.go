@@ -214,15 +214,22 @@ func TestRunRefusesBadRouterOptions(t *testing.T) {
 // phase starts; NaN passes a plain "<= 0" test.
 func TestRunRejectsBadOptions(t *testing.T) {
 	for name, mutate := range map[string]func(*Options){
-		"no backends":      func(o *Options) { o.Backends = 0 },
-		"too many":         func(o *Options) { o.Backends = 257 },
-		"load 0":           func(o *Options) { o.Load = 0 },
-		"load NaN":         func(o *Options) { o.Load = math.NaN() },
-		"load +Inf":        func(o *Options) { o.Load = math.Inf(1) },
-		"no requests":      func(o *Options) { o.Requests = 0 },
-		"time scale NaN":   func(o *Options) { o.Sim.TimeScale = math.NaN() },
-		"load factor NaN":  func(o *Options) { o.LoadFactor = math.NaN() },
-		"share factor Inf": func(o *Options) { o.ShareFactor = math.Inf(1) },
+		"no backends":           func(o *Options) { o.Backends = 0 },
+		"too many":              func(o *Options) { o.Backends = 257 },
+		"load 0":                func(o *Options) { o.Load = 0 },
+		"load NaN":              func(o *Options) { o.Load = math.NaN() },
+		"load +Inf":             func(o *Options) { o.Load = math.Inf(1) },
+		"no requests":           func(o *Options) { o.Requests = 0 },
+		"time scale NaN":        func(o *Options) { o.Sim.TimeScale = math.NaN() },
+		"load factor NaN":       func(o *Options) { o.LoadFactor = math.NaN() },
+		"share factor Inf":      func(o *Options) { o.ShareFactor = math.Inf(1) },
+		"trace offset -1":       func(o *Options) { o.TraceOffset = -1 },
+		"overhead -1s":          func(o *Options) { o.OverheadRate, o.OverheadDuration = 1000, -time.Second },
+		"overhead 0 rounds":     func(o *Options) { o.OverheadRate, o.OverheadRounds = 1000, 0 },
+		"overhead rate -1":      func(o *Options) { o.OverheadRate = -1 },
+		"decision 0 bytes":      func(o *Options) { o.DecisionBackends, o.DecisionPrompt = 4, 0 },
+		"decision 0 samples":    func(o *Options) { o.DecisionBackends, o.DecisionSamples = 4, 0 },
+		"decision 300 backends": func(o *Options) { o.DecisionBackends = 300 },
 	} {
 		o := DefaultOptions()
 		o.Workloads, o.DecisionBackends, o.OverheadRate = []string{WorkNoShare}, 0, 0

@@ -148,18 +148,35 @@ func (o *Options) logf(format string, args ...any) {
 	}
 }
 
-// Run runs every phase.
-func Run(ctx context.Context, o Options) (*Results, error) {
-	if o.Backends < 1 || o.Backends > prefix.MaxSlots || !(o.Load > 0 && o.Load <= 100) || o.Requests < 1 || o.ClosedPerBE < 0 {
-		return nil, errors.New("bench: backends must be 1..256; load in (0, 100]; requests positive; closed-loop clients not negative")
+// Validate checks the options before any phase starts.
+func (o *Options) Validate() error {
+	if o.Backends < 1 || o.Backends > prefix.MaxSlots || !(o.Load > 0 && o.Load <= 100) || o.Requests < 1 || o.ClosedPerBE < 0 || o.TraceOffset < 0 {
+		return errors.New("bench: backends must be 1..256; load in (0, 100]; requests positive; closed-loop clients and trace offset not negative")
+	}
+	if o.OverheadRate < 0 || o.OverheadRate > 100_000 ||
+		(o.OverheadRate > 0 && (o.OverheadRounds < 1 || float64(o.OverheadRate)*o.OverheadDuration.Seconds() < 1)) {
+		return errors.New("bench: overhead rate must be 0 (skip) to 100000 requests/s, with at least one round whose duration holds a request")
+	}
+	if o.DecisionBackends < 0 || o.DecisionBackends > prefix.MaxSlots ||
+		(o.DecisionBackends > 0 && (o.DecisionPrompt < 1 || o.DecisionPrompt > 8<<20 || o.DecisionSamples < 1)) {
+		return errors.New("bench: decision backends must be 0 (skip) to 256, with a prompt of 1 byte to 8 MiB and at least one sample")
 	}
 	if err := o.Sim.Validate(); err != nil {
-		return nil, err
+		return err
 	}
 	rc := o.routerConfig()
 	if err := rc.Validate(); err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return fmt.Errorf("bench: %w", err)
 	}
+	return nil
+}
+
+// Run runs every phase.
+func Run(ctx context.Context, o Options) (*Results, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	rc := o.routerConfig()
 	res := &Results{Machine: Machine{CPUs: runtime.NumCPU(), LoadAvg1: loadAvg(), GoVersion: runtime.Version()},
 		Options: OptionsSummary{Backends: o.Backends, Load: o.Load, Requests: o.Requests, KVBlocks: o.Sim.KVBlocks, BlockTokens: o.Sim.BlockTokens,
 			MaxSeqs: o.Sim.MaxSeqs, PrefillPerToken: o.Sim.PrefillPerToken.String(), DecodePerToken: o.Sim.DecodePerToken.String(),

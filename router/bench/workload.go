@@ -287,7 +287,7 @@ func LoadTrace(dir, name string, offset, n int, model string, cpt int) (Workload
 	if err != nil {
 		return Workload{}, fmt.Errorf("%s: %w", file, err)
 	}
-	if offset >= len(rows) {
+	if offset < 0 || offset >= len(rows) {
 		return Workload{}, fmt.Errorf("%s: offset %d beyond %d rows", file, offset, len(rows))
 	}
 	return FromTrace(name, rows[offset:], model, cpt), nil
