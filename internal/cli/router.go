@@ -215,6 +215,26 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 		return nil
 	}
 
+	api := &http.Server{Addr: *listen, Handler: rt, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	servers := []*http.Server{api}
+	if *adminListen != "" {
+		servers = append(servers, &http.Server{Addr: *adminListen, Handler: rt.AdminHandler(reg, reload), ReadHeaderTimeout: 10 * time.Second})
+	}
+	// Every address is taken before anything starts: a bad or busy one is
+	// then an error and an exit, not a server left running with no way to
+	// stop it.
+	listeners := make([]net.Listener, 0, len(servers))
+	for _, srv := range servers {
+		l, err := net.Listen("tcp", srv.Addr)
+		if err != nil {
+			for _, l := range listeners {
+				_ = l.Close()
+			}
+			return fmt.Errorf("listen %s: %w", srv.Addr, err)
+		}
+		listeners = append(listeners, l)
+	}
+
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { _ = rt.Run(ctx) })
@@ -233,17 +253,9 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 			}
 		}
 	})
-	errc := make(chan error, 2)
-	api := &http.Server{Addr: *listen, Handler: rt, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	servers := []*http.Server{api}
-	if *adminListen != "" {
-		servers = append(servers, &http.Server{Addr: *adminListen, Handler: rt.AdminHandler(reg, reload), ReadHeaderTimeout: 10 * time.Second})
-	}
-	for _, srv := range servers {
-		l, err := net.Listen("tcp", srv.Addr)
-		if err != nil {
-			return fmt.Errorf("listen %s: %w", srv.Addr, err)
-		}
+	errc := make(chan error, len(servers))
+	for i, srv := range servers {
+		l := listeners[i]
 		log.Info("listening", "addr", l.Addr().String())
 		if srv == api && onListen != nil {
 			onListen(l.Addr())

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -89,4 +90,34 @@ func TestRouterLearnsWarmEndpointsFromFleet(t *testing.T) {
 		t.Fatalf("cache add exited %d", code)
 	}
 	waitUntil("request served through the warm endpoint", func() bool { code, _ := complete(); return code == http.StatusOK })
+}
+
+// TestRouterExitsWhenAnAddressIsTaken: a busy admin or API address ends the
+// router with an error. It used to start the API server first and then wait
+// for it forever.
+func TestRouterExitsWhenAnAddressIsTaken(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, args := range [][]string{
+		{"--listen", "127.0.0.1:0", "--admin-listen", busy.Addr().String()},
+		{"--listen", busy.Addr().String(), "--admin-listen", "127.0.0.1:0"},
+	} {
+		var out syncBuffer
+		done := make(chan int, 1)
+		go func() {
+			done <- Run(t.Context(), append(append([]string{"router"}, args...), "--backend", "http://127.0.0.1:1"),
+				&Env{Stdout: &out, Stderr: &out, Getenv: os.Getenv})
+		}()
+		select {
+		case code := <-done:
+			if code != 1 || !strings.Contains(out.String(), "address already in use") {
+				t.Errorf("%v: exit %d: %s", args, code, out.String())
+			}
+		case <-time.After(30 * time.Second): // a bound on a hang, not a timing
+			t.Fatalf("%v: the router did not exit: %s", args, out.String())
+		}
+	}
 }
