@@ -310,6 +310,9 @@ func (s *scanner) value(depth int) error {
 	case 'n':
 		return s.literal("null")
 	case 0:
+		if s.i < len(s.b) { // a NUL byte, not the end
+			return s.errf("invalid character")
+		}
 		return s.errf("unexpected end of input")
 	default:
 		return s.number()

@@ -314,3 +314,20 @@ func TestScannerReuse(t *testing.T) {
 		t.Fatalf("decoding escapes allocates: %v allocations per scan, %v without escapes", e, p)
 	}
 }
+
+// TestSyntaxErrorsSayWhat: a NUL byte is a bad character, not the end of the
+// body (the scanner's peek returns 0 for both).
+func TestSyntaxErrorsSayWhat(t *testing.T) {
+	for body, want := range map[string]string{
+		"\x00":                "byte 0: invalid character",
+		`{"model":` + "\x00}": "byte 9: invalid character",
+		`{"model":`:           "unexpected end of input",
+		`{"a":[1,` + "\x00]}": "byte 8: invalid character",
+		`{"a":[1,`:            "unexpected end of input",
+	} {
+		_, err := Scan([]byte(body))
+		if !IsSyntax(err) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want a syntax error saying %q", body, err, want)
+		}
+	}
+}
