@@ -153,12 +153,15 @@ func (sc *Scanner) Scan(body []byte) (Request, error) {
 				req.Prompt = v
 				return err
 			}
-			start := s.i
-			if err := s.value(1); err != nil {
-				return err
+			if s.peek() != '[' {
+				if err := s.value(1); err != nil {
+					return err
+				}
+				return s.typeErr("prompt", promptWant)
 			}
-			if c := body[start]; c != '[' {
-				return s.typeErr("prompt", "a string or an array")
+			start := s.i
+			if err := s.promptArray(); err != nil {
+				return err
 			}
 			req.Prompt = body[start:s.i]
 			return nil
@@ -291,6 +294,57 @@ func (s *scanner) array(depth int, elem func() error) error {
 			return s.errf("expected ',' or ']' in array")
 		}
 	}
+}
+
+const promptWant = "a string, or an array of strings, of token ids or of token id arrays"
+
+// promptArray walks an array prompt. The OpenAI API takes strings, token
+// ids, or arrays of token ids, not a mix: anything else is a field error,
+// reported once the whole body has been checked for syntax.
+func (s *scanner) promptArray() error {
+	var kind byte // the first element's: '"', '0' (a token id) or '['
+	ok := true
+	tokenID := func() error {
+		start := s.i
+		if err := s.number(); err != nil {
+			return err
+		}
+		for _, c := range s.b[start:s.i] {
+			ok = ok && isDigit(c) // no sign, fraction or exponent
+		}
+		return nil
+	}
+	err := s.array(1, func() error {
+		k := s.peek()
+		if k == '-' || isDigit(k) {
+			k = '0'
+		}
+		if kind == 0 {
+			kind = k
+		}
+		ok = ok && k == kind
+		switch k {
+		case '"':
+			_, err := s.str(false)
+			return err
+		case '0':
+			return tokenID()
+		case '[':
+			return s.array(2, func() error {
+				if c := s.peek(); c != '-' && !isDigit(c) {
+					ok = false
+					return s.value(3)
+				}
+				return tokenID()
+			})
+		}
+		ok = false
+		return s.value(2)
+	})
+	if err == nil && !ok {
+		return s.typeErr("prompt", promptWant)
+	}
+	return err
 }
 
 // value validates and skips one JSON value at depth.
