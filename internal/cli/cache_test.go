@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,7 +64,10 @@ func TestDaemonAndCacheCommands(t *testing.T) {
 	waitCtx, waitCancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer waitCancel()
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "api.sock")); err == nil {
+		// The socket file appears at bind, a moment before listen: wait
+		// for a connection, not for the file.
+		if c, err := net.Dial("unix", filepath.Join(dir, "api.sock")); err == nil {
+			c.Close()
 			break
 		}
 		select {
