@@ -38,6 +38,8 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"router", "--load-factor", "NaN"}, "load_factor NaN"},
 		{[]string{"router", "--slack", "-1"}, "slack -1"},
 		{[]string{"router", "--kv-blocks", "0"}, "kv-blocks"},
+		{[]string{"router", "--plot", "/nonexistent-dir/ttft.svg"}, "directory does not exist"},
+		{[]string{"router", "--plot", "ttft.png"}, "must end in .svg"},
 	}
 	for _, tt := range tests {
 		args := append([]string{"bench"}, tt.args...)

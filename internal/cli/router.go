@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -384,6 +385,12 @@ func runBenchRouter(ctx context.Context, e *Env, args []string) error {
 	if *plot != "" && !strings.HasSuffix(strings.ToLower(*plot), ".svg") {
 		return usageError("--plot writes SVG: the file name must end in .svg")
 	}
+	if *plot != "" {
+		// Checked now, not after a run of several minutes.
+		if st, err := os.Stat(filepath.Dir(*plot)); err != nil || !st.IsDir() {
+			return usageError("--plot %s: its directory does not exist", *plot)
+		}
+	}
 	if fs.NArg() > 0 {
 		return usageError("unexpected arguments %q", fs.Args())
 	}
@@ -420,15 +427,18 @@ func runBenchRouter(ctx context.Context, e *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *plot != "" {
-		if err := writePlot(*plot, res); err != nil {
-			return err
-		}
-	}
+	write := bench.WriteText
 	if *output == "json" {
-		return bench.WriteJSON(e.Stdout, res)
+		write = bench.WriteJSON
 	}
-	return bench.WriteText(e.Stdout, res)
+	// The report first: a plot that cannot be written must not cost it.
+	if err := write(e.Stdout, res); err != nil {
+		return err
+	}
+	if *plot != "" {
+		return writePlot(*plot, res)
+	}
+	return nil
 }
 
 // writePlot writes the TTFT CDF SVG, replacing the file only when complete.
