@@ -48,11 +48,7 @@ func askRouter(ctx context.Context, c *http.Client, url string, doc, question in
 		return routerReply{}, err
 	}
 	r := routerReply{status: resp.StatusCode, route: resp.Header.Get(router.RouteHeader), body: string(b)}
-	for _, part := range strings.Split(r.route, "; ") {
-		if v, ok := strings.CutPrefix(part, "backend="); ok {
-			r.backend = v
-		}
-	}
+	r.backend = router.ParseRoute(r.route)["backend"]
 	return r, nil
 }
 

@@ -645,3 +645,15 @@ func (rt *Router) explain(r routed, attempts int) string {
 	}
 	return sb.String()
 }
+
+// ParseRoute reads an explanation (RouteHeader's value) back into its
+// fields: "backend", "reason", "matched" and the others explain writes.
+func ParseRoute(explanation string) map[string]string {
+	fields := map[string]string{}
+	for _, part := range strings.Split(explanation, "; ") {
+		if k, v, ok := strings.Cut(part, "="); ok {
+			fields[k] = v
+		}
+	}
+	return fields
+}

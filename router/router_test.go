@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -891,4 +892,19 @@ func FuzzParseBackendURL(f *testing.F) {
 			t.Fatalf("%q -> %q -> %q, %v", s, u, again, err)
 		}
 	})
+}
+
+// TestParseRoute: what explain writes, ParseRoute reads back.
+func TestParseRoute(t *testing.T) {
+	r := routed{b: &backend{url: "http://10.0.0.1:8000"}, decision: balance.Decision{Reason: balance.Overflow, Matched: 3, Yielded: balance.BoundShare},
+		blocks: 9, common: 1, bound: 4, inflight: 2, eligible: 8, prefMatched: 7}
+	got := ParseRoute((&Router{}).explain(r, 2))
+	want := map[string]string{"backend": "http://10.0.0.1:8000", "reason": "overflow", "matched": "3/9", "common": "1", "bound": "4",
+		"inflight": "2", "share": "0.00", "eligible": "8", "attempts": "2", "preferred_matched": "7", "yielded": "share"}
+	if !maps.Equal(got, want) {
+		t.Fatalf("ParseRoute = %v\nwant %v", got, want)
+	}
+	if got := ParseRoute(""); len(got) != 0 {
+		t.Fatalf("empty explanation: %v", got)
+	}
 }

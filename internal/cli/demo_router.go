@@ -133,14 +133,8 @@ func demoRouter(ctx context.Context, e *Env, say func(string, ...any), cl *api.C
 		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 			return a, err
 		}
-		for _, part := range strings.Split(resp.Header.Get(router.RouteHeader), "; ") {
-			if v, ok := strings.CutPrefix(part, "backend="); ok {
-				a.backend = names[v]
-			}
-			if v, ok := strings.CutPrefix(part, "reason="); ok {
-				a.reason = v
-			}
-		}
+		route := router.ParseRoute(resp.Header.Get(router.RouteHeader))
+		a.backend, a.reason = names[route["backend"]], route["reason"]
 		a.prompt, a.cached = out.Usage.PromptTokens, out.Usage.Details.CachedTokens
 		return a, nil
 	}
