@@ -151,30 +151,37 @@ func TestRunSmall(t *testing.T) {
 // TestRunIsReproducible: the replay runs in virtual time and decides in
 // trace order, so one seed gives the same figures however loaded the
 // machine: requests landing at the same instant, a release racing the next
-// arrival or the backends' ephemeral ports must not change a decision.
+// arrival or the backends' ephemeral ports must not change a decision. With
+// several router replicas too, each taking its turn of the requests.
 func TestRunIsReproducible(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts 2 fleets per strategy, twice")
 	}
-	o := DefaultOptions()
-	o.Backends, o.Requests, o.ClosedPerBE = 4, 120, 4
-	o.Workloads = []string{WorkMultiTurn}
-	o.OverheadRate, o.DecisionBackends = 0, 0
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var runs [2][]StrategyResult
-	for i := range runs {
-		res, err := Run(ctx, o)
-		if err != nil {
-			t.Fatal(err)
+	for _, replicas := range []int{1, 3} {
+		o := DefaultOptions()
+		o.Backends, o.Requests, o.ClosedPerBE, o.Replicas = 4, 120, 4, replicas
+		o.Workloads = []string{WorkMultiTurn}
+		o.OverheadRate, o.DecisionBackends = 0, 0
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		var runs [2][]StrategyResult
+		for i := range runs {
+			res, err := Run(ctx, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runs[i] = res.Workloads[0].Strategies
 		}
-		runs[i] = res.Workloads[0].Strategies
-	}
-	for i, a := range runs[0] {
-		b := runs[1][i]
-		if a.HitRate != b.HitRate || a.SatHitRate != b.SatHitRate || a.Throughput != b.Throughput ||
-			!slices.Equal(a.TTFTs, b.TTFTs) || !maps.Equal(a.Reasons, b.Reasons) {
-			t.Errorf("%s differs between runs:\n%+v\n%+v", a.Strategy, a, b)
+		for i, a := range runs[0] {
+			b := runs[1][i]
+			if a.HitRate != b.HitRate || a.SatHitRate != b.SatHitRate || a.Throughput != b.Throughput ||
+				!slices.Equal(a.TTFTs, b.TTFTs) || !maps.Equal(a.Reasons, b.Reasons) || !slices.Equal(a.ByReplica, b.ByReplica) {
+				t.Errorf("%d replicas: %s differs between runs:\n%+v\n%+v", replicas, a.Strategy, a, b)
+			}
+			// Request i goes to replica i mod 3: 40 decisions each.
+			if want := slices.Repeat([]float64{40}, replicas); replicas > 1 && !slices.Equal(a.ByReplica, want) {
+				t.Errorf("%d replicas: %s decisions by replica %v, want %v", replicas, a.Strategy, a.ByReplica, want)
+			}
 		}
 	}
 }
@@ -230,6 +237,8 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		"decision 0 bytes":      func(o *Options) { o.DecisionBackends, o.DecisionPrompt = 4, 0 },
 		"decision 0 samples":    func(o *Options) { o.DecisionBackends, o.DecisionSamples = 4, 0 },
 		"decision 300 backends": func(o *Options) { o.DecisionBackends = 300 },
+		"replicas -1":           func(o *Options) { o.Replicas = -1 },
+		"replicas 17":           func(o *Options) { o.Replicas = 17 },
 	} {
 		o := DefaultOptions()
 		o.Workloads, o.DecisionBackends, o.OverheadRate = []string{WorkNoShare}, 0, 0

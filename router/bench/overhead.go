@@ -118,7 +118,7 @@ func instantBackend() http.Handler {
 
 func measureOverhead(ctx context.Context, o *Options) (*OverheadResult, error) {
 	sim := o.Sim
-	f, err := startFleetWith(ctx, o, o.Backends, balance.PrefixAware, func() (http.Handler, error) { return instantBackend(), nil })
+	f, err := startFleetWith(ctx, o, o.Backends, 1, balance.PrefixAware, func() (http.Handler, error) { return instantBackend(), nil })
 	if err != nil {
 		return nil, err
 	}
@@ -150,13 +150,13 @@ func measureOverhead(ctx context.Context, o *Options) (*OverheadResult, error) {
 	for round := range o.OverheadRounds + 1 {
 		for mode := -1; mode < len(strategies); mode++ { // -1: direct
 			if mode >= 0 {
-				if err := f.rt.SetStrategy("", strategies[mode]); err != nil {
+				if err := f.routers[0].rt.SetStrategy("", strategies[mode]); err != nil {
 					return nil, err
 				}
 			}
 			lat, failed := openLoop(ctx, client, o.OverheadRate, o.OverheadDuration, reqs, func(i int) string {
 				if mode >= 0 {
-					return f.url
+					return f.routers[0].url
 				}
 				return f.simURLs[i%len(f.simURLs)]
 			})

@@ -35,8 +35,8 @@ func ratio(a, b float64) float64 {
 // WriteText writes a human-readable report with the goals checked.
 func WriteText(w io.Writer, r *Results) error {
 	o := r.Options
-	fmt.Fprintf(w, "router benchmark (virtual time, real HTTP): %d backends, offered load %.2f, %d requests/workload, KV %d blocks x %d tokens, %d seqs, prefill %s/token, decode %s/token, router c=%.2f share=%.2f slack=%.2f hot=%.2f\n",
-		o.Backends, o.Load, o.Requests, o.KVBlocks, o.BlockTokens, o.MaxSeqs, o.PrefillPerToken, o.DecodePerToken, o.LoadFactor, o.ShareFactor, o.Slack, o.HotShare)
+	fmt.Fprintf(w, "router benchmark (virtual time, real HTTP): %d backends, offered load %.2f, %d requests/workload, KV %d blocks x %d tokens, %d seqs, prefill %s/token, decode %s/token, router c=%.2f share=%.2f slack=%.2f hot=%.2f, %d router replica(s)\n",
+		o.Backends, o.Load, o.Requests, o.KVBlocks, o.BlockTokens, o.MaxSeqs, o.PrefillPerToken, o.DecodePerToken, o.LoadFactor, o.ShareFactor, o.Slack, o.HotShare, max(o.Replicas, 1))
 	fmt.Fprintf(w, "machine: %d CPUs, load average %.2f at start, %.2f at end, %s\n\n", r.Machine.CPUs, r.Machine.LoadAvg1, r.Machine.LoadAvg1E, r.Machine.GoVersion)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "workload\tstrategy\tKV hit\tof best\tTTFT p50 s\tp95 s\tp99 s\topen rps\tsat rps\tbusiest/mean\tprefill busiest/mean\t429\t503\terrors\t")

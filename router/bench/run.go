@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,11 @@ type Options struct {
 	BalanceSlack  float64 // router balance slack (0: router default)
 	ShareHalfLife int     // router share half-life in decisions (0: router default)
 	HotShare      float64 // router hot-prefix share (0: router default, off)
+	// Replicas is how many routers, each with its own state, share the
+	// workload phases' traffic: request i goes to replica i mod Replicas,
+	// as a load balancer in front of them would spread it, session turns
+	// included. 1 if zero.
+	Replicas int
 
 	OverheadRate     int           // requests per second for the overhead phase (0 skips it)
 	OverheadDuration time.Duration // per round
@@ -69,7 +75,7 @@ func DefaultOptions() Options {
 	return Options{
 		Backends: 8, Load: 0.8, Requests: 1000, Workloads: AllWorkloads(),
 		Strategies: []balance.Strategy{balance.Random, balance.LeastOutstanding, balance.PrefixAware},
-		TracesDir:  "../shared/traces", Sim: sim, Seed: 1, Saturation: true,
+		TracesDir:  "../shared/traces", Sim: sim, Seed: 1, Saturation: true, Replicas: 1,
 		OverheadRate: 1000, OverheadDuration: 2 * time.Second, OverheadRounds: 3,
 		DecisionBackends: 64, DecisionPrompt: 16000, DecisionSamples: 20000,
 	}
@@ -107,6 +113,7 @@ type OptionsSummary struct {
 	BalanceSlack    float64 `json:"balance_slack"`
 	Slack           float64 `json:"slack"`
 	HotShare        float64 `json:"hot_share"`
+	Replicas        int     `json:"router_replicas"`
 }
 
 // WorkloadResult is one workload under every strategy.
@@ -137,7 +144,9 @@ type StrategyResult struct {
 	Rejected503 int                `json:"rejected_503"`
 	Errors      int                `json:"errors"`
 	Reasons     map[string]float64 `json:"decisions_by_reason"`
-	WallSeconds float64            `json:"wall_seconds"`
+	// ByReplica is each router replica's decisions, when there are several.
+	ByReplica   []float64 `json:"decisions_by_replica,omitempty"`
+	WallSeconds float64   `json:"wall_seconds"`
 	// TTFTs are the successful requests' TTFTs in seconds (for plots).
 	TTFTs []float64 `json:"-"`
 }
@@ -152,6 +161,9 @@ func (o *Options) logf(format string, args ...any) {
 func (o *Options) Validate() error {
 	if o.Backends < 1 || o.Backends > prefix.MaxSlots || !(o.Load > 0 && o.Load <= 100) || o.Requests < 1 || o.ClosedPerBE < 0 || o.TraceOffset < 0 {
 		return errors.New("bench: backends must be 1..256; load in (0, 100]; requests positive; closed-loop clients and trace offset not negative")
+	}
+	if o.Replicas < 0 || o.Replicas > maxReplicas {
+		return fmt.Errorf("bench: router replicas must be 1..%d (0: 1)", maxReplicas)
 	}
 	if o.OverheadRate < 0 || o.OverheadRate > 100_000 ||
 		(o.OverheadRate > 0 && (o.OverheadRounds < 1 || float64(o.OverheadRate)*o.OverheadDuration.Seconds() < 1)) {
@@ -180,7 +192,8 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 	res := &Results{Machine: Machine{CPUs: runtime.NumCPU(), LoadAvg1: loadAvg(), GoVersion: runtime.Version()},
 		Options: OptionsSummary{Backends: o.Backends, Load: o.Load, Requests: o.Requests, KVBlocks: o.Sim.KVBlocks, BlockTokens: o.Sim.BlockTokens,
 			MaxSeqs: o.Sim.MaxSeqs, PrefillPerToken: o.Sim.PrefillPerToken.String(), DecodePerToken: o.Sim.DecodePerToken.String(),
-			LoadFactor: rc.LoadFactor, ShareFactor: rc.ShareFactor, BalanceSlack: rc.BalanceSlack, Slack: rc.Slack, HotShare: rc.HotShare}}
+			LoadFactor: rc.LoadFactor, ShareFactor: rc.ShareFactor, BalanceSlack: rc.BalanceSlack, Slack: rc.Slack, HotShare: rc.HotShare,
+			Replicas: o.replicas()}}
 	tok := llmsim.Tokenizer{CharsPerToken: o.Sim.CharsPerToken, BlockTokens: o.Sim.BlockTokens}
 	for _, name := range o.Workloads {
 		var w Workload
@@ -258,14 +271,46 @@ func (o *Options) routerConfig() router.Config {
 	return cfg
 }
 
-// fleet is N simulators and a router, all listening on 127.0.0.1.
+// maxReplicas bounds Options.Replicas: each replica is a router with its
+// own index, and the phases run them all in this process.
+const maxReplicas = 16
+
+func (o *Options) replicas() int { return max(o.Replicas, 1) }
+
+// fleet is N simulators and one or more routers over them, all listening
+// on 127.0.0.1.
 type fleet struct {
-	reg     *prometheus.Registry
 	sims    []*llmsim.Server
 	simURLs []string
-	rt      *router.Router
-	url     string
+	routers []replica
 	stop    func()
+}
+
+// replica is one router and where it listens.
+type replica struct {
+	rt  *router.Router
+	url string
+	reg *prometheus.Registry
+}
+
+// reasons sums every replica's decisions by reason and, when there are
+// several replicas, counts each one's decisions.
+func (f *fleet) reasons() (map[string]float64, []float64) {
+	out := map[string]float64{}
+	var each []float64
+	for _, r := range f.routers {
+		n := 0.0
+		for k, v := range reasons(r.reg) {
+			out[k] += v
+			if !strings.HasPrefix(k, overflowPrefix) { // overflows are counted under their reason too
+				n += v
+			}
+		}
+		if len(f.routers) > 1 {
+			each = append(each, n)
+		}
+	}
+	return out, each
 }
 
 func serve(h http.Handler) (string, func(), error) {
@@ -280,7 +325,7 @@ func serve(h http.Handler) (string, func(), error) {
 
 func startFleet(ctx context.Context, o *Options, n int, sim llmsim.Config, st balance.Strategy) (*fleet, error) {
 	var sims []*llmsim.Server
-	f, err := startFleetWith(ctx, o, n, st, func() (http.Handler, error) {
+	f, err := startFleetWith(ctx, o, n, o.replicas(), st, func() (http.Handler, error) {
 		s, err := llmsim.New(sim, prometheus.NewRegistry())
 		if err == nil {
 			sims = append(sims, s)
@@ -294,8 +339,9 @@ func startFleet(ctx context.Context, o *Options, n int, sim llmsim.Config, st ba
 	return f, nil
 }
 
-// startFleetWith starts n backends from newBackend and a router over them.
-func startFleetWith(ctx context.Context, o *Options, n int, st balance.Strategy, newBackend func() (http.Handler, error)) (*fleet, error) {
+// startFleetWith starts n backends from newBackend and the given number of
+// router replicas over them.
+func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance.Strategy, newBackend func() (http.Handler, error)) (*fleet, error) {
 	f := &fleet{}
 	var stops []func()
 	f.stop = func() {
@@ -329,28 +375,40 @@ func startFleetWith(ctx context.Context, o *Options, n int, st balance.Strategy,
 		// then makes the same decisions.
 		cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: u, ID: fmt.Sprintf("sim-%d", i)})
 	}
+	for i := range replicas {
+		r, stop, err := startRouter(ctx, cfg, o.Seed, uint64(i))
+		if err != nil {
+			f.stop()
+			return nil, err
+		}
+		stops = append(stops, stop)
+		f.routers = append(f.routers, r)
+	}
+	return f, nil
+}
+
+// startRouter runs one router replica over cfg's backends. Each draws its
+// own random numbers (the random strategy's, under its own lock).
+func startRouter(ctx context.Context, cfg router.Config, seed, index uint64) (replica, func(), error) {
 	src := router.NewStaticSource(router.StaticEndpoints(&cfg), nil)
-	f.reg = prometheus.NewRegistry()
-	rng := rand.New(rand.NewPCG(o.Seed, 0x62656e6368)) // the random strategy's draws, under the router's lock
+	reg := prometheus.NewRegistry()
+	rng := rand.New(rand.NewPCG(seed, 0x62656e6368+index))
 	rt, err := router.New(cfg, router.Options{Source: src, HashKey: prefix.KeyFromBytes([]byte("bench")), Rand: rng.Uint64,
-		Logger: slog.New(slog.DiscardHandler), Registry: f.reg})
+		Logger: slog.New(slog.DiscardHandler), Registry: reg})
 	if err != nil {
-		f.stop()
-		return nil, err
+		return replica{}, nil, err
 	}
 	rt.ProbeOnce(ctx) // learn each backend's KV size before traffic
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { _ = rt.Run(rctx); close(done) }()
-	stops = append(stops, func() { cancel(); <-done })
-	u, stop, err := serve(rt)
+	u, stopServe, err := serve(rt)
 	if err != nil {
-		f.stop()
-		return nil, err
+		cancel()
+		<-done
+		return replica{}, nil, err
 	}
-	stops = append(stops, stop)
-	f.rt, f.url = rt, u
-	return f, nil
+	return replica{rt: rt, url: u, reg: reg}, func() { stopServe(); cancel(); <-done }, nil
 }
 
 // newClient is the load generator's client. It runs in the router's process,
@@ -373,7 +431,7 @@ func runStrategy(ctx context.Context, o *Options, w *Workload, st balance.Strate
 	if err != nil {
 		return sr, err
 	}
-	v := &driver{clock: clock, client: client, base: f.url, rt: f.rt}
+	v := newDriver(clock, client, f)
 	outs, elapsed, err := v.openLoop(ctx, w.Requests)
 	if err != nil {
 		f.stop()
@@ -403,7 +461,7 @@ func runStrategy(ctx context.Context, o *Options, w *Workload, st balance.Strate
 		return sr, err
 	}
 	sr.HitRate, sr.BusiestShare, sr.BusiestWork = stats.hitRate(), busiest(stats.requests), busiest(stats.computed())
-	sr.Reasons = reasons(f.reg)
+	sr.Reasons, sr.ByReplica = f.reasons()
 	f.stop()
 	if o.Saturation {
 		clock := llmsim.NewVirtualClock(time.Unix(0, 0))
@@ -411,7 +469,7 @@ func runStrategy(ctx context.Context, o *Options, w *Workload, st balance.Strate
 		if err != nil {
 			return sr, err
 		}
-		v := &driver{clock: clock, client: client, base: f.url, rt: f.rt}
+		v := newDriver(clock, client, f)
 		perBE := o.ClosedPerBE
 		if perBE == 0 {
 			perBE = o.Sim.MaxSeqs
@@ -447,10 +505,10 @@ func virtualSim(c llmsim.Config, clock *llmsim.VirtualClock) llmsim.Config {
 // response in transit has landed (motion zero), so the router sees exactly
 // the in-flight state it would at that instant, however loaded the machine.
 type driver struct {
-	clock  *llmsim.VirtualClock
-	client *http.Client
-	base   string
-	rt     *router.Router
+	clock   *llmsim.VirtualClock
+	client  *http.Client
+	routers []replica
+	sent    int // requests started so far: the next goes to replica sent mod len(routers)
 	// open counts requests sent whose answer has not ended at the client.
 	// Once a response's last byte lands the client is idle, but the
 	// router may not have released the backend yet: quiet waits until
@@ -459,13 +517,29 @@ type driver struct {
 	open atomic.Int64
 }
 
+func newDriver(clock *llmsim.VirtualClock, client *http.Client, f *fleet) *driver {
+	return &driver{clock: clock, client: client, routers: f.routers}
+}
+
+// held is how many requests the routers hold: queued for a backend, or
+// sent to one and not yet released.
+func (d *driver) held() (queued, inflight int64) {
+	for _, r := range d.routers {
+		queued += int64(r.rt.Queued())
+		inflight += int64(r.rt.InFlight())
+	}
+	return queued, inflight
+}
+
 // start sends r in the background. It counts as motion, and as open,
 // until its answer has ended and done has run.
 func (d *driver) start(ctx context.Context, wg *sync.WaitGroup, r *Request, done func(outcome)) {
 	d.open.Add(1)
 	d.clock.Busy(1)
+	base := d.routers[d.sent%len(d.routers)].url
+	d.sent++
 	wg.Go(func() {
-		done(d.send(ctx, r))
+		done(d.send(ctx, base, r))
 		d.open.Add(-1)
 		d.clock.Idle()
 	})
@@ -476,12 +550,12 @@ func (d *driver) quiet(ctx context.Context) error {
 	watchdog := time.Now().Add(2 * time.Minute)
 	zeros := 0
 	for {
-		queued := int64(d.rt.Queued())
+		queued, inflight := d.held()
 		m := d.clock.Motion() - queued
 		switch {
 		case m < 0:
 			return fmt.Errorf("bench: virtual clock accounting went negative (%d)", m)
-		case m == 0 && int64(d.rt.InFlight())+queued == d.open.Load():
+		case m == 0 && inflight+queued == d.open.Load():
 			// Seen idle several times in a row, with the scheduler given a
 			// chance to run anything just woken.
 			if zeros++; zeros >= 3 {
@@ -507,9 +581,9 @@ type outcome struct {
 
 // send posts one request whose Busy the caller (start) counted, reads the
 // whole answer, and leaves the last Idle to the caller.
-func (d *driver) send(ctx context.Context, r *Request) outcome {
+func (d *driver) send(ctx context.Context, base string, r *Request) outcome {
 	start := d.clock.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.base+r.Path, bytes.NewReader(r.Body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+r.Path, bytes.NewReader(r.Body))
 	if err != nil {
 		return outcome{err: err}
 	}
@@ -656,6 +730,8 @@ func sendReal(ctx context.Context, c *http.Client, base string, r *Request) outc
 	return out
 }
 
+const overflowPrefix = "overflow/"
+
 // reasons sums the router's decisions by reason, and its overflows by the
 // bound that caused them ("overflow/load", say).
 func reasons(reg *prometheus.Registry) map[string]float64 {
@@ -666,7 +742,7 @@ func reasons(reg *prometheus.Registry) map[string]float64 {
 	}
 	series := map[string]struct{ label, prefix string }{
 		"warmfleet_router_decisions_total": {"reason", ""},
-		"warmfleet_router_overflows_total": {"bound", "overflow/"},
+		"warmfleet_router_overflows_total": {"bound", overflowPrefix},
 	}
 	for _, f := range fams {
 		s, ok := series[f.GetName()]
