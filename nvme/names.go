@@ -56,8 +56,23 @@ func CheckRelPath(p string) error {
 	return nil
 }
 
+// CheckRevision validates a revision name: one path segment that cannot be
+// mistaken for the current link or Publish's temporary link beside it.
+func CheckRevision(rev string) error {
+	if err := CheckSegment(rev); err != nil {
+		return fmt.Errorf("revision: %w", err)
+	}
+	if rev == CurrentLink || strings.HasPrefix(rev, ".") {
+		return fmt.Errorf("revision %q is reserved: not %q and not starting with '.'", rev, CurrentLink)
+	}
+	return nil
+}
+
 // CheckName validates a model name: "model" or "org/model", neither segment
-// containing "--" (the separator of the directory name).
+// containing "--" (the separator of the directory name), the model part of
+// "org/model" not starting with '-', and the directory name fitting in one
+// path segment. The '-' rule keeps dirName one-to-one: "a-/b" and "a/-b"
+// would both be "a---b", so removing one would delete the other.
 func CheckName(name string) error {
 	segs := strings.Split(name, "/")
 	if len(segs) > 2 {
@@ -71,11 +86,25 @@ func CheckName(name string) error {
 			return fmt.Errorf("model name %q: segments may not contain %q or start with '.'", name, orgSeparator)
 		}
 	}
+	if len(segs) == 2 && strings.HasPrefix(segs[1], "-") {
+		return fmt.Errorf("model name %q: the part after '/' may not start with '-'", name)
+	}
+	if err := CheckSegment(dirName(name)); err != nil {
+		return fmt.Errorf("model name %q: %w", name, err)
+	}
 	return nil
 }
 
 // dirName is the directory of a model below models/ and partial/.
 func dirName(name string) string { return strings.Replace(name, "/", orgSeparator, 1) }
 
-// nameOfDir inverts dirName.
-func nameOfDir(dir string) string { return strings.Replace(dir, orgSeparator, "/", 1) }
+// nameOfDir inverts dirName. The separator is the last "--": the org part
+// may end in '-', but the model part neither contains "--" nor starts
+// with '-'.
+func nameOfDir(dir string) string {
+	i := strings.LastIndex(dir, orgSeparator)
+	if i < 0 {
+		return dir
+	}
+	return dir[:i] + "/" + dir[i+len(orgSeparator):]
+}

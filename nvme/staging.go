@@ -122,20 +122,32 @@ func (st *Staging) syncAll() error {
 	return nil
 }
 
-// preallocate reserves size bytes for f. Where the file system cannot
-// fallocate, the file is only extended (sparse), which still sets its size.
+// preallocate reserves size bytes for f and makes it exactly size bytes
+// long: a longer file left by an earlier attempt is cut, since verification
+// reads only size bytes and would pass a stale tail. Where the file system
+// cannot fallocate, the file is only extended (sparse), which still sets
+// its size.
 func preallocate(f *os.File, size int64) error {
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if st.Size() > size {
+		if err := f.Truncate(size); err != nil {
+			return err
+		}
+	}
 	if size == 0 {
 		return nil
 	}
-	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+	err = unix.Fallocate(int(f.Fd()), 0, 0, size)
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
 		return fmt.Errorf("preallocate %d bytes: %w: %w", size, ErrNoSpace, err)
 	case errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.ENOSYS):
-		if st, serr := f.Stat(); serr == nil && st.Size() >= size {
+		if st.Size() >= size {
 			return nil
 		}
 		return f.Truncate(size)

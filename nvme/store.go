@@ -107,14 +107,18 @@ func (s *Store) Current(name string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("nvme: %w", err)
 	}
-	if CheckSegment(target) != nil {
+	if CheckRevision(target) != nil {
 		return "", fmt.Errorf("nvme: model %q: current link points outside the model (%q)", name, target)
 	}
 	return target, nil
 }
 
-// Published reports whether a revision is published.
+// Published reports whether a revision is published. An invalid name or
+// revision is never published (".." would otherwise find models/ itself).
 func (s *Store) Published(name, revision string) bool {
+	if CheckName(name) != nil || CheckRevision(revision) != nil {
+		return false
+	}
 	st, err := s.root.Stat(filepath.Join(modelsDir, dirName(name), revision))
 	return err == nil && st.IsDir()
 }
@@ -125,8 +129,8 @@ func (s *Store) Stage(name, revision string) (*Staging, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
-	if err := CheckSegment(revision); err != nil {
-		return nil, fmt.Errorf("revision: %w", err)
+	if err := CheckRevision(revision); err != nil {
+		return nil, err
 	}
 	rel := filepath.Join(partialDir, dirName(name), revision)
 	if err := s.root.MkdirAll(rel, 0o755); err != nil {

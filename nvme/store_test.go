@@ -292,3 +292,183 @@ func TestOpenRejectsBadReserve(t *testing.T) {
 		}
 	}
 }
+
+// Two accepted names must never share a directory, and the directory must
+// name the model back: otherwise Remove of one deletes the other's cache
+// and Models reports a model that was never cached.
+func TestNamesDoNotCollideOnDisk(t *testing.T) {
+	tests := []struct{ a, b string }{
+		{"org-/model", "org/-model"}, // both "org---model"
+		{"a-/b", "a/-b"},
+		{"a/b", "a--b"}, // "a--b" is rejected, so it cannot collide
+	}
+	for _, tt := range tests {
+		if CheckName(tt.a) == nil && CheckName(tt.b) == nil && dirName(tt.a) == dirName(tt.b) {
+			t.Errorf("%q and %q are both accepted and share directory %q", tt.a, tt.b, dirName(tt.a))
+		}
+	}
+
+	s := openStore(t, Options{})
+	st, err := s.Stage("org-/model", "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stageFile(t, st, "w", "weights")
+	if _, err := s.Publish(st); err != nil {
+		t.Fatal(err)
+	}
+	if models, err := s.Models(); err != nil || len(models) != 1 || models[0] != "org-/model" {
+		t.Errorf("Models() = %q, %v; want [org-/model]", models, err)
+	}
+	// Removing (or asking about) a different model must not touch this one.
+	_ = s.Remove("org/-model")
+	if cur, err := s.Current("org-/model"); err != nil || cur != "r" {
+		t.Fatalf("after Remove of another model, Current = %q, %v", cur, err)
+	}
+}
+
+// Long segments that each pass must not make a directory name longer than
+// a file system allows; the name is refused up front with a clear error.
+func TestCheckNameBoundsDirName(t *testing.T) {
+	long := strings.Repeat("a", 200) + "/" + strings.Repeat("b", 200)
+	if err := CheckName(long); err == nil {
+		t.Fatalf("CheckName accepted a name whose directory is %d bytes", len(dirName(long)))
+	}
+}
+
+func FuzzCheckName(f *testing.F) {
+	for _, s := range []string{"m", "org/model", "a-/b", "a/-b", "a--b", "-/-", "../x", ".a/b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		if CheckName(name) != nil {
+			return
+		}
+		// An accepted name is one directory below models/ and names itself.
+		dir := dirName(name)
+		if err := CheckSegment(dir); err != nil {
+			t.Fatalf("accepted %q maps to an invalid directory %q: %v", name, dir, err)
+		}
+		if back := nameOfDir(dir); back != name {
+			t.Fatalf("accepted %q maps to %q, which reads back as %q", name, dir, back)
+		}
+	})
+}
+
+// Published answers for a revision directory, never for whatever a hostile
+// name or revision resolves to ("m/.." is models/ itself).
+func TestPublishedRejectsHostileNames(t *testing.T) {
+	s := openStore(t, Options{})
+	st, err := s.Stage("org/m", "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stageFile(t, st, "w", "weights")
+	if _, err := s.Publish(st); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Published("org/m", "r") {
+		t.Fatal("published revision not reported")
+	}
+	for _, q := range []struct{ name, rev string }{
+		{"org/m", ".."}, {"org/m", "."}, {"org/m", ""}, {"org--m", "r"}, {"org/m", "r/"}, {"org/m", "../m/r"},
+	} {
+		if s.Published(q.name, q.rev) {
+			t.Errorf("Published(%q, %q) = true", q.name, q.rev)
+		}
+	}
+}
+
+// A file an earlier attempt left longer than the object now is must not
+// keep its tail: verification reads only size bytes, so the extra bytes
+// would be published as good.
+func TestOpenFileCutsLongerStagedFile(t *testing.T) {
+	s := openStore(t, Options{})
+	st, err := s.Stage("m", "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stageFile(t, st, "f", "stale content from an earlier attempt")
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err = s.Stage("m", "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stageFile(t, st, "f", "new!")
+	dir, err := s.Publish(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "f")); err != nil || string(got) != "new!" {
+		t.Fatalf("published %q, %v; want %q", got, err, "new!")
+	}
+}
+
+// A symlink planted where a model's directory belongs (models/<name>,
+// partial/<name>, or models/ and partial/ themselves) is never followed out
+// of the data directory: not to write, not to publish, not to delete.
+func TestPlantedModelDirSymlinksStayInside(t *testing.T) {
+	for _, where := range []string{"partial/m", "models/m", "partial", "models"} {
+		t.Run(where, func(t *testing.T) {
+			s := openStore(t, Options{})
+			outside := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(outside, "r"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(outside, "r", "w"), []byte("theirs"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("r", filepath.Join(outside, CurrentLink)); err != nil {
+				t.Fatal(err)
+			}
+			link := filepath.Join(s.Dir(), where)
+			if err := os.RemoveAll(link); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(outside, link); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := s.Stage("m", "r"); err == nil {
+				if _, err := st.OpenFile("w", 4); err == nil {
+					_, _ = s.Publish(st)
+				}
+				st.Close()
+			}
+			if s.Published("m", "r") {
+				t.Error("a revision outside the data dir counts as published")
+			}
+			if cur, err := s.Current("m"); err == nil {
+				t.Errorf("Current followed the planted link to %q", cur)
+			}
+			_ = s.PruneRevisions("m", "other")
+			_ = s.Remove("m")
+			if got, err := os.ReadFile(filepath.Join(outside, "r", "w")); err != nil || string(got) != "theirs" {
+				t.Errorf("file outside the data dir is now %q, %v", got, err)
+			}
+			if entries, _ := os.ReadDir(outside); len(entries) != 2 {
+				t.Errorf("outside the data dir now holds %d entries, want 2", len(entries))
+			}
+		})
+	}
+}
+
+// A revision may not be named like the entries Publish keeps beside the
+// revisions: staged as "current", a failed publish left a directory where
+// the link belongs, Models listed the model as published, and every later
+// publish of it failed.
+func TestStageRejectsReservedRevisionNames(t *testing.T) {
+	s := openStore(t, Options{})
+	for _, rev := range []string{CurrentLink, ".current.tmp", ".hidden"} {
+		st, err := s.Stage("m", rev)
+		if err == nil {
+			stageFile(t, st, "w", "x")
+			_, perr := s.Publish(st)
+			t.Errorf("Stage(%q) accepted (publish: %v)", rev, perr)
+		}
+	}
+	if models, _ := s.Models(); len(models) != 0 {
+		t.Errorf("Models() = %q after no successful publish", models)
+	}
+}

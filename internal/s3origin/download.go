@@ -46,7 +46,7 @@ func Parts(size, partSize int64) int {
 	if size <= 0 || partSize <= 0 {
 		return 0
 	}
-	return int((size + partSize - 1) / partSize)
+	return int((size-1)/partSize + 1) // size+partSize-1 could overflow
 }
 
 // PartRange is the offset and length of part in an object of size bytes.
@@ -69,8 +69,8 @@ func PartRange(part int, size, partSize int64) (off, n int64) {
 // in and the CRCs are combined, so only parts from an earlier run are read
 // back. Other digests (MD5 ETags, SHA) are checked by reading dst back.
 func (c *Client) Download(ctx context.Context, obj Object, dst File, plan Plan) error {
-	if obj.Size < 0 {
-		return fmt.Errorf("download %s: negative size %d", obj.URL(), obj.Size)
+	if obj.Size < 0 || obj.Size > MaxObjectSize {
+		return fmt.Errorf("download %s: size %d, want 0..%d", obj.URL(), obj.Size, int64(MaxObjectSize))
 	}
 	if obj.ETag == "" {
 		return fmt.Errorf("download %s: no ETag to pin the version to (take the Object from List)", obj.URL())
@@ -222,7 +222,7 @@ func (c *Client) fetchRange(ctx context.Context, obj Object, start, end int64, w
 // the same retries and resumption as Download: the byte source of a swarm
 // origin. Closing the reader early stops the transfer.
 func (c *Client) OpenRange(ctx context.Context, obj Object, off, n int64) (io.ReadCloser, error) {
-	if off < 0 || n < 0 || off+n > obj.Size {
+	if off < 0 || n < 0 || off > obj.Size || n > obj.Size-off { // off+n could overflow
 		return nil, fmt.Errorf("range %d+%d of %s (%d bytes): out of bounds", off, n, obj.URL(), obj.Size)
 	}
 	pr, pw := io.Pipe()

@@ -34,6 +34,11 @@ type Object struct {
 // URL is s3://bucket/key.
 func (o Object) URL() string { return "s3://" + o.Bucket + "/" + o.Key }
 
+// MaxObjectSize is above the largest object S3 (50 TB) or MinIO (50 TiB)
+// stores. A server claiming more is broken or hostile; sizes this bounded
+// also keep part counts and offsets far from overflowing int64.
+const MaxObjectSize = 1 << 46
+
 // Limits on a relative path; NAME_MAX is 255 on every Linux filesystem the
 // cache may live on.
 const (
@@ -82,18 +87,42 @@ func ValidRelPath(p string) error {
 func (c *Client) List(ctx context.Context, src spec.S3URL) ([]Object, error) {
 	what := "list " + src.String()
 	var raw []types.Object
-	p := s3.NewListObjectsV2Paginator(c.s3, &s3.ListObjectsV2Input{
-		Bucket: aws.String(src.Bucket),
-		Prefix: aws.String(src.Prefix),
-	})
-	for p.HasMorePages() {
-		page, err := p.NextPage(ctx)
+	in := &s3.ListObjectsV2Input{Bucket: aws.String(src.Bucket), Prefix: aws.String(src.Prefix)}
+	// Not the SDK's paginator: it ends quietly on a truncated page without
+	// a token (a partial model would look complete) and loops forever on a
+	// token it was given before.
+	seen := map[string]bool{}
+	for {
+		page, err := c.s3.ListObjectsV2(ctx, in)
 		if err != nil {
 			return nil, c.explain(err, what)
 		}
 		raw = append(raw, page.Contents...)
+		next, err := nextPageToken(aws.ToBool(page.IsTruncated), aws.ToString(page.NextContinuationToken), seen)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		if next == "" {
+			return objectsFromListing(src, raw)
+		}
+		in.ContinuationToken = aws.String(next)
 	}
-	return objectsFromListing(src, raw)
+}
+
+// nextPageToken decides how a listing goes on after a page: "" when it is
+// complete, the token of the next page, or an error when the server breaks
+// the protocol. seen holds the tokens already followed.
+func nextPageToken(truncated bool, token string, seen map[string]bool) (string, error) {
+	switch {
+	case !truncated:
+		return "", nil
+	case token == "":
+		return "", fmt.Errorf("%w: a truncated listing page has no continuation token", ErrServer)
+	case seen[token]:
+		return "", fmt.Errorf("%w: the listing repeats continuation token %q", ErrServer, token)
+	}
+	seen[token] = true
+	return token, nil
 }
 
 // objectsFromListing turns listed entries into Objects: it drops directory
@@ -113,6 +142,9 @@ func objectsFromListing(src spec.S3URL, raw []types.Object) ([]Object, error) {
 		}
 		if size < 0 {
 			return nil, fmt.Errorf("list %s: key %q has negative size %d", src, key, size)
+		}
+		if size > MaxObjectSize {
+			return nil, fmt.Errorf("list %s: %w: key %q has size %d, more than any S3 object can have", src, ErrServer, key, size)
 		}
 		if err := ValidRelPath(rel); err != nil {
 			return nil, fmt.Errorf("list %s: key %q: %w", src, key, err)
@@ -136,11 +168,15 @@ func objectsFromListing(src spec.S3URL, raw []types.Object) ([]Object, error) {
 }
 
 // checkPathClashes rejects a file that would also have to be a directory
-// ("a" and "a/b"), which no local filesystem can hold. It sorts objs by Path.
+// ("a" and "a/b"), which no local filesystem can hold, and a key listed
+// twice, which S3 never does. It sorts objs by Path.
 func checkPathClashes(objs []Object) error {
 	sort.Slice(objs, func(i, j int) bool { return objs[i].Path < objs[j].Path })
 	files := make(map[string]bool, len(objs))
 	for _, o := range objs {
+		if files[o.Path] {
+			return fmt.Errorf("%w: key %q is listed twice", ErrServer, o.Key)
+		}
 		files[o.Path] = true
 	}
 	for _, o := range objs {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -117,6 +118,9 @@ func TestObjectsFromListing(t *testing.T) {
 		{name: "outside prefix", listing: []types.Object{obj("other/x", 1)}, wantErr: "outside the prefix"},
 		{name: "file and directory", listing: []types.Object{obj("models/llama/a", 1), obj("models/llama/a/b/c", 1)}, wantErr: `needs "a" to be a directory`},
 		{name: "negative size", listing: []types.Object{obj("models/llama/a", -1)}, wantErr: "negative size"},
+		// Two downloads into one file would mix their bytes, each verified
+		// against the CRC of its own stream.
+		{name: "key listed twice", listing: []types.Object{obj("models/llama/a", 1), obj("models/llama/b", 1), obj("models/llama/a", 2)}, wantErr: `"models/llama/a" is listed twice`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -419,6 +423,29 @@ func TestOptionsValidation(t *testing.T) {
 		}
 		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 			t.Errorf("%+v: err %v, want %q", tt.opts, err, tt.wantErr)
+		}
+	}
+}
+
+// Parts counts whole parts for any size, including ones where size +
+// partSize would overflow.
+func TestPartsNearMaxInt64(t *testing.T) {
+	for _, partSize := range []int64{MinPartSize, DefaultPartSize, MaxPartSize} {
+		n := Parts(math.MaxInt64, partSize)
+		off, length := PartRange(n-1, math.MaxInt64, partSize)
+		if n <= 0 || length <= 0 || off+length != math.MaxInt64 {
+			t.Errorf("Parts(MaxInt64, %d) = %d, last part %d+%d", partSize, n, off, length)
+		}
+	}
+}
+
+// A range whose end overflows int64 is out of bounds, not an empty stream.
+func TestOpenRangeBounds(t *testing.T) {
+	o := Object{Bucket: "b", Key: "k", Size: 100, ETag: "e"}
+	for _, r := range []struct{ off, n int64 }{{10, math.MaxInt64}, {math.MaxInt64, 1}, {-1, 5}, {5, -1}, {99, 2}} {
+		if rc, err := (&Client{}).OpenRange(context.Background(), o, r.off, r.n); err == nil {
+			rc.Close()
+			t.Errorf("OpenRange(%d, %d) of %d bytes accepted", r.off, r.n, o.Size)
 		}
 	}
 }

@@ -7,12 +7,14 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"hash/crc32"
 	"io"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +23,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/minio/crc64nvme"
+	"golang.org/x/sync/errgroup"
 )
 
 // Verification says how a local copy was checked against its object.
@@ -224,11 +227,15 @@ func (c *Client) headInput(obj Object, partNumber int32) *s3.HeadObjectInput {
 	return in
 }
 
-// verifyMultipart recomputes a multipart ETag, md5(md5(part1)..md5(partN)),
-// with the part size S3 reports for part 1.
+// verifyMultipart recomputes a multipart ETag, md5(md5(part1)..md5(partN)).
+// It first assumes every part but the last is as long as part 1 (what SDK
+// uploaders do), which costs one HEAD. S3 also accepts parts of different
+// sizes, and a wrong layout makes a good copy look corrupt (the daemon would
+// then fetch it again forever), so when that layout cannot be right or its
+// digest does not match, it asks S3 for the size of every part.
 func (c *Client) verifyMultipart(ctx context.Context, obj Object, r io.ReaderAt, chk check) (Verification, error) {
 	what := "verify " + obj.URL()
-	head, err := c.s3.HeadObject(ctx, c.headInput(obj, 1))
+	first, err := c.partLength(ctx, obj, 1)
 	if err != nil {
 		if contextError(err) != nil {
 			return Verification{}, fmt.Errorf("%s: %w", what, err)
@@ -236,22 +243,97 @@ func (c *Client) verifyMultipart(ctx context.Context, obj Object, r io.ReaderAt,
 		return Verification{Method: MethodNone, Detail: fmt.Sprintf(
 			"multipart ETag with %d parts, but the server does not tell the part size (HEAD partNumber=1: %v)", chk.parts, err)}, nil
 	}
-	partSize := aws.ToInt64(head.ContentLength)
-	if !multipartLayoutOK(obj.Size, partSize, chk.parts) {
-		return Verification{Method: MethodNone, Detail: fmt.Sprintf(
-			"multipart ETag with %d parts, but %d bytes in parts of %d (part 1) do not make %d equal parts: part sizes unknown", chk.parts, obj.Size, partSize, chk.parts)}, nil
+	var uniform []int64
+	var uniformErr error
+	if multipartLayoutOK(obj.Size, first, chk.parts) {
+		uniform = uniformLayout(obj.Size, first, chk.parts)
+		v, err := c.checkMultipart(ctx, obj, r, chk, uniform, fmt.Sprintf("parts of %d bytes", first))
+		// With one or two parts, part 1's size fixes the layout.
+		if !errors.Is(err, ErrCorrupt) || chk.parts <= 2 {
+			return v, err
+		}
+		uniformErr = err
 	}
-	sums, err := md5Parts(ctx, r, obj.Size, partSize, chk.parts)
+	lengths, err := c.partLengths(ctx, obj, chk.parts)
+	switch {
+	case contextError(err) != nil:
+		return Verification{}, fmt.Errorf("%s: %w", what, err)
+	case err != nil && uniformErr != nil:
+		return Verification{}, uniformErr
+	case err != nil:
+		return Verification{Method: MethodNone, Detail: fmt.Sprintf(
+			"multipart ETag with %d parts of unequal sizes, and the server does not tell them: %v", chk.parts, err)}, nil
+	case slices.Equal(lengths, uniform):
+		return Verification{}, uniformErr
+	}
+	return c.checkMultipart(ctx, obj, r, chk, lengths, "parts of the sizes S3 reports")
+}
+
+// uniformLayout is n parts of partSize bytes but a shorter last one.
+func uniformLayout(size, partSize int64, n int) []int64 {
+	lengths := make([]int64, n)
+	for part := range n {
+		_, lengths[part] = PartRange(part, size, partSize)
+	}
+	return lengths
+}
+
+// checkMultipart compares the multipart MD5 of r, cut into parts of the
+// given lengths, with the ETag.
+func (c *Client) checkMultipart(ctx context.Context, obj Object, r io.ReaderAt, chk check, lengths []int64, layout string) (Verification, error) {
+	what := "verify " + obj.URL()
+	sums, err := md5Parts(ctx, r, lengths)
 	if err != nil {
 		return Verification{}, fmt.Errorf("%s: read back: %w", what, err)
 	}
 	whole := md5.Sum(sums)
 	if got := hex.EncodeToString(whole[:]); got != chk.expected {
-		return Verification{}, fmt.Errorf("%s: %w: multipart MD5 of the local copy (%d parts of %d bytes) is %s-%d, S3 has %s-%d",
-			what, ErrCorrupt, chk.parts, partSize, got, chk.parts, chk.expected, chk.parts)
+		return Verification{}, fmt.Errorf("%s: %w: multipart MD5 of the local copy (%d %s) is %s-%d, S3 has %s-%d",
+			what, ErrCorrupt, chk.parts, layout, got, chk.parts, chk.expected, chk.parts)
 	}
 	return Verification{Verified: true, Method: MethodMD5Multipart,
-		Detail: fmt.Sprintf("%s-%d, parts of %d bytes", chk.expected, chk.parts, partSize)}, nil
+		Detail: fmt.Sprintf("%s-%d, %s", chk.expected, chk.parts, layout)}, nil
+}
+
+// partLength asks S3 for the size of upload part number (1-based) of obj.
+func (c *Client) partLength(ctx context.Context, obj Object, number int) (int64, error) {
+	head, err := c.s3.HeadObject(ctx, c.headInput(obj, int32(number)))
+	if err != nil {
+		return 0, err
+	}
+	return aws.ToInt64(head.ContentLength), nil
+}
+
+// partLengths asks S3 for the size of every upload part of obj, Concurrency
+// HEADs at a time, and checks that they make up the object.
+func (c *Client) partLengths(ctx context.Context, obj Object, n int) ([]int64, error) {
+	lengths := make([]int64, n)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(c.opts.Concurrency)
+	for part := range n {
+		g.Go(func() error {
+			length, err := c.partLength(gctx, obj, part+1)
+			if err != nil {
+				return fmt.Errorf("HEAD partNumber=%d: %w", part+1, err)
+			}
+			lengths[part] = length
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	var total int64
+	for part, length := range lengths {
+		if (length <= 0 && n > 1) || length > obj.Size { // bounded, so the sum cannot wrap
+			return nil, fmt.Errorf("part %d has %d bytes", part+1, length)
+		}
+		total += length
+	}
+	if total != obj.Size {
+		return nil, fmt.Errorf("parts add up to %d bytes, the object has %d", total, obj.Size)
+	}
+	return lengths, nil
 }
 
 // readBackBuf: large sequential reads keep read-back near disk speed.
@@ -260,12 +342,15 @@ const readBackBuf = 4 << 20
 // md5Parts hashes each upload part, several at a time (MD5 is serial, so
 // parallel parts are the only way to use more than one core), and returns
 // the concatenated digests.
-func md5Parts(ctx context.Context, r io.ReaderAt, size, partSize int64, n int) ([]byte, error) {
-	sums := make([]byte, n*md5.Size)
-	err := forEachPart(ctx, n, func(part int, buf []byte) error {
-		off, length := PartRange(part, size, partSize)
+func md5Parts(ctx context.Context, r io.ReaderAt, lengths []int64) ([]byte, error) {
+	offs := make([]int64, len(lengths))
+	for part := 1; part < len(lengths); part++ {
+		offs[part] = offs[part-1] + lengths[part-1]
+	}
+	sums := make([]byte, len(lengths)*md5.Size)
+	err := forEachPart(ctx, len(lengths), func(part int, buf []byte) error {
 		h := md5.New()
-		if err := readRange(ctx, r, off, length, buf, func(p []byte) { h.Write(p) }); err != nil {
+		if err := readRange(ctx, r, offs[part], lengths[part], buf, func(p []byte) { h.Write(p) }); err != nil {
 			return fmt.Errorf("part %d: %w", part+1, err)
 		}
 		copy(sums[part*md5.Size:], h.Sum(nil))
