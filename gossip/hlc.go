@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"cmp"
+	"math"
 	"sync"
 	"time"
 )
@@ -50,16 +51,25 @@ func (c *hlc) next(floor Timestamp) Timestamp {
 	defer c.mu.Unlock()
 	pt := c.now().UnixMilli()
 	wall := max(pt, c.wall, floor.Wall)
-	var logical uint32
+	var logical uint64
 	if wall == c.wall {
-		logical = c.logical + 1
+		logical = uint64(c.logical) + 1
 	}
-	if wall == floor.Wall && logical <= floor.Logical {
-		logical = floor.Logical + 1
+	if wall == floor.Wall {
+		logical = max(logical, uint64(floor.Logical)+1)
 	}
-	c.wall, c.logical = wall, logical
-	return Timestamp{Wall: wall, Logical: logical, Node: c.node}
+	if logical > math.MaxUint32 {
+		// The counter is full (a peer can send any value): the next
+		// millisecond is later still, and maxWall leaves room for it.
+		wall, logical = wall+1, 0
+	}
+	c.wall, c.logical = wall, uint32(logical)
+	return Timestamp{Wall: wall, Logical: uint32(logical), Node: c.node}
 }
+
+// maxWall bounds the wall part of a timestamp from outside (the end of year
+// 9999): next must always be able to issue a later one.
+const maxWall = 253402300799999
 
 // observe moves the clock past a timestamp seen from a peer, unless that
 // timestamp is further ahead of our wall clock than maxDrift: one node with a

@@ -31,8 +31,8 @@ func (r Record) validate() error {
 	if r.Key == "" || len(r.Key) > maxKeyLen {
 		return fmt.Errorf("record key length %d: want 1..%d", len(r.Key), maxKeyLen)
 	}
-	if r.TS.Wall <= 0 {
-		return fmt.Errorf("record %q: timestamp wall %d is not positive", r.Key, r.TS.Wall)
+	if r.TS.Wall <= 0 || r.TS.Wall > maxWall {
+		return fmt.Errorf("record %q: timestamp wall %d: want 1..%d", r.Key, r.TS.Wall, int64(maxWall))
 	}
 	if err := validateNodeName(r.TS.Node); err != nil {
 		return fmt.Errorf("record %q: timestamp: %w", r.Key, err)

@@ -106,7 +106,7 @@ func (r invRecord) validate() error {
 }
 
 type specsMsg struct {
-	Records []Record `json:"r"`
+	Records list[Record] `json:"r"`
 }
 
 type byeMsg struct {
@@ -114,28 +114,102 @@ type byeMsg struct {
 }
 
 type wantMsg struct {
-	From  string   `json:"f"`
-	Nodes []string `json:"n"`
+	From  string       `json:"f"`
+	Nodes list[string] `json:"n"`
 	// Packet asks for the answer in a packet when it fits one.
 	Packet bool `json:"p,omitempty"`
 }
 
 type inventoriesMsg struct {
-	Records []invRecord `json:"r"`
+	Records list[invRecord] `json:"r"`
 }
 
 type stateMsg struct {
 	From string `json:"f"`
 	// Desired is false when the sender keeps no desired state (a router).
-	Desired bool     `json:"ds,omitempty"`
-	Records []Record `json:"r,omitempty"`
-	Stale   bool     `json:"st,omitempty"`
-	Synced  bool     `json:"sy,omitempty"`
+	Desired bool         `json:"ds,omitempty"`
+	Records list[Record] `json:"r,omitempty"`
+	Stale   bool         `json:"st,omitempty"`
+	Synced  bool         `json:"sy,omitempty"`
 	// Digest maps every live node whose inventory the sender holds to its
 	// version.
-	Digest map[string]uint64 `json:"d,omitempty"`
+	Digest dict[uint64] `json:"d,omitempty"`
 	// Self is the sender's own inventory, always in full.
 	Self *invRecord `json:"i,omitempty"`
+}
+
+// maxListLen bounds every list and map of a message (maxRecords,
+// maxDigest); the decoders then check the tighter limits.
+const maxListLen = max(maxRecords, maxDigest)
+
+// list is a JSON array that refuses its element maxListLen+1 before
+// decoding it. Counting after json.Unmarshal is too late: a stream payload
+// of "{}," repeated decodes into millions of records, over a gigabyte of
+// allocations from one message that compresses to a few KiB on the wire.
+type list[T any] []T
+
+func (l *list[T]) UnmarshalJSON(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if tok == nil {
+		*l = nil
+		return nil
+	}
+	if tok != json.Delim('[') {
+		return fmt.Errorf("want an array, got %v", tok)
+	}
+	var out list[T]
+	for dec.More() {
+		if len(out) == maxListLen {
+			return fmt.Errorf("%w: more than %d elements", errOversize, maxListLen)
+		}
+		var v T
+		if err := dec.Decode(&v); err != nil {
+			return err
+		}
+		out = append(out, v)
+	}
+	*l = out
+	return nil
+}
+
+// dict is a JSON object bounded like list.
+type dict[V any] map[string]V
+
+func (d *dict[V]) UnmarshalJSON(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if tok == nil {
+		*d = nil
+		return nil
+	}
+	if tok != json.Delim('{') {
+		return fmt.Errorf("want an object, got %v", tok)
+	}
+	out := dict[V]{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		k, _ := tok.(string) // object keys are strings
+		if _, dup := out[k]; !dup && len(out) == maxListLen {
+			return fmt.Errorf("%w: more than %d entries", errOversize, maxListLen)
+		}
+		var v V
+		if err := dec.Decode(&v); err != nil {
+			return err
+		}
+		out[k] = v
+	}
+	*d = out
+	return nil
 }
 
 // encodeMsg frames v as a message of type t.

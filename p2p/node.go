@@ -470,23 +470,27 @@ func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {
 	off, size := sc.s.m.PieceRange(i)
 	sc.wmu.Lock()
 	defer sc.wmu.Unlock()
+	// A downloader that takes nothing for StallTimeout is gone or frozen:
+	// without a deadline its zero window would hold this upload slot (and
+	// the file) forever. The deadline moves on with every chunk, the unit
+	// the downloader's own stall timer counts in.
+	defer func() { _ = sc.c.SetWriteDeadline(time.Time{}) }()
+	_ = sc.c.SetWriteDeadline(n.cfg.Now().Add(n.cfg.StallTimeout))
 	if err := writeFrame(sc.c, msgPiece, append(u32(i), u32(int(size))...)); err != nil {
 		return err
 	}
-	// Limited uploads go a chunk at a time so the limiter can pace them.
+	// Uploads go a chunk at a time so the limiter can pace them and the
+	// stall deadline follows progress.
 	limited := n.upLim.Limit() != rate.Inf
-	step := size
-	if limited {
-		step = chunkSize
-	}
 	for done := int64(0); done < size; {
-		k := min(step, size-done)
+		k := min(chunkSize, size-done)
 		if err := n.upLim.WaitN(ctx, int(min(k, math.MaxInt32))); err != nil {
 			return err
 		}
 		if limited {
 			sc.pace()
 		}
+		_ = sc.c.SetWriteDeadline(n.cfg.Now().Add(n.cfg.StallTimeout))
 		w, err := sendRange(sc.c, f, off+done, k, buf)
 		done += w
 		n.c.peerOut.Add(w)

@@ -65,11 +65,16 @@ func readFrameMax(r *bufio.Reader, limit uint32) (frame, error) {
 	if n > limit {
 		return frame{}, fmt.Errorf("%w: frame of %d bytes", errProtocol, n)
 	}
-	f := frame{typ: hdr[0], payload: make([]byte, n)}
-	if _, err := io.ReadFull(r, f.payload); err != nil {
+	// The buffer grows with the bytes that arrive: the header costs the
+	// peer five bytes, and must not make us allocate up to limit for them.
+	payload, err := io.ReadAll(io.LimitReader(r, int64(n)))
+	if err != nil {
 		return frame{}, err
 	}
-	return f, nil
+	if len(payload) < int(n) {
+		return frame{}, io.ErrUnexpectedEOF
+	}
+	return frame{typ: hdr[0], payload: payload}, nil
 }
 
 // index decodes a frame whose payload starts with a piece index below n.
