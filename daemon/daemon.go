@@ -351,7 +351,10 @@ func (d *Daemon) Caches() ([]api.CacheStatus, error) {
 			continue
 		}
 		rec, ok := recs[s.Name]
-		if !ok || !rec.Spec.Equal(s) && rec.State != api.StateReady {
+		// A record of other files (the source or revision changed) says
+		// nothing of the desired ones: they are ready only once fetched,
+		// though the old files stay served meanwhile.
+		if !ok || !sameContent(rec.Spec, s) {
 			rec = cacheRecord{Spec: s, State: api.StatePending}
 		}
 		byName[s.Name] = d.status(s, rec, targeted(s))
@@ -369,6 +372,13 @@ func (d *Daemon) Caches() ([]api.CacheStatus, error) {
 		out = append(out, st)
 	}
 	return out, nil
+}
+
+// sameContent reports whether two model specs ask for the same files;
+// targets only decide which nodes hold them.
+func sameContent(a, b spec.Spec) bool {
+	a.Targets, b.Targets = spec.Targets{}, spec.Targets{}
+	return a.Equal(b)
 }
 
 // Cache reports one model; found is false when it is neither desired nor cached.

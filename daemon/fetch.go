@@ -98,8 +98,14 @@ func (f *fetch) fail(cause error) {
 		f.log.Error("read state", "err", err)
 		return
 	}
-	rec.Spec = f.spec
-	rec.State = api.StateFailed
+	// A published revision of the same files stays ready and served when
+	// re-checking or updating it fails (S3 unreachable, say): only the
+	// error is reported, and the attempt retried with backoff.
+	keepReady := rec.State == api.StateReady && sameContent(rec.Spec, f.spec) && f.d.store.Published(f.spec.Name, rec.RevisionID)
+	rec.Spec = f.spec // same files when keepReady: new targets need no new try
+	if !keepReady {
+		rec.State = api.StateFailed
+	}
 	rec.Error = cause.Error()
 	rec.Attempts++
 	rec.NextTry = f.d.now().Add(retryDelay(rec.Attempts))
@@ -107,7 +113,9 @@ func (f *fetch) fail(cause error) {
 	if err := f.d.state.putRecord(rec); err != nil {
 		f.log.Error("write state", "err", err)
 	}
-	f.d.metrics.setState(f.spec.Name, api.StateFailed)
+	if !keepReady {
+		f.d.metrics.setState(f.spec.Name, api.StateFailed)
+	}
 	f.log.Warn("fetch failed", "err", cause, "attempts", rec.Attempts, "retry_at", rec.NextTry)
 }
 
@@ -134,7 +142,7 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	}
 	now := f.d.now()
 	if rec.State == api.StateReady && rec.RevisionID == revision && rec.Spec.Equal(f.spec) && f.d.store.Published(f.spec.Name, revision) {
-		rec.CheckedAt = now
+		rec.CheckedAt, rec.Error, rec.Attempts, rec.NextTry = now, "", 0, time.Time{}
 		return "unchanged", f.d.state.putRecord(rec)
 	}
 

@@ -263,11 +263,15 @@ func (d *Daemon) imageInventory() map[string]gossip.ImageInventory {
 	return out
 }
 
-// AddImage records an image claim in the fleet's desired state.
+// AddImage records an image claim in the fleet's desired state, under the
+// normalized reference: "alpine" and "docker.io/library/alpine:latest" are
+// one claim, shown and removed by the name `image ls` prints.
 func (d *Daemon) AddImage(ctx context.Context, s spec.Spec) error {
-	if _, err := imagecache.NormalizeRef(s.Name); err != nil {
+	ref, err := imagecache.NormalizeRef(s.Name)
+	if err != nil {
 		return err
 	}
+	s.Name = ref
 	if err := imagecache.ValidateOwner(s.Owner); err != nil {
 		return err
 	}
@@ -278,15 +282,33 @@ func (d *Daemon) AddImage(ctx context.Context, s spec.Spec) error {
 	return nil
 }
 
-// RemoveImage drops an owner's claim fleet-wide; found is false when there was none.
+// RemoveImage drops an owner's claim fleet-wide, however its reference was
+// spelled when added; found is false when there was none.
 func (d *Daemon) RemoveImage(ctx context.Context, ref, owner string) (bool, error) {
-	err := d.desired.Delete(ctx, spec.Spec{Kind: spec.KindImage, Name: ref, Owner: owner}.Key())
-	if errors.Is(err, gossip.ErrNotFound) {
-		return false, nil
+	keys := []string{spec.Spec{Kind: spec.KindImage, Name: ref, Owner: owner}.Key()}
+	if norm, err := imagecache.NormalizeRef(ref); err == nil {
+		for _, s := range d.desired.List() {
+			if s.Kind != spec.KindImage || s.Owner != owner || s.Name == ref {
+				continue
+			}
+			if n, err := imagecache.NormalizeRef(s.Name); err == nil && n == norm {
+				keys = append(keys, s.Key())
+			}
+		}
 	}
-	if err != nil {
-		return false, err
+	var found bool
+	for _, key := range keys {
+		err := d.desired.Delete(ctx, key)
+		if errors.Is(err, gossip.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return found, err
+		}
+		found = true
 	}
-	d.Kick()
-	return true, nil
+	if found {
+		d.Kick()
+	}
+	return found, nil
 }

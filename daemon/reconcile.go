@@ -86,7 +86,8 @@ func needsFetch(rec cacheRecord, found bool, d spec.Spec, now time.Time, resync 
 	case rec.State == api.StateFailed:
 		return !now.Before(rec.NextTry)
 	case rec.State == api.StateReady:
-		return resync > 0 && now.Sub(rec.CheckedAt) >= resync
+		// A failed re-check or update (Error set) is retried after its backoff.
+		return resync > 0 && now.Sub(rec.CheckedAt) >= resync || rec.Error != "" && !now.Before(rec.NextTry)
 	default: // pending, downloading or verifying with no fetch running: resume after a restart
 		return true
 	}

@@ -227,8 +227,10 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
 		}
 		return fmt.Errorf("bad JSON body: %w", err)
 	}
-	if dec.More() {
-		return errors.New("bad JSON body: more than one value")
+	// More misses a stray '}' or ']' after the value; only EOF means the
+	// body was one value.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("bad JSON body: more than one value, or data after it")
 	}
 	return nil
 }
@@ -262,6 +264,11 @@ func Listen(ctx context.Context, addr api.Addr, token string) (net.Listener, err
 	}
 	if err := os.MkdirAll(filepath.Dir(addr.Address), 0o755); err != nil {
 		return nil, fmt.Errorf("api socket: %w", err)
+	}
+	// Only a socket is ours to replace: a mistyped path that names a file
+	// or directory is an error, never something to delete.
+	if fi, err := os.Lstat(addr.Address); err == nil && fi.Mode().Type() != os.ModeSocket {
+		return nil, fmt.Errorf("api socket %s: a file that is not a socket is there (mode %s): refusing to replace it", addr.Address, fi.Mode())
 	}
 	if err := os.Remove(addr.Address); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("api socket: %w", err)

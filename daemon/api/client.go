@@ -38,8 +38,14 @@ func NewClient(addr string, token string) (*Client, error) {
 			return d.DialContext(ctx, "unix", a.Address)
 		}
 	}
-	return &Client{addr: a, token: token, http: &http.Client{Transport: tr}, base: base}, nil
+	return &Client{addr: a, token: token, http: &http.Client{Transport: tr, Timeout: requestTimeout}, base: base}, nil
 }
+
+// requestTimeout bounds one API call, so a stopped or wedged daemon gives
+// the CLI an error instead of a hang. The daemon answers every call at
+// once, bar fleet-wide key operations (bounded at 10 s there); waiting
+// (cache add --wait) polls with many calls.
+const requestTimeout = time.Minute
 
 // StatusError is a non-2xx answer from the daemon.
 type StatusError struct {
@@ -76,6 +82,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("daemon at %s: no answer within %s (is it stopped or stuck?): %w", c.addr, requestTimeout, err)
+		}
 		return fmt.Errorf("daemon at %s: %w", c.addr, err)
 	}
 	defer resp.Body.Close()

@@ -56,8 +56,14 @@ func (c *clientFlags) client() (*api.Client, error) {
 	return cl, nil
 }
 
-// oneName parses flags that follow or precede a single NAME argument.
+// oneName parses flags that follow or precede a single model NAME argument.
 func oneName(fs *flagSet, e *Env, args []string, what string) (string, error) {
+	return oneArg(fs, e, args, what, "model NAME")
+}
+
+// oneArg parses flags that follow or precede a single argument, arg, as
+// named in the error when it is missing.
+func oneArg(fs *flagSet, e *Env, args []string, what, arg string) (string, error) {
 	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		name, args = args[0], args[1:]
@@ -71,7 +77,7 @@ func oneName(fs *flagSet, e *Env, args []string, what string) (string, error) {
 		return "", usageError("unexpected arguments %q", fs.Args())
 	}
 	if name == "" {
-		return "", usageError("%s: give the model NAME", what)
+		return "", usageError("%s: give the %s", what, arg)
 	}
 	return name, nil
 }
@@ -90,6 +96,9 @@ func runCacheAdd(ctx context.Context, e *Env, args []string) error {
 	name, err := oneName(fs, e, args, "cache add")
 	if err != nil {
 		return err
+	}
+	if *timeout < 0 {
+		return usageError("--timeout %s: want >= 0 (0 = wait until ready)", *timeout)
 	}
 	sel, err := spec.ParseLabels(selector)
 	if err != nil {

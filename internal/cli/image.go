@@ -25,7 +25,7 @@ func runImage(ctx context.Context, e *Env, args []string) error {
 
 // oneRef parses flags around a single image REF argument.
 func oneRef(fs *flagSet, e *Env, args []string, what string) (string, error) {
-	return oneName(fs, e, args, what)
+	return oneArg(fs, e, args, what, "image REF")
 }
 
 func runImageAdd(ctx context.Context, e *Env, args []string) error {
