@@ -104,7 +104,10 @@ func (st *Staging) Close() error {
 	return nil
 }
 
-// syncAll makes every file durable and closes it before the rename.
+// syncAll makes every file durable and closes it before the rename, then
+// every directory of the revision: a file's data is durable after its
+// fsync, but its name only after its directory's, so without them a crash
+// after publishing could leave a ready revision with files missing.
 func (st *Staging) syncAll() error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -119,7 +122,25 @@ func (st *Staging) syncAll() error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("nvme: %w", err)
 	}
-	return nil
+	return st.syncDirs()
+}
+
+// syncDirs fsyncs every directory under the staging root, the root too.
+func (st *Staging) syncDirs() error {
+	return fs.WalkDir(st.root.FS(), ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		dir, err := st.root.Open(path)
+		if err != nil {
+			return fmt.Errorf("nvme: %w", err)
+		}
+		defer dir.Close()
+		if err := dir.Sync(); err != nil {
+			return fmt.Errorf("nvme: sync %s: %w", filepath.Join(st.rel, path), err)
+		}
+		return nil
+	})
 }
 
 // preallocate reserves size bytes for f and makes it exactly size bytes
