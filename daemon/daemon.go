@@ -43,8 +43,15 @@ type Config struct {
 	ResyncInterval time.Duration
 	// ReconcileInterval bounds how long a change may wait for the loop.
 	ReconcileInterval time.Duration
-	Version           string
-	Logger            *slog.Logger
+	// OldRevisionGrace is how long a model's previous revisions stay on disk
+	// after an update, so inference servers that are still opening their
+	// files can finish; 0 deletes them at once. A download that needs their
+	// space deletes them earlier, oldest first.
+	OldRevisionGrace time.Duration
+	// StatFS reports the data dir's file system space; nil means statfs(2).
+	StatFS  func(path string) (nvme.Space, error)
+	Version string
+	Logger  *slog.Logger
 	// Clock is the time source; nil means time.Now.
 	Clock func() time.Time
 }
@@ -59,6 +66,9 @@ func (c *Config) validate() error {
 	}
 	if c.ResyncInterval < 0 || c.ReconcileInterval < 0 {
 		errs = append(errs, errors.New("intervals must not be negative"))
+	}
+	if c.OldRevisionGrace < 0 {
+		errs = append(errs, fmt.Errorf("old revision grace %v: want >= 0", c.OldRevisionGrace))
 	}
 	for k, v := range c.Labels {
 		errs = append(errs, spec.ValidateLabel(k, v))
@@ -84,6 +94,13 @@ type Daemon struct {
 	// swarm is nil when model files come from S3 only; set once before Run.
 	swarm *swarm
 
+	// revMu orders the deletion of retired revisions against a fetch that
+	// makes one of them current again, so a revision is never deleted as it
+	// becomes current.
+	revMu sync.Mutex
+	// oldBytes is the space each model's retired revisions take.
+	oldBytes *prometheus.GaugeVec
+
 	mu      sync.Mutex
 	fetches map[string]*fetch
 	wg      sync.WaitGroup
@@ -106,7 +123,7 @@ func New(cfg Config, org Origin) (*Daemon, error) {
 	if cfg.FileConcurrency == 0 {
 		cfg.FileConcurrency = 2
 	}
-	store, err := nvme.Open(cfg.DataDir, nvme.Options{ReserveBytes: cfg.ReserveBytes, ReserveFraction: cfg.ReserveFraction})
+	store, err := nvme.Open(cfg.DataDir, nvme.Options{ReserveBytes: cfg.ReserveBytes, ReserveFraction: cfg.ReserveFraction, StatFS: cfg.StatFS})
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +135,12 @@ func New(cfg Config, org Origin) (*Daemon, error) {
 	d := &Daemon{
 		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, state: st, store: store, origin: org,
 		metrics: newMetrics(), kick: make(chan struct{}, 1), fetches: map[string]*fetch{},
+		oldBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "warmfleet_cache_old_revision_bytes",
+			Help: "Bytes held by a model's previous revisions, kept for the grace period after an update.",
+		}, []string{"model"}),
 	}
+	d.metrics.reg.MustRegister(d.oldBytes)
 	desiredStore, err := gossip.NewBoltStore(st.db, bucketDesired)
 	if err == nil {
 		d.desired, err = gossip.NewDesiredState(context.Background(), desiredStore, gossip.DesiredOptions{
@@ -132,6 +154,9 @@ func New(cfg Config, org Origin) (*Daemon, error) {
 	if err := d.restoreMetrics(); err != nil {
 		d.Close()
 		return nil, err
+	}
+	if old, err := d.state.retired(); err == nil {
+		d.setOldBytes(old)
 	}
 	return d, nil
 }
@@ -247,6 +272,9 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		d.metrics.available.Set(float64(avail))
 	}
 	errs := []error{d.reconcileImages(ctx, targeted)}
+	if err := d.pruneRetired(0); err != nil {
+		errs = append(errs, err)
+	}
 	for _, act := range plan(w) {
 		switch act.kind {
 		case actFetch:
@@ -310,6 +338,7 @@ func (d *Daemon) removeCache(name string) error {
 		return err
 	}
 	d.metrics.forget(name)
+	d.oldBytes.DeleteLabelValues(name)
 	d.log.Info("cache removed", "model", name)
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -178,10 +179,14 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	}
 	f.d.metrics.cacheTotal.WithLabelValues(f.spec.Name).Set(float64(total))
 
-	if f.d.store.Published(f.spec.Name, revision) {
-		// Content already on disk (an earlier revision came back): only the
-		// current link moves.
-		return f.publishExisting(revision, next)
+	// Content already on disk (an earlier revision came back, maybe still in
+	// its grace period): only the current link moves.
+	if ok, err := f.publishExisting(revision); ok || err != nil {
+		if err != nil {
+			return "", err
+		}
+		f.done.Store(next.BytesTotal)
+		return "ready", f.markReady(revision, next, f.d.store.RevisionDir(f.spec.Name, revision))
 	}
 
 	stage, err := f.d.store.Stage(f.spec.Name, revision)
@@ -193,7 +198,7 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := f.d.store.CheckFits(total - allocated); err != nil {
+	if err := f.d.makeRoom(total - allocated); err != nil {
 		return "", fmt.Errorf("model %s (%s): %w", f.spec.Name, nvme.FormatBytes(total), err)
 	}
 	f.log.Info("fetching", "revision", revision, "files", len(files), "bytes", total)
@@ -230,21 +235,35 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	return "ready", f.d.state.deleteManifests([]string{rec.RevisionID, rec.Updating}, revision)
 }
 
-func (f *fetch) publishExisting(revision string, rec cacheRecord) (string, error) {
+// publishExisting makes a revision that is already published current
+// again; false means it is not on disk. The check and the link swap happen
+// under revMu, so the revision cannot be pruned as it becomes current.
+func (f *fetch) publishExisting(revision string) (bool, error) {
+	f.d.revMu.Lock()
+	defer f.d.revMu.Unlock()
+	if !f.d.store.Published(f.spec.Name, revision) {
+		return false, nil
+	}
 	stage, err := f.d.store.Stage(f.spec.Name, revision)
 	if err != nil {
-		return "", err
+		return true, err
 	}
-	path, err := f.d.store.Publish(stage)
-	if err != nil {
-		return "", err
+	if _, err := f.d.store.Publish(stage); err != nil {
+		return true, err
 	}
-	f.done.Store(rec.BytesTotal)
-	return "ready", f.markReady(revision, rec, path)
+	// After the swap: a crash in between leaves a current revision marked
+	// retired, which pruning refuses and forgets, never a lost schedule.
+	return true, f.d.state.unretire(f.spec.Name, revision)
 }
 
 func (f *fetch) markReady(revision string, rec cacheRecord, path string) error {
 	now := f.d.now()
+	// The other revisions are retired before the record moves on, so a
+	// crash in between resumes this fetch, which retires them again, and
+	// never leaves one on disk that nothing would delete.
+	if err := f.d.retireOthers(f.spec.Name, revision); err != nil {
+		return err
+	}
 	rec.State, rec.Path, rec.Error, rec.Attempts, rec.Updating = api.StateReady, path, "", 0, ""
 	rec.BytesDone, rec.ReadyAt, rec.CheckedAt, rec.UpdatedAt = rec.BytesTotal, now, now, now
 	if err := f.d.state.putRecord(rec); err != nil {
@@ -253,7 +272,7 @@ func (f *fetch) markReady(revision string, rec cacheRecord, path string) error {
 	if err := f.d.state.deleteParts(f.spec.Name, ""); err != nil {
 		return err
 	}
-	if err := f.d.store.PruneRevisions(f.spec.Name, revision); err != nil {
+	if err := f.d.pruneRetired(0); err != nil { // with no grace, the old revisions go now
 		f.log.Warn("prune old revisions", "err", err)
 	}
 	if err := f.d.swarm.release(f.spec.Name, revision); err != nil {
@@ -348,3 +367,121 @@ func (c *countingFile) WriteAt(p []byte, off int64) (int, error) {
 
 // now is the daemon's clock, injectable for tests.
 func (d *Daemon) now() time.Time { return d.clock() }
+
+// retireOthers starts the grace period of every published revision of
+// name but current, and deletes its abandoned staged downloads at once:
+// nobody reads those.
+func (d *Daemon) retireOthers(name, current string) error {
+	d.revMu.Lock()
+	defer d.revMu.Unlock()
+	if err := d.store.PruneStaged(name, current); err != nil {
+		d.log.Warn("delete abandoned downloads", "model", name, "err", err)
+	}
+	revs, err := d.store.Revisions(name)
+	if err != nil {
+		return err
+	}
+	old := map[string]int64{}
+	for _, rev := range revs {
+		if rev == current {
+			continue
+		}
+		n, err := d.store.RevisionBytes(name, rev)
+		if err != nil {
+			// The bytes only rank it for early deletion: still retire it.
+			d.log.Warn("measure old revision", "model", name, "revision", rev, "err", err)
+		}
+		old[rev] = n
+	}
+	if len(old) == 0 {
+		return nil
+	}
+	if err := d.state.retire(name, old, d.now()); err != nil {
+		return err
+	}
+	if d.cfg.OldRevisionGrace > 0 {
+		d.log.Info("keeping old revisions for readers", "model", name, "revisions", len(old), "grace", d.cfg.OldRevisionGrace)
+	}
+	return nil
+}
+
+// pruneRetired deletes the retired revisions whose grace has passed and,
+// when short > 0, as many more as it takes to free short bytes (see
+// pickPrunes).
+func (d *Daemon) pruneRetired(short int64) error {
+	d.revMu.Lock()
+	defer d.revMu.Unlock()
+	return d.pruneRetiredLocked(short)
+}
+
+func (d *Daemon) pruneRetiredLocked(short int64) error {
+	old, err := d.state.retired()
+	if err != nil {
+		return err
+	}
+	now := d.now()
+	var errs []error
+	gone := map[retiredRevision]bool{}
+	for _, r := range pickPrunes(old, now, d.cfg.OldRevisionGrace, short) {
+		err := d.store.RemoveRevision(r.Model, r.Revision)
+		switch {
+		case errors.Is(err, nvme.ErrCurrent):
+			// Current again (a crash came between publish and unretire).
+		case err != nil:
+			errs = append(errs, err)
+			continue
+		default:
+			why := "grace over"
+			if now.Before(r.RetiredAt.Add(d.cfg.OldRevisionGrace)) {
+				why = "space needed"
+			}
+			d.log.Info("old revision deleted", "model", r.Model, "revision", r.Revision,
+				"bytes", r.Bytes, "retired_at", r.RetiredAt, "reason", why)
+		}
+		if err := d.state.unretire(r.Model, r.Revision); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		gone[r] = true
+	}
+	if len(gone) > 0 {
+		old = slices.DeleteFunc(old, func(r retiredRevision) bool { return gone[r] })
+	}
+	d.setOldBytes(old)
+	return errors.Join(errs...)
+}
+
+// setOldBytes publishes the space retired revisions hold, per model.
+func (d *Daemon) setOldBytes(old []retiredRevision) {
+	byModel := map[string]int64{}
+	for _, r := range old {
+		byModel[r.Model] += max(0, r.Bytes)
+	}
+	d.oldBytes.Reset()
+	for m, n := range byModel {
+		d.oldBytes.WithLabelValues(m).Set(float64(n))
+	}
+}
+
+// makeRoom checks that need more bytes fit, deleting retired revisions
+// first (oldest first, in their grace period or not) when they hold the
+// space: kept revisions must never make a download fail.
+func (d *Daemon) makeRoom(need int64) error {
+	if need <= 0 {
+		return nil
+	}
+	d.revMu.Lock()
+	defer d.revMu.Unlock()
+	sp, err := d.store.Space()
+	if err != nil {
+		return err
+	}
+	if short := need - (sp.Free - d.store.Reserve(sp)); short > 0 {
+		if err := d.pruneRetiredLocked(short); err != nil {
+			d.log.Warn("delete old revisions for space", "err", err)
+		}
+	}
+	// Measured again: a deleted file whose reader still holds it open
+	// frees its space only when closed.
+	return d.store.CheckFits(need)
+}

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"cmp"
+	"slices"
 	"sort"
 	"time"
 
@@ -102,4 +104,48 @@ func retryDelay(attempts int) time.Duration {
 		d *= 2
 	}
 	return min(d, 5*time.Minute)
+}
+
+// retiredRevision is a published revision that is no longer its model's
+// current one. It stays on disk for a grace period, since an inference
+// server may be part way through opening its shards.
+type retiredRevision struct {
+	Model, Revision string
+	RetiredAt       time.Time
+	// Bytes is the space it takes on disk (measured when retired).
+	Bytes int64
+}
+
+// pickPrunes decides which retired revisions to delete now: every one whose
+// grace has passed and, when a download is short bytes of space, more of
+// them, oldest retired first, until their bytes cover it. When all of them
+// together cannot cover it, none is taken early: the download fails either
+// way, so readers keep their files.
+func pickPrunes(old []retiredRevision, now time.Time, grace time.Duration, short int64) []retiredRevision {
+	sorted := slices.Clone(old)
+	slices.SortFunc(sorted, func(a, b retiredRevision) int {
+		return cmp.Or(a.RetiredAt.Compare(b.RetiredAt), cmp.Compare(a.Model, b.Model), cmp.Compare(a.Revision, b.Revision))
+	})
+	var picked, kept []retiredRevision
+	var freed, keptBytes int64
+	for _, r := range sorted {
+		if !now.Before(r.RetiredAt.Add(grace)) {
+			picked = append(picked, r)
+			freed += max(0, r.Bytes)
+		} else {
+			kept = append(kept, r)
+			keptBytes += max(0, r.Bytes)
+		}
+	}
+	if short <= freed || short > freed+keptBytes {
+		return picked
+	}
+	for _, r := range kept {
+		if freed >= short {
+			break
+		}
+		picked = append(picked, r)
+		freed += max(0, r.Bytes)
+	}
+	return picked
 }

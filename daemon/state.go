@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -38,6 +39,7 @@ var (
 	bucketEndpoints = []byte("endpoints")
 	bucketManifests = []byte("manifests")
 	bucketParts     = []byte("parts")
+	bucketRetired   = []byte("retired")
 	keySchema       = []byte("schema")
 )
 
@@ -53,6 +55,10 @@ var migrations = []func(tx *bolt.Tx) error{
 	},
 	func(tx *bolt.Tx) error { // 1 -> 2: swarm manifests
 		_, err := tx.CreateBucketIfNotExists(bucketManifests)
+		return err
+	},
+	func(tx *bolt.Tx) error { // 2 -> 3: retired revisions
+		_, err := tx.CreateBucketIfNotExists(bucketRetired)
 		return err
 	},
 }
@@ -189,14 +195,74 @@ func (s *state) putRecord(rec cacheRecord) error {
 	return s.putJSON(bucketCaches, rec.Spec.Name, rec)
 }
 
-// deleteRecord drops a cache's record and every part bitmap of it.
+// deleteRecord drops a cache's record, every part bitmap of it and its
+// retired revisions (the model's removal deleted them all).
 func (s *state) deleteRecord(name string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketCaches).Delete([]byte(name)); err != nil {
 			return err
 		}
+		if err := deletePrefix(tx.Bucket(bucketRetired), []byte(name+"\x00"), nil); err != nil {
+			return err
+		}
 		return deletePrefix(tx.Bucket(bucketParts), []byte(name+"\x00"), nil)
 	})
+}
+
+// retiredRecord is what the state keeps of a retired revision.
+type retiredRecord struct {
+	RetiredAt time.Time `json:"retired_at"`
+	// Bytes is the space the revision took on disk when it was retired.
+	Bytes int64 `json:"bytes"`
+}
+
+func retiredKey(name, revision string) []byte { return []byte(name + "\x00" + revision) }
+
+// retire records revisions of name (revision -> bytes on disk) as retired
+// at when. A revision retired earlier keeps its time: its grace runs from
+// when it first stopped being current.
+func (s *state) retire(name string, revisions map[string]int64, at time.Time) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRetired)
+		for rev, n := range revisions {
+			if b.Get(retiredKey(name, rev)) != nil {
+				continue
+			}
+			v, err := json.Marshal(retiredRecord{RetiredAt: at, Bytes: n})
+			if err != nil {
+				return err
+			}
+			if err := b.Put(retiredKey(name, rev), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// unretire forgets a revision's retirement: it is current again, or gone.
+func (s *state) unretire(name, revision string) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketRetired).Delete(retiredKey(name, revision)) })
+}
+
+// retired lists every retired revision of every model.
+func (s *state) retired() ([]retiredRevision, error) {
+	var out []retiredRevision
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRetired).ForEach(func(k, v []byte) error {
+			name, rev, ok := strings.Cut(string(k), "\x00")
+			if !ok {
+				return fmt.Errorf("retired revision key %q: no separator", k)
+			}
+			var r retiredRecord
+			if err := json.Unmarshal(v, &r); err != nil {
+				return fmt.Errorf("retired revision %q: %w", k, err)
+			}
+			out = append(out, retiredRevision{Model: name, Revision: rev, RetiredAt: r.RetiredAt, Bytes: r.Bytes})
+			return nil
+		})
+	})
+	return out, err
 }
 
 // deleteParts drops the part bitmaps of every revision of name but keep.

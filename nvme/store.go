@@ -22,6 +22,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 const (
@@ -206,29 +207,100 @@ func (s *Store) PruneRevisions(name, keep string) error {
 	if err := CheckName(name); err != nil {
 		return err
 	}
+	return errors.Join(s.pruneUnder(modelsDir, name, keep), s.pruneUnder(partialDir, name, keep))
+}
+
+// PruneStaged deletes a model's staged downloads other than keep's: once a
+// revision is published, a half-downloaded other one is abandoned.
+func (s *Store) PruneStaged(name, keep string) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	return s.pruneUnder(partialDir, name, keep)
+}
+
+func (s *Store) pruneUnder(base, name, keep string) error {
+	entries, err := fs.ReadDir(s.root.FS(), filepath.Join(base, dirName(name)))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("nvme: prune %s: %w", name, err)
+	}
 	var errs []error
-	for _, base := range []string{modelsDir, partialDir} {
-		entries, err := fs.ReadDir(s.root.FS(), filepath.Join(base, dirName(name)))
-		if errors.Is(err, fs.ErrNotExist) {
+	for _, e := range entries {
+		if e.Name() == keep || e.Name() == CurrentLink || !e.IsDir() {
 			continue
 		}
-		if err != nil {
+		if err := s.root.RemoveAll(filepath.Join(base, dirName(name), e.Name())); err != nil {
 			errs = append(errs, err)
-			continue
-		}
-		for _, e := range entries {
-			if e.Name() == keep || e.Name() == CurrentLink || !e.IsDir() {
-				continue
-			}
-			if err := s.root.RemoveAll(filepath.Join(base, dirName(name), e.Name())); err != nil {
-				errs = append(errs, err)
-			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("nvme: prune %s: %w", name, err)
 	}
 	return nil
+}
+
+// ErrCurrent reports an attempt to delete the revision a model's current
+// link points at.
+var ErrCurrent = errors.New("is the current revision")
+
+// Revisions lists a model's published revisions, the current one included.
+func (s *Store) Revisions(name string) ([]string, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	entries, err := fs.ReadDir(s.root.FS(), filepath.Join(modelsDir, dirName(name)))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nvme: list %s: %w", name, err)
+	}
+	var revs []string
+	for _, e := range entries {
+		if e.IsDir() && CheckRevision(e.Name()) == nil {
+			revs = append(revs, e.Name())
+		}
+	}
+	return revs, nil
+}
+
+// RemoveRevision deletes one published revision of a model. The current
+// revision is refused (ErrCurrent): only a model's removal takes it. A
+// revision that is not there is no error. Readers that still hold its files
+// open keep reading them; the space is freed when they close them.
+func (s *Store) RemoveRevision(name, revision string) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	if err := CheckRevision(revision); err != nil {
+		return err
+	}
+	cur, err := s.Current(name)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	if err == nil && cur == revision {
+		return fmt.Errorf("nvme: remove %s revision %s: %w", name, revision, ErrCurrent)
+	}
+	if err := s.root.RemoveAll(filepath.Join(modelsDir, dirName(name), revision)); err != nil {
+		return fmt.Errorf("nvme: remove %s revision %s: %w", name, revision, err)
+	}
+	return nil
+}
+
+// RevisionBytes reports the space a published revision's files take on
+// disk (allocated blocks, as the file system counts them).
+func (s *Store) RevisionBytes(name, revision string) (int64, error) {
+	if err := CheckName(name); err != nil {
+		return 0, err
+	}
+	if err := CheckRevision(revision); err != nil {
+		return 0, err
+	}
+	return allocatedUnder(s.root.FS(), filepath.Join(modelsDir, dirName(name), revision))
 }
 
 // Models lists the published models (those with a current link).
@@ -260,4 +332,26 @@ func syncDir(dir string) error {
 		return fmt.Errorf("nvme: sync %s: %w", dir, err)
 	}
 	return nil
+}
+
+// allocatedUnder sums the allocated blocks of the files below dir.
+func allocatedUnder(fsys fs.FS, dir string) (int64, error) {
+	var total int64
+	err := fs.WalkDir(fsys, dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if sys, ok := info.Sys().(*syscall.Stat_t); ok {
+			total += sys.Blocks * 512
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("nvme: %w", err)
+	}
+	return total, nil
 }

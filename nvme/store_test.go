@@ -472,3 +472,73 @@ func TestStageRejectsReservedRevisionNames(t *testing.T) {
 		t.Errorf("Models() = %q after no successful publish", models)
 	}
 }
+
+// TestRetiredRevisionsOneByOne: after an update the old revision can be
+// listed, measured and deleted on its own, the current one never; staged
+// downloads of other revisions go without touching published ones.
+func TestRetiredRevisionsOneByOne(t *testing.T) {
+	s := openStore(t, Options{})
+	weights := strings.Repeat("w", 64<<10)
+	for _, rev := range []string{"rev1", "rev2"} {
+		st, err := s.Stage("meta/llama", rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stageFile(t, st, "model.safetensors", weights+rev)
+		if _, err := s.Publish(st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	abandoned, err := s.Stage("meta/llama", "rev3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stageFile(t, abandoned, "model.safetensors", "half")
+	abandoned.Close()
+
+	revs, err := s.Revisions("meta/llama")
+	if err != nil || strings.Join(revs, ",") != "rev1,rev2" {
+		t.Fatalf("Revisions = %v, %v; want rev1,rev2", revs, err)
+	}
+	if revs, err := s.Revisions("other"); err != nil || len(revs) != 0 {
+		t.Fatalf("Revisions of an unknown model = %v, %v", revs, err)
+	}
+	n, err := s.RevisionBytes("meta/llama", "rev1")
+	if err != nil || n < int64(len(weights)) {
+		t.Fatalf("RevisionBytes = %d, %v; want >= %d", n, err, len(weights))
+	}
+
+	if err := s.PruneStaged("meta/llama", "rev2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(abandoned.Dir()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("abandoned staging survived: %v", err)
+	}
+	if !s.Published("meta/llama", "rev1") || !s.Published("meta/llama", "rev2") {
+		t.Fatal("PruneStaged deleted a published revision")
+	}
+
+	if err := s.RemoveRevision("meta/llama", "rev2"); !errors.Is(err, ErrCurrent) {
+		t.Fatalf("RemoveRevision(current) = %v, want ErrCurrent", err)
+	}
+	if err := s.RemoveRevision("meta/llama", "rev1"); err != nil {
+		t.Fatal(err)
+	}
+	if s.Published("meta/llama", "rev1") || !s.Published("meta/llama", "rev2") {
+		t.Fatal("RemoveRevision removed the wrong revision")
+	}
+	if err := s.RemoveRevision("meta/llama", "rev1"); err != nil {
+		t.Fatalf("RemoveRevision of a gone revision = %v", err)
+	}
+	for _, bad := range []string{"..", "current", ".hidden", "a/b", ""} {
+		if err := s.RemoveRevision("meta/llama", bad); err == nil {
+			t.Errorf("RemoveRevision(%q) accepted", bad)
+		}
+		if _, err := s.RevisionBytes("meta/llama", bad); err == nil {
+			t.Errorf("RevisionBytes(%q) accepted", bad)
+		}
+	}
+	if !s.Published("meta/llama", "rev2") {
+		t.Fatal("a hostile revision name reached the current revision")
+	}
+}

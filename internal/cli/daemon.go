@@ -37,6 +37,7 @@ type daemonFlags struct {
 	s3Concurrency   int
 	fileConcurrency int
 	resync          time.Duration
+	oldGrace        time.Duration
 	logLevel        string
 	logFormat       string
 	gossipAddr      string
@@ -71,6 +72,7 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.IntVar(&f.s3Concurrency, "s3-concurrency", s3origin.DefaultConcurrency, "parallel ranged GETs per file")
 	fs.IntVar(&f.fileConcurrency, "file-concurrency", 2, "files of one model downloaded at once")
 	fs.DurationVar(&f.resync, "resync-interval", 10*time.Minute, "how often a ready cache re-lists its source to notice changes (0 = never)")
+	fs.DurationVar(&f.oldGrace, "old-revision-grace", 10*time.Minute, "how long a model's previous revision stays on disk after an update, for inference servers still loading it (0 = delete at once; deleted sooner when a download needs the space)")
 	fs.StringVar(&f.gossipAddr, "gossip", "", "gossip bind address ip:port; empty runs the node alone")
 	fs.StringVar(&f.advertise, "advertise", "", "gossip address other members should use, if not --gossip")
 	fs.Var(&f.join, "join", "members to join, host:port (repeatable or comma-separated)")
@@ -120,6 +122,9 @@ func runDaemon(ctx context.Context, e *Env, args []string) error {
 	if f.s3Concurrency < 1 || f.fileConcurrency < 1 {
 		return usageError("--s3-concurrency and --file-concurrency must be >= 1")
 	}
+	if f.oldGrace < 0 {
+		return usageError("--old-revision-grace %v: want a duration >= 0 (0 deletes old revisions at once)", f.oldGrace)
+	}
 
 	return serveDaemon(ctx, log, &f, labels, addr, token, s3origin.Options{}, nil)
 }
@@ -139,7 +144,7 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	d, err = daemon.New(daemon.Config{
 		NodeName: f.nodeName, DataDir: f.dataDir, Labels: labels, PartSize: int64(f.partSize),
 		FileConcurrency: f.fileConcurrency, ReserveBytes: int64(f.reserve), ReserveFraction: f.reserveFraction,
-		ResyncInterval: f.resync, Version: Version(), Logger: log,
+		ResyncInterval: f.resync, OldRevisionGrace: f.oldGrace, Version: Version(), Logger: log,
 	}, org)
 	if err != nil {
 		return err

@@ -122,6 +122,10 @@ func TestRunUsage(t *testing.T) {
 		{[]string{"daemon", "--api", "0.0.0.0:1", "--data-dir", "/nonexistent-warmfleet-test"}, 2, "bearer token"},
 		{[]string{"daemon", "--log-level", "loud"}, 2, "log-level"},
 		{[]string{"daemon", "--reserve", "lots"}, 2, "size"},
+		{[]string{"daemon", "--old-revision-grace", "-1m"}, 2, "--old-revision-grace -1m0s: want a duration >= 0"},
+		{[]string{"daemon", "--old-revision-grace", "NaN"}, 2, `invalid value "NaN" for flag -old-revision-grace`},
+		{[]string{"daemon", "--old-revision-grace", "10"}, 2, `invalid value "10" for flag -old-revision-grace`},
+		{[]string{"daemon", "--old-revision-grace", "0", "--api", "0.0.0.0:1", "--data-dir", "/nonexistent-warmfleet-test"}, 2, "reachable from other hosts"},
 		{[]string{"version"}, 0, ""},
 	}
 	for _, tt := range tests {
