@@ -14,15 +14,18 @@ import (
 
 // BackendState is one backend as GET /admin/state shows it.
 type BackendState struct {
-	URL          string    `json:"url"`
-	Models       []string  `json:"models,omitempty"`
-	Node         string    `json:"node,omitempty"`
-	Ready        bool      `json:"ready"`
-	HoldsWeights bool      `json:"holds_weights"`
-	Weight       float64   `json:"weight"`
-	Inflight     int       `json:"inflight"`
-	Prefilling   int       `json:"prefilling"`     // in flight, no first byte yet
-	PendingBlock int       `json:"pending_blocks"` // estimated prompt blocks queued for prefill
+	URL          string   `json:"url"`
+	Models       []string `json:"models,omitempty"`
+	Node         string   `json:"node,omitempty"`
+	Ready        bool     `json:"ready"`
+	HoldsWeights bool     `json:"holds_weights"`
+	Weight       float64  `json:"weight"`
+	Inflight     int      `json:"inflight"`
+	Prefilling   int      `json:"prefilling"`     // in flight, no first byte yet
+	PendingBlock int      `json:"pending_blocks"` // estimated prompt blocks queued for prefill
+	// PeerInflight and PeerPending are what peer replicas told of (Observe).
+	PeerInflight int       `json:"peer_inflight"`
+	PeerPending  int       `json:"peer_pending_blocks"`
 	Recent       float64   `json:"recent_traffic"` // decayed request count (traffic-share bound)
 	Limit        int       `json:"limit"`
 	IndexBlocks  int       `json:"index_blocks"`
@@ -51,7 +54,7 @@ func (rt *Router) Snapshot() State {
 	for _, b := range rt.order {
 		st.Backends = append(st.Backends, BackendState{URL: b.url, Models: b.ep.Models, Node: b.ep.Node, Ready: b.ep.Ready,
 			HoldsWeights: b.ep.HoldsWeights, Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Inflight: b.inflight, Prefilling: b.prefilling,
-			PendingBlock: b.pending, Recent: b.recent, Limit: b.limit,
+			PendingBlock: b.pending, PeerInflight: b.peers.inflight, PeerPending: b.peers.pending, Recent: b.recent, Limit: b.limit,
 			IndexBlocks: rt.index.Len(b.slot), IndexCap: b.kvSize, EjectedUntil: b.ejectedUntil, Failures: b.failures})
 	}
 	return st

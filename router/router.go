@@ -40,6 +40,11 @@ type Options struct {
 	HashKey prefix.Key
 	// Transport carries requests to backends; nil builds one from Config.
 	Transport http.RoundTripper
+	// OnEvent, if set, is told what happens to every request this router
+	// sends (see Event), so peer replicas can Observe it. It runs on the
+	// request's goroutine, outside the router's lock: hand the event off,
+	// do not block. The event is the callee's to keep.
+	OnEvent func(Event)
 }
 
 // Router is an http.Handler for the OpenAI API surface.
@@ -93,6 +98,11 @@ type backend struct {
 	// recent is the traffic routed here, decayed per decision (half-life
 	// ShareHalfLife decisions), for the traffic-share bound.
 	recent float64
+
+	// peers is what peer replicas have sent here and told us of (Observe),
+	// in sum and by peer, so a peer that goes away can be forgotten.
+	peers     peerLoad
+	peerLoads map[string]*peerLoad
 }
 
 // dialError marks a failure to connect: nothing was sent, so the request may
@@ -400,26 +410,37 @@ func (rt *Router) healthyLocked(b *backend) {
 // prefilled removes the request's blocks from its backend's pending prefill.
 func (rt *Router) prefilled(r *routed) {
 	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	rt.prefilledLocked(r)
+	changed := rt.prefilledLocked(r)
+	rt.mu.Unlock()
+	if changed {
+		rt.emit(Event{Kind: Prefilled, Backend: r.b.id, Blocks: r.pending.blocks})
+	}
 }
 
-func (rt *Router) prefilledLocked(r *routed) {
-	if r.pending != nil && !r.pending.done {
-		r.pending.done = true
-		r.b.pending -= r.pending.blocks
-		r.b.prefilling--
+// prefilledLocked reports whether it removed the blocks (only the first
+// call for a request does).
+func (rt *Router) prefilledLocked(r *routed) bool {
+	if r.pending == nil || r.pending.done {
+		return false
 	}
+	r.pending.done = true
+	r.b.pending -= r.pending.blocks
+	r.b.prefilling--
+	return true
 }
 
 func (rt *Router) release(r *routed) {
 	rt.mu.Lock()
 	b := r.b
-	rt.prefilledLocked(r)
+	prefilled := rt.prefilledLocked(r)
 	b.inflight--
 	b.gauge.Set(float64(b.inflight))
 	rt.wakeLocked()
 	rt.mu.Unlock()
+	if prefilled {
+		rt.emit(Event{Kind: Prefilled, Backend: b.id, Blocks: r.pending.blocks})
+	}
+	rt.emit(Event{Kind: Released, Backend: b.id})
 }
 
 // heatHalfLife is how the index counts prefix heat under cfg: over the
@@ -500,7 +521,8 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		common = max(common, rt.index.Hot(req.keys, len(members), rt.cfg.HotShare))
 	}
 	for _, b := range members {
-		c := balance.Candidate{ID: b.id, Inflight: b.inflight, Limit: b.limit, Pending: b.pending, Prefilling: b.prefilling,
+		c := balance.Candidate{ID: b.id, Inflight: b.inflight + b.peers.inflight, Limit: b.limit,
+			Pending: b.pending + b.peers.pending, Prefilling: b.prefilling + b.peers.prefilling,
 			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights, Recent: b.recent}
 		if len(req.keys) > 0 {
 			c.Matched = depth[b.slot]
@@ -568,6 +590,7 @@ func (rt *Router) acquire(ctx context.Context, req *routeRequest) (routed, error
 				if !waitStart.IsZero() {
 					rt.metrics.queueWait.Observe(time.Since(waitStart).Seconds())
 				}
+				rt.emit(Event{Kind: Placed, Backend: r.b.id, Blocks: r.pending.blocks, Keys: req.keys})
 			}
 			return r, err
 		}

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,6 +58,9 @@ type Options struct {
 	// as a load balancer in front of them would spread it, session turns
 	// included. 1 if zero.
 	Replicas int
+	// ReplicaSync has every replica observe the others' requests at once
+	// (router.Observe): placements, traffic shares and load.
+	ReplicaSync bool
 
 	OverheadRate     int           // requests per second for the overhead phase (0 skips it)
 	OverheadDuration time.Duration // per round
@@ -376,7 +380,20 @@ func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance
 		cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: u, ID: fmt.Sprintf("sim-%d", i)})
 	}
 	for i := range replicas {
-		r, stop, err := startRouter(ctx, cfg, o.Seed, uint64(i))
+		var onEvent func(router.Event)
+		if o.ReplicaSync && replicas > 1 {
+			// Synchronous: every replica knows of a request before it
+			// reaches its backend, so the replay stays reproducible.
+			from := strconv.Itoa(i)
+			onEvent = func(e router.Event) {
+				for j, r := range f.routers {
+					if j != i {
+						r.rt.Observe(from, e)
+					}
+				}
+			}
+		}
+		r, stop, err := startRouter(ctx, cfg, o.Seed, uint64(i), onEvent)
 		if err != nil {
 			f.stop()
 			return nil, err
@@ -389,12 +406,12 @@ func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance
 
 // startRouter runs one router replica over cfg's backends. Each draws its
 // own random numbers (the random strategy's, under its own lock).
-func startRouter(ctx context.Context, cfg router.Config, seed, index uint64) (replica, func(), error) {
+func startRouter(ctx context.Context, cfg router.Config, seed, index uint64, onEvent func(router.Event)) (replica, func(), error) {
 	src := router.NewStaticSource(router.StaticEndpoints(&cfg), nil)
 	reg := prometheus.NewRegistry()
 	rng := rand.New(rand.NewPCG(seed, 0x62656e6368+index))
 	rt, err := router.New(cfg, router.Options{Source: src, HashKey: prefix.KeyFromBytes([]byte("bench")), Rand: rng.Uint64,
-		Logger: slog.New(slog.DiscardHandler), Registry: reg})
+		Logger: slog.New(slog.DiscardHandler), Registry: reg, OnEvent: onEvent})
 	if err != nil {
 		return replica{}, nil, err
 	}
