@@ -29,7 +29,7 @@ func TestClientGivesUpOnSilentDaemon(t *testing.T) {
 					return
 				}
 				buf := make([]byte, 1)
-				daemon.Read(buf) // until the client hangs up
+				_, _ = daemon.Read(buf) // until the client hangs up
 			}()
 			return client, nil
 		}
@@ -51,7 +51,7 @@ func TestClientGivesUpOnSilentDaemon(t *testing.T) {
 			for len(daemons) > 0 {
 				(<-daemons).Close()
 			}
-			<-done
+			t.Logf("after closing the connections: %v", <-done)
 			t.Fatal("the client still waits for a silent daemon after an hour")
 		}
 	})

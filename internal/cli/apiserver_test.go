@@ -51,15 +51,17 @@ func TestAPIServerDropsStalledClients(t *testing.T) {
 		talk func(t *testing.T, c net.Conn)
 	}{
 		{"body never sent", func(t *testing.T, c net.Conn) {
-			go io.WriteString(c, "POST /v1/caches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+			go func() {
+				_, _ = io.WriteString(c, "POST /v1/caches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+			}()
 		}},
 		{"idle after a request", func(t *testing.T, c net.Conn) {
-			go io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+			go func() { _, _ = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n") }()
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			io.Copy(io.Discard, resp.Body)
+			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 		}},
 	}
@@ -72,7 +74,7 @@ func TestAPIServerDropsStalledClients(t *testing.T) {
 						http.Error(w, err.Error(), http.StatusBadRequest)
 					}
 				}))
-				go srv.Serve(ln)
+				go func() { _ = srv.Serve(ln) }()
 				defer srv.Close()
 				c := ln.dial()
 				defer c.Close()

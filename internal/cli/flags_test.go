@@ -126,6 +126,9 @@ func TestRunUsage(t *testing.T) {
 		{[]string{"daemon", "--old-revision-grace", "NaN"}, 2, `invalid value "NaN" for flag -old-revision-grace`},
 		{[]string{"daemon", "--old-revision-grace", "10"}, 2, `invalid value "10" for flag -old-revision-grace`},
 		{[]string{"daemon", "--old-revision-grace", "0", "--api", "0.0.0.0:1", "--data-dir", "/nonexistent-warmfleet-test"}, 2, "reachable from other hosts"},
+		{[]string{"router", "--backend", "http://127.0.0.1:1", "--peer", "http://127.0.0.1:2"}, 2, "--peer and --peer-listen need --cluster-key-file or --hash-key-file"},
+		{[]string{"router", "--backend", "http://127.0.0.1:1", "--peer-listen", "127.0.0.1:0"}, 2, "--peer and --peer-listen need"},
+		{[]string{"router", "--backend", "http://127.0.0.1:1", "--peer", "ftp://x"}, 2, "ftp://x"},
 		{[]string{"version"}, 0, ""},
 	}
 	for _, tt := range tests {

@@ -27,6 +27,7 @@ import (
 	"github.com/warmfleet/warmfleet/router/bench"
 	"github.com/warmfleet/warmfleet/router/fleet"
 	"github.com/warmfleet/warmfleet/router/llmsim"
+	"github.com/warmfleet/warmfleet/router/peer"
 	"github.com/warmfleet/warmfleet/router/prefix"
 )
 
@@ -95,7 +96,10 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	clusterKeyFile := fs.String("cluster-key-file", "", "the fleet's cluster key file; also keys prompt hashes when --hash-key-file is not given")
 	insecureGossip := fs.Bool("insecure-gossip", false, "DEV ONLY: gossip without encryption or authentication")
 	host, _ := os.Hostname()
-	nodeName := fs.String("node-name", host+"-router", "this router's name in the fleet")
+	nodeName := fs.String("node-name", host+"-router", "this router's name in the fleet (and among its peer replicas)")
+	var peers urlList
+	fs.Var(&peers, "peer", "a peer replica's --peer-listen URL (repeatable): replicas stream what they route to each other and route from one view")
+	peerListen := fs.String("peer-listen", "", "address taking peer replicas' event streams (empty: off); peers prove they hold the fleet's key")
 	if err := parseFlags(fs, e, args, nil); err != nil {
 		return err
 	}
@@ -151,9 +155,18 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	if len(join) > 0 && len(clusterKeys) == 0 && !*insecureGossip {
 		return usageError("--join needs --cluster-key-file (or --insecure-gossip for development)")
 	}
-	key, err := hashKey(cfg.HashKeyFile, clusterKeys, log)
+	key, material, err := hashKey(cfg.HashKeyFile, clusterKeys, log)
 	if err != nil {
 		return err
+	}
+	var link *peer.Link
+	if len(peers) > 0 || *peerListen != "" {
+		if material == nil {
+			return usageError("--peer and --peer-listen need --cluster-key-file or --hash-key-file: peers prove they hold that key")
+		}
+		if link, err = peer.NewLink(*nodeName, peers, peer.Secret(material), log.With("component", "peers"), nil); err != nil {
+			return usageError("%v", err)
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -193,7 +206,11 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 		ss := router.NewStaticSource(static, nil)
 		src, setStatic = ss, ss.Set
 	}
-	rt, err := router.New(cfg, router.Options{Source: src, Registry: reg, Logger: log, HashKey: key})
+	opts := router.Options{Source: src, Registry: reg, Logger: log, HashKey: key}
+	if link != nil {
+		opts.OnEvent = link.Send
+	}
+	rt, err := router.New(cfg, opts)
 	if err != nil {
 		return err
 	}
@@ -221,6 +238,11 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	if *adminListen != "" {
 		servers = append(servers, &http.Server{Addr: *adminListen, Handler: rt.AdminHandler(reg, reload), ReadHeaderTimeout: 10 * time.Second})
 	}
+	if *peerListen != "" {
+		mux := http.NewServeMux()
+		mux.Handle(peer.Path, peer.NewHandler(*nodeName, peer.Secret(material), rt, log.With("component", "peers"), nil))
+		servers = append(servers, &http.Server{Addr: *peerListen, Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+	}
 	// Every address is taken before anything starts: a bad or busy one is
 	// then an error and an exit, not a server left running with no way to
 	// stop it.
@@ -239,6 +261,9 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { _ = rt.Run(ctx) })
+	if link != nil && len(peers) > 0 {
+		wg.Go(func() { link.Run(ctx, rt.LoadEvents) })
+	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -282,25 +307,26 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 
 // hashKey reads the per-fleet secret, else derives it from the cluster key,
 // else makes a random one (then several router replicas would not agree on
-// cold choices).
-func hashKey(file string, clusterKeys [][]byte, log *slog.Logger) (prefix.Key, error) {
+// cold choices). It also returns the secret material it came from (nil for
+// a random key), which peer replicas prove they hold.
+func hashKey(file string, clusterKeys [][]byte, log *slog.Logger) (prefix.Key, []byte, error) {
 	if file == "" && len(clusterKeys) > 0 {
-		return prefix.KeyFromBytes(append([]byte("warmfleet router prompt hashes\x00"), clusterKeys[0]...)), nil
+		return prefix.KeyFromBytes(append([]byte("warmfleet router prompt hashes\x00"), clusterKeys[0]...)), clusterKeys[0], nil
 	}
 	if file == "" {
 		var b [32]byte
 		_, _ = rand.Read(b[:])
 		log.Warn("no hash key file: using a random key; router replicas will not agree on placements")
-		return prefix.KeyFromBytes(b[:]), nil
+		return prefix.KeyFromBytes(b[:]), nil, nil
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return prefix.Key{}, fmt.Errorf("hash key: %w", err)
+		return prefix.Key{}, nil, fmt.Errorf("hash key: %w", err)
 	}
 	if len(strings.TrimSpace(string(b))) < 16 {
-		return prefix.Key{}, fmt.Errorf("hash key file %s: want at least 16 bytes of secret", file)
+		return prefix.Key{}, nil, fmt.Errorf("hash key file %s: want at least 16 bytes of secret", file)
 	}
-	return prefix.KeyFromBytes(b), nil
+	return prefix.KeyFromBytes(b), b, nil
 }
 
 func simFlags(fs *flag.FlagSet, c *llmsim.Config) {
