@@ -361,3 +361,46 @@ func TestLinkSharesPlacements(t *testing.T) {
 	<-held
 	waitFor(t, func() bool { return peerInflight() == 0 })
 }
+
+// nopObserver applies nothing and counts what it is told.
+type nopObserver struct{ n atomic.Int64 }
+
+func (o *nopObserver) Observe(string, router.Event) { o.n.Add(1) }
+func (o *nopObserver) ForgetPeer(string)            {}
+
+// BenchmarkLinkPlaced streams Placed events of a 12k-token prompt (750
+// blocks of 16 tokens, the Mooncake conversation trace's mean) from a Link
+// to a Handler over loopback HTTP: what one replica's decisions cost to
+// share, per request.
+func BenchmarkLinkPlaced(b *testing.B) {
+	obs := &nopObserver{}
+	srv := httptest.NewServer(NewHandler("b", testSecret, obs, nil, nil))
+	defer srv.Close()
+	l, err := NewLink("a", []string{srv.URL}, testSecret, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.Run(ctx, func() []router.Event { return nil }); close(done) }()
+	defer func() { cancel(); <-done }()
+	keys := make([]uint64, 750)
+	for i := range keys {
+		keys[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	e := router.Event{Kind: router.Placed, Backend: 1, Blocks: 100, Keys: keys}
+	b.SetBytes(int64(len(appendEvent(nil, e))))
+	b.ResetTimer()
+	for range b.N {
+		for len(l.peers[0].queue) > queueLen/2 { // keep up rather than drop
+			time.Sleep(10 * time.Microsecond)
+		}
+		l.Send(e)
+	}
+	for obs.n.Load() < int64(b.N) {
+		time.Sleep(10 * time.Microsecond)
+	}
+	if s := l.Stats()[0]; s.Dropped != 0 {
+		b.Fatalf("dropped %d", s.Dropped)
+	}
+}
