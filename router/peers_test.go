@@ -56,7 +56,7 @@ func TestPeersShareOneView(t *testing.T) {
 // replaces the running count; ForgetPeer drops it all.
 func TestObservePeerLoad(t *testing.T) {
 	h := newHarness(t, Defaults(), Options{}, okBackend(t, "b0", nil).URL, okBackend(t, "b1", nil).URL)
-	id := h.rt.order[0].id
+	id := firstID(h.rt)
 	peerLoadOf := func() (int, int) {
 		st := h.rt.Snapshot().Backends[0]
 		return st.PeerInflight, st.PeerPending
@@ -100,7 +100,7 @@ func TestObservePeerLoad(t *testing.T) {
 // told it (or peers would echo each other's load back and forth).
 func TestLoadEvents(t *testing.T) {
 	h := newHarness(t, Defaults(), Options{}, okBackend(t, "b0", nil).URL)
-	id := h.rt.order[0].id
+	id := firstID(h.rt)
 	h.rt.Observe("x", Event{Kind: Placed, Backend: id, Blocks: 5})
 	h.rt.mu.Lock()
 	h.rt.order[0].inflight, h.rt.order[0].pending, h.rt.order[0].prefilling = 2, 9, 1
@@ -110,4 +110,12 @@ func TestLoadEvents(t *testing.T) {
 	if len(got) != 1 || got[0].Kind != want.Kind || got[0].Backend != want.Backend || got[0].Inflight != 2 || got[0].Blocks != 9 || got[0].Prefilling != 1 {
 		t.Fatalf("LoadEvents = %+v, want [%+v]", got, want)
 	}
+}
+
+// firstID is the first backend's id, read under the lock the router's
+// endpoint sync writes it under.
+func firstID(rt *Router) uint64 {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.order[0].id
 }

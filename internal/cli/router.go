@@ -99,7 +99,8 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	nodeName := fs.String("node-name", host+"-router", "this router's name in the fleet (and among its peer replicas)")
 	var peers urlList
 	fs.Var(&peers, "peer", "a peer replica's --peer-listen URL (repeatable): replicas stream what they route to each other and route from one view")
-	peerListen := fs.String("peer-listen", "", "address taking peer replicas' event streams (empty: off); peers prove they hold the fleet's key")
+	peerListen := fs.String("peer-listen", "", "address taking peer replicas' event streams (empty: off); peers prove they hold the fleet's key. With --join, other routers find it through gossip")
+	peerAdvertise := fs.String("peer-advertise", "", "host:port other routers should stream to, if not --peer-listen (default: its port on the --advertise or --gossip host)")
 	if err := parseFlags(fs, e, args, nil); err != nil {
 		return err
 	}
@@ -168,6 +169,15 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 			return usageError("%v", err)
 		}
 	}
+	advertisedPeer := ""
+	if *peerListen != "" && len(join) > 0 {
+		if advertisedPeer, err = peerAddress(*peerAdvertise, *peerListen, *advertise, *gossipAddr); err != nil {
+			return usageError("%v", err)
+		}
+		if advertisedPeer == "" {
+			log.Warn("no routable peer address to advertise: other routers will not find this one; give --peer-advertise", "peer_listen", *peerListen)
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	reg := prometheus.NewRegistry()
@@ -184,7 +194,7 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	if len(join) > 0 {
 		node, err := gossip.Start(ctx, gossip.Config{
 			NodeName: *nodeName, BindAddr: *gossipAddr, AdvertiseAddr: *advertise, Join: join, Keyring: clusterKeys, KeyFile: *clusterKeyFile,
-			Insecure: *insecureGossip, Role: gossip.RoleRouter, Meta: gossip.Meta{APIAddr: *listen, Version: Version()},
+			Insecure: *insecureGossip, Role: gossip.RoleRouter, Meta: gossip.Meta{APIAddr: *listen, PeerAddr: advertisedPeer, Version: Version()},
 			Logger: log.With("component", "gossip"), Registerer: reg,
 		})
 		if err != nil {
@@ -195,7 +205,15 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 			defer stop()
 			_ = node.Close(leave)
 		}()
-		fleetSrc := fleet.Watch(ctx, node, staticEndpoints)
+		var onMembers func([]gossip.Member)
+		if link != nil {
+			// Routers that advertise a peer address stream to each other
+			// without being listed: add or drop them as they come and go.
+			onMembers = func(members []gossip.Member) {
+				link.SetPeers(append(slices.Clone([]string(peers)), fleet.RouterPeers(members)...))
+			}
+		}
+		fleetSrc := fleet.Watch(ctx, node, staticEndpoints, onMembers)
 		src, setStatic = fleetSrc, func(eps []router.Endpoint) {
 			staticMu.Lock()
 			static = eps
@@ -261,7 +279,7 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { _ = rt.Run(ctx) })
-	if link != nil && len(peers) > 0 {
+	if link != nil {
 		wg.Go(func() { link.Run(ctx, rt.LoadEvents) })
 	}
 	hup := make(chan os.Signal, 1)
@@ -303,6 +321,35 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	}
 	cancel()
 	return err
+}
+
+// peerAddress is the host:port a router advertises for peer streams:
+// explicit, else --peer-listen's port on the first specified host of
+// listen, advertise and gossip; "" when none is routable.
+func peerAddress(explicit, listen, advertise, gossipAddr string) (string, error) {
+	if explicit != "" {
+		if _, _, err := net.SplitHostPort(explicit); err != nil {
+			return "", fmt.Errorf("--peer-advertise %q: %w", explicit, err)
+		}
+		return explicit, nil
+	}
+	_, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", fmt.Errorf("--peer-listen %q: %w", listen, err)
+	}
+	if port == "0" {
+		return "", fmt.Errorf("--peer-listen %q: other routers need a fixed port to find this one", listen)
+	}
+	for _, addr := range []string{listen, advertise, gossipAddr} {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			continue
+		}
+		if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+			return net.JoinHostPort(host, port), nil
+		}
+	}
+	return "", nil
 }
 
 // hashKey reads the per-fleet secret, else derives it from the cluster key,

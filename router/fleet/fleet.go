@@ -29,12 +29,18 @@ type Source struct {
 
 // Watch returns a source kept up to date from m until ctx ends. static, if
 // not nil, returns the configured endpoints to serve alongside the fleet's.
-func Watch(ctx context.Context, m Members, static func() []router.Endpoint) *Source {
+// onChange, if not nil, is also given the members now and after every
+// change (m's change channel has one consumer: this one).
+func Watch(ctx context.Context, m Members, static func() []router.Endpoint, onChange func([]gossip.Member)) *Source {
 	if static == nil {
 		static = func() []router.Endpoint { return nil }
 	}
+	if onChange == nil {
+		onChange = func([]gossip.Member) {}
+	}
 	s := &Source{members: m, static: static}
 	s.StaticSource = router.NewStaticSource(s.current(), nil)
+	onChange(m.Members())
 	go func() {
 		changed := m.OnChange()
 		for {
@@ -43,10 +49,24 @@ func Watch(ctx context.Context, m Members, static func() []router.Endpoint) *Sou
 				return
 			case <-changed:
 				s.Refresh()
+				onChange(m.Members())
 			}
 		}
 	}()
 	return s
+}
+
+// RouterPeers lists the peer-event URLs of the other alive routers that
+// advertise one (Meta.PeerAddr), sorted.
+func RouterPeers(members []gossip.Member) []string {
+	var out []string
+	for _, m := range members {
+		if m.Role == gossip.RoleRouter && m.State == gossip.MemberAlive && !m.Self && m.Meta.PeerAddr != "" {
+			out = append(out, "http://"+m.Meta.PeerAddr)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Refresh recomputes the endpoints (after a configuration reload).

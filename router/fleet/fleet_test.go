@@ -56,7 +56,7 @@ func (f *fakeMembers) OnChange() <-chan struct{} { return f.changed }
 
 func TestWatchFollowsChanges(t *testing.T) {
 	fm := &fakeMembers{changed: make(chan struct{}, 1)}
-	s := Watch(t.Context(), fm, func() []router.Endpoint { return []router.Endpoint{{URL: "http://static:1", Ready: true}} })
+	s := Watch(t.Context(), fm, func() []router.Endpoint { return []router.Endpoint{{URL: "http://static:1", Ready: true}} }, nil)
 	eps, changed := s.Endpoints()
 	if len(eps) != 1 || eps[0].URL != "http://static:1" {
 		t.Fatalf("initial endpoints %+v", eps)
@@ -70,5 +70,26 @@ func TestWatchFollowsChanges(t *testing.T) {
 	}
 	if eps, _ = s.Endpoints(); len(eps) != 2 || !eps[1].Ready || eps[1].URL != "http://n1:8000" {
 		t.Fatalf("endpoints after change: %+v", eps)
+	}
+}
+
+func TestRouterPeers(t *testing.T) {
+	router := func(name string, state gossip.MemberState, peerAddr string, self bool) gossip.Member {
+		return gossip.Member{Name: name, State: state, Role: gossip.RoleRouter, Meta: gossip.Meta{PeerAddr: peerAddr}, Self: self}
+	}
+	node := member("n1", gossip.MemberAlive, nil)
+	node.Meta.PeerAddr = "10.0.0.1:7947" // a daemon's swarm address, not a router's
+	got := RouterPeers([]gossip.Member{
+		router("r3", gossip.MemberAlive, "10.0.1.3:9181", false),
+		router("r1", gossip.MemberAlive, "10.0.1.1:9181", true), // this router
+		router("r2", gossip.MemberAlive, "10.0.1.2:9181", false),
+		router("r4", gossip.MemberDead, "10.0.1.4:9181", false),
+		router("r5", gossip.MemberAlive, "", false), // takes no peer streams
+		router("r6", gossip.MemberAlive, "10.0.1.2:9181", false),
+		node,
+	})
+	want := []string{"http://10.0.1.2:9181", "http://10.0.1.3:9181"}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("RouterPeers = %v, want %v", got, want)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warmfleet/warmfleet/router"
@@ -186,12 +187,20 @@ type Link struct {
 	client *http.Client
 	log    *slog.Logger
 	now    func() time.Time
-	peers  []*link
+
+	peers atomic.Pointer[[]*link] // what Send sends to, replaced whole
+
+	mu       sync.Mutex // guards the rest, and replacing peers
+	byURL    map[string]*link
+	running  context.Context // nil until Run
+	snapshot func() []router.Event
+	wg       sync.WaitGroup
 }
 
 type link struct {
 	url     string
 	queue   chan router.Event
+	cancel  context.CancelFunc // stops its stream (nil until started)
 	mu      sync.Mutex
 	sent    uint64
 	dropped uint64
@@ -217,17 +226,54 @@ func NewLink(self string, peers []string, secret []byte, log *slog.Logger, now f
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Link{self: self, secret: secret, log: log, now: now,
+	l := &Link{self: self, secret: secret, log: log, now: now, byURL: map[string]*link{},
 		client: &http.Client{Transport: &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 1}}}
-	for _, p := range peers {
-		l.peers = append(l.peers, &link{url: p, queue: make(chan router.Event, queueLen)})
-	}
+	l.SetPeers(peers)
 	return l, nil
+}
+
+// SetPeers makes urls the peers (base URLs, duplicates ignored): streams
+// to new ones start (once Run has), streams to ones no longer listed end,
+// and the others go on untouched.
+func (l *Link) SetPeers(urls []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	next := map[string]*link{}
+	list := []*link{}
+	for _, u := range urls {
+		if _, dup := next[u]; dup {
+			continue
+		}
+		p := l.byURL[u]
+		if p == nil {
+			p = &link{url: u, queue: make(chan router.Event, queueLen)}
+			l.startLocked(p)
+		}
+		next[u] = p
+		list = append(list, p)
+	}
+	for u, p := range l.byURL {
+		if next[u] == nil && p.cancel != nil {
+			p.cancel()
+		}
+	}
+	l.byURL = next
+	l.peers.Store(&list)
+}
+
+// startLocked starts p's stream if Run has started.
+func (l *Link) startLocked(p *link) {
+	if l.running == nil || l.running.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(l.running)
+	p.cancel = cancel
+	l.wg.Go(func() { l.keep(ctx, p, l.snapshot) })
 }
 
 // Send queues e for every peer.
 func (l *Link) Send(e router.Event) {
-	for _, p := range l.peers {
+	for _, p := range *l.peers.Load() {
 		select {
 		case p.queue <- e:
 		default:
@@ -247,8 +293,9 @@ type Stats struct {
 
 // Stats returns every peer's counters.
 func (l *Link) Stats() []Stats {
-	out := make([]Stats, 0, len(l.peers))
-	for _, p := range l.peers {
+	peers := *l.peers.Load()
+	out := make([]Stats, 0, len(peers))
+	for _, p := range peers {
 		p.mu.Lock()
 		out = append(out, Stats{URL: p.url, Up: p.up, Sent: p.sent, Dropped: p.dropped})
 		p.mu.Unlock()
@@ -260,16 +307,20 @@ func (l *Link) Stats() []Stats {
 // backoff, and sends snapshot() (this replica's load on every backend) to
 // each peer when its stream opens and every SnapshotInterval.
 func (l *Link) Run(ctx context.Context, snapshot func() []router.Event) {
-	var wg sync.WaitGroup
-	for _, p := range l.peers {
-		wg.Go(func() { l.keep(ctx, p, snapshot) })
+	l.mu.Lock()
+	l.running, l.snapshot = ctx, snapshot
+	for _, p := range l.byURL {
+		l.startLocked(p)
 	}
+	l.mu.Unlock()
 	tick := time.NewTicker(SnapshotInterval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			wg.Wait()
+			l.mu.Lock() // no stream starts after this
+			l.mu.Unlock()
+			l.wg.Wait()
 			return
 		case <-tick.C:
 			for _, e := range snapshot() {

@@ -392,7 +392,7 @@ func BenchmarkLinkPlaced(b *testing.B) {
 	b.SetBytes(int64(len(appendEvent(nil, e))))
 	b.ResetTimer()
 	for range b.N {
-		for len(l.peers[0].queue) > queueLen/2 { // keep up rather than drop
+		for len((*l.peers.Load())[0].queue) > queueLen/2 { // keep up rather than drop
 			time.Sleep(10 * time.Microsecond)
 		}
 		l.Send(e)
@@ -402,5 +402,53 @@ func BenchmarkLinkPlaced(b *testing.B) {
 	}
 	if s := l.Stats()[0]; s.Dropped != 0 {
 		b.Fatalf("dropped %d", s.Dropped)
+	}
+}
+
+// TestLinkSetPeers: a peer added at run time gets a stream (starting with
+// a load snapshot), and a peer removed has its stream ended, so it forgets
+// this replica's load.
+func TestLinkSetPeers(t *testing.T) {
+	recA, recB := &recorder{}, &recorder{}
+	srvA := httptest.NewServer(NewHandler("pa", testSecret, recA, nil, nil))
+	defer srvA.Close()
+	srvB := httptest.NewServer(NewHandler("pb", testSecret, recB, nil, nil))
+	defer srvB.Close()
+	l, err := NewLink("me", []string{srvA.URL}, testSecret, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	snapshot := func() []router.Event { return []router.Event{{Kind: router.Load, Backend: 1, Inflight: 2}} }
+	go func() { l.Run(ctx, snapshot); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, func() bool { n, _ := recA.state(); return n >= 1 })
+	l.SetPeers([]string{srvB.URL, srvB.URL})
+	waitFor(t, func() bool { n, _ := recB.state(); return n >= 1 })
+	waitFor(t, func() bool { _, f := recA.state(); return len(f) == 1 })
+	l.Send(router.Event{Kind: router.Released, Backend: 1})
+	waitFor(t, func() bool {
+		recB.mu.Lock()
+		defer recB.mu.Unlock()
+		for _, e := range recB.events["me"] {
+			if e.Kind == router.Released {
+				return true
+			}
+		}
+		return false
+	})
+	if st := l.Stats(); len(st) != 1 || st[0].URL != srvB.URL {
+		t.Fatalf("stats %+v, want one peer, %s", st, srvB.URL)
+	}
+	recA.mu.Lock()
+	defer recA.mu.Unlock()
+	for _, e := range recA.events["me"] {
+		if e.Kind == router.Released {
+			t.Fatal("a removed peer got an event sent after its removal")
+		}
+	}
+	if first := recA.events["me"][0]; first.Kind != router.Load || first.Inflight != 2 {
+		t.Fatalf("a stream began with %+v, not the load snapshot", first)
 	}
 }
