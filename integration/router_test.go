@@ -77,13 +77,15 @@ func routerState(ctx context.Context, c *http.Client, adminURL string) (router.S
 //   - refuses with 503 while no node has the model ready;
 //   - sends traffic only to the two nodes the model was cached on, never to
 //     the third, whose endpoint it knows;
-//   - keeps each long shared prefix on one backend, and spreads the groups;
+//   - keeps each long shared prefix on one backend, and spreads the groups,
+//     also through a second replica on a fifth host, which finds the first
+//     through gossip and shares its placements (--peer-listen);
 //   - loses no request when a node dies: the request that finds the dead
 //     endpoint is retried on the other, and gossip then drops the endpoint.
 //
 // A second router with another cluster key never learns an endpoint.
 func TestRouterAcrossHosts(t *testing.T) {
-	lab := netlabtest.New(t, netlab.Options{Hosts: 4, Link: 500 * netlab.Mbit, S3: true})
+	lab := netlabtest.New(t, netlab.Options{Hosts: 5, Link: 500 * netlab.Mbit, S3: true})
 	bin := warmfleetBin(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
@@ -93,7 +95,7 @@ func TestRouterAcrossHosts(t *testing.T) {
 	}
 	key := writeKey(t, "cluster.key")
 	hosts := lab.Hosts()
-	nodes, routerHost := hosts[:3], hosts[3]
+	nodes, routerHost, peerHost := hosts[:3], hosts[3], hosts[4]
 	seed := nodes[0].Addr(7946)
 	var daemons []*netlab.Daemon
 	var sims []*netlab.Process
@@ -122,19 +124,23 @@ func TestRouterAcrossHosts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	startRouter := func(name string, port int, keyFile string) (api, admin string) {
-		api, admin = "http://"+routerHost.Addr(port), "http://"+routerHost.Addr(port+100)
-		if _, err := routerHost.Start(netlab.ProcSpec{Name: name, Path: bin, Args: []string{
-			"router", "--listen", routerHost.Addr(port), "--admin-listen", routerHost.Addr(port + 100),
-			"--gossip", routerHost.Addr(port - 100), "--join", seed, "--cluster-key-file", keyFile, "--node-name", name,
+	startRouter := func(h *netlab.Host, name string, port int, keyFile string) (api, admin string) {
+		api, admin = "http://"+h.Addr(port), "http://"+h.Addr(port+100)
+		if _, err := h.Start(netlab.ProcSpec{Name: name, Path: bin, Args: []string{
+			"router", "--listen", h.Addr(port), "--admin-listen", h.Addr(port + 100), "--peer-listen", h.Addr(port + 1000),
+			"--gossip", h.Addr(port - 100), "--join", seed, "--cluster-key-file", keyFile, "--node-name", name,
 		}}); err != nil {
 			t.Fatal(err)
 		}
 		return api, admin
 	}
-	routerURL, adminURL := startRouter("router", 8080, key)
-	strangerURL, _ := startRouter("stranger", 8081, writeKey(t, "other.key"))
+	routerURL, adminURL := startRouter(routerHost, "router", 8080, key)
+	strangerURL, _ := startRouter(routerHost, "stranger", 8081, writeKey(t, "other.key"))
+	// A second replica on its own host: the two find each other through
+	// gossip and stream their placements to each other.
+	peerURL, peerAdminURL := startRouter(peerHost, "router-2", 8080, key)
 	client := &http.Client{Transport: &http.Transport{DialContext: routerHost.NS.DialContext}, Timeout: 30 * time.Second}
+	peerClient := &http.Client{Transport: &http.Transport{DialContext: peerHost.NS.DialContext}, Timeout: 30 * time.Second}
 
 	// Every endpoint known, none ready: refused, not sent to a cold node.
 	eventually(t, ctx, "three endpoints known, none ready", func() error {
@@ -175,13 +181,39 @@ func TestRouterAcrossHosts(t *testing.T) {
 		return nil
 	})
 
-	// Eight long prefixes, four questions each, interleaved.
+	// Eight long prefixes, four questions each, interleaved; the rounds
+	// alternate between the two replicas, each waiting until the other's
+	// placements have reached it: a group placed through one is a hit
+	// through the other.
 	const docs, rounds = 8, 4
+	replicas := []struct {
+		api, admin string
+		client     *http.Client
+	}{{routerURL, adminURL, client}, {peerURL, peerAdminURL, peerClient}}
+	indexed := func(i int) (int, error) {
+		st, err := routerState(ctx, replicas[i].client, replicas[i].admin)
+		n := 0
+		for _, b := range st.Backends {
+			n += b.IndexBlocks
+		}
+		return n, err
+	}
 	home := map[int]string{}
 	used := map[string]int{}
 	for q := range rounds {
+		at := replicas[q%2]
+		if q > 0 {
+			eventually(t, ctx, fmt.Sprintf("round %d's placements at the other replica", q-1), func() error {
+				here, err := indexed(q % 2)
+				there, err2 := indexed(1 - q%2)
+				if err != nil || err2 != nil || here != there {
+					return fmt.Errorf("%d blocks indexed here, %d there (%v, %v)", here, there, err, err2)
+				}
+				return nil
+			})
+		}
 		for doc := range docs {
-			r, err := askRouter(ctx, client, routerURL, doc, q)
+			r, err := askRouter(ctx, at.client, at.api, doc, q)
 			if err != nil || r.status != http.StatusOK {
 				t.Fatalf("doc %d q %d: %+v, %v", doc, q, r, err)
 			}
@@ -191,7 +223,7 @@ func TestRouterAcrossHosts(t *testing.T) {
 			if q == 0 {
 				home[doc] = r.backend
 			} else if r.backend != home[doc] || !strings.Contains(r.route, "reason=hit") {
-				t.Fatalf("doc %d q %d left its backend %s: %s", doc, q, home[doc], r.route)
+				t.Fatalf("doc %d q %d (replica %d) left its backend %s: %s", doc, q, q%2, home[doc], r.route)
 			}
 			used[r.backend]++
 		}

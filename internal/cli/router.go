@@ -258,8 +258,11 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	}
 	if *peerListen != "" {
 		mux := http.NewServeMux()
-		mux.Handle(peer.Path, peer.NewHandler(*nodeName, peer.Secret(material), rt, log.With("component", "peers"), nil))
-		servers = append(servers, &http.Server{Addr: *peerListen, Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+		streams := peer.NewHandler(*nodeName, peer.Secret(material), rt, log.With("component", "peers"), nil)
+		mux.Handle(peer.Path, streams)
+		srv := &http.Server{Addr: *peerListen, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		srv.RegisterOnShutdown(streams.Close) // peers' streams last as long as they run
+		servers = append(servers, srv)
 	}
 	// Every address is taken before anything starts: a bad or busy one is
 	// then an error and an exit, not a server left running with no way to

@@ -92,6 +92,8 @@ type Handler struct {
 	mu      sync.Mutex
 	streams map[string]uint64 // the newest stream's number, by peer
 	next    uint64
+	open    map[uint64]*http.ResponseController // streams being read, to end them on Close
+	closed  bool
 }
 
 // NewHandler returns a handler; now may be nil (time.Now).
@@ -102,7 +104,21 @@ func NewHandler(self string, secret []byte, obs Observer, log *slog.Logger, now 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Handler{self: self, secret: secret, obs: obs, log: log, now: now, streams: map[string]uint64{}}
+	return &Handler{self: self, secret: secret, obs: obs, log: log, now: now, streams: map[string]uint64{},
+		open: map[uint64]*http.ResponseController{}}
+}
+
+// Close ends every stream being read and refuses new ones. A stream is a
+// request that lasts as long as its sender runs, so a server's graceful
+// shutdown would otherwise wait for it: register Close with
+// http.Server.RegisterOnShutdown.
+func (h *Handler) Close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	for _, rc := range h.open {
+		_ = rc.SetReadDeadline(time.Now())
+	}
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -116,17 +132,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusUnauthorized)
 		return
 	}
+	rc := http.NewResponseController(w)
 	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		http.Error(w, "shutting down", http.StatusServiceUnavailable)
+		return
+	}
 	h.next++
 	stream := h.next
 	h.streams[name] = stream
+	h.open[stream] = rc
 	h.mu.Unlock()
 	h.log.Info("peer stream open", "peer", name, "remote", r.RemoteAddr)
-	rc := http.NewResponseController(w)
 	br := bufio.NewReaderSize(r.Body, 64<<10)
 	n := 0
 	for {
-		_ = rc.SetReadDeadline(h.now().Add(idleTimeout))
+		if !h.extend(rc) {
+			err = errors.New("shutting down")
+			break
+		}
 		var e router.Event
 		if e, err = readEvent(br); err != nil {
 			break
@@ -135,6 +160,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		n++
 	}
 	h.mu.Lock()
+	delete(h.open, stream)
 	latest := h.streams[name] == stream
 	if latest {
 		delete(h.streams, name)
@@ -152,6 +178,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if errors.Is(err, errFrame) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 	}
+}
+
+// extend moves a stream's read deadline idleTimeout on, unless Close has
+// run: then it leaves the deadline Close set and reports false.
+func (h *Handler) extend(rc *http.ResponseController) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	_ = rc.SetReadDeadline(h.now().Add(idleTimeout))
+	return true
 }
 
 // authenticate returns the peer's name if the headers prove it holds the

@@ -452,3 +452,33 @@ func TestLinkSetPeers(t *testing.T) {
 		t.Fatalf("a stream began with %+v, not the load snapshot", first)
 	}
 }
+
+// TestHandlerCloseEndsStreams: a server's graceful shutdown must not wait
+// for peers' streams, which last as long as the peers run.
+func TestHandlerCloseEndsStreams(t *testing.T) {
+	rec := &recorder{}
+	h := NewHandler("self", testSecret, rec, nil, nil)
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.RegisterOnShutdown(h.Close)
+	srv.Start()
+	defer srv.Close()
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go func() {
+		if resp, err := http.DefaultClient.Do(streamReq(t, srv.URL, "a", testSecret, time.Now(), pr)); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	if _, err := pw.Write(appendEvent(nil, router.Event{Kind: router.Released, Backend: 1})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { n, _ := rec.state(); return n == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Config.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown with a peer stream open: %v", err)
+	}
+	if _, forgets := rec.state(); len(forgets) != 1 {
+		t.Fatalf("forgets %v: the ended stream's peer must be forgotten", forgets)
+	}
+}
