@@ -482,3 +482,67 @@ func TestHandlerCloseEndsStreams(t *testing.T) {
 		t.Fatalf("forgets %v: the ended stream's peer must be forgotten", forgets)
 	}
 }
+
+// BenchmarkRouteWithPeer: what streaming to a peer adds to a routing
+// decision (scan, hash, decide, index; Route sends nothing to a backend),
+// against the same decisions with no peer. 16 KB prompts over 64 backends,
+// documents shared as in the router's own decision benchmark; the peer is a
+// real Handler over loopback HTTP applying events to a second router.
+func BenchmarkRouteWithPeer(b *testing.B) {
+	newRouter := func(onEvent func(router.Event)) *router.Router {
+		cfg := router.Defaults()
+		cfg.ProbeInterval = -1
+		for i := range 64 {
+			cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: fmt.Sprintf("http://127.0.0.1:%d", 30000+i)})
+		}
+		rt, err := router.New(cfg, router.Options{Source: router.NewStaticSource(router.StaticEndpoints(&cfg), nil),
+			HashKey: prefix.KeyFromBytes([]byte("k")), OnEvent: onEvent})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return rt
+	}
+	docs := make([]string, 256)
+	for i := range docs {
+		docs[i] = strings.Repeat(fmt.Sprintf("line %d of document %d, long enough to hash. ", i%7, i), 260)
+	}
+	bodies := make([][]byte, 512)
+	for i := range bodies {
+		bodies[i] = fmt.Appendf(nil, `{"model":"m","prompt":%q}`, docs[i%len(docs)]+fmt.Sprint(" question ", i))
+	}
+	run := func(b *testing.B, rt *router.Router) {
+		ctx := context.Background()
+		for _, body := range bodies { // warm the index
+			if _, err := rt.Route(ctx, body, ""); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.SetBytes(int64(len(bodies[0])))
+		b.ResetTimer()
+		for i := range b.N {
+			if _, err := rt.Route(ctx, bodies[i%len(bodies)], ""); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Run("no peer", func(b *testing.B) { run(b, newRouter(nil)) })
+	b.Run("one peer", func(b *testing.B) {
+		receiver := newRouter(nil)
+		srv := httptest.NewServer(NewHandler("b", testSecret, receiver, nil, nil))
+		defer srv.Close()
+		l, err := NewLink("a", []string{srv.URL}, testSecret, nil, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rt := newRouter(l.Send)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { l.Run(ctx, rt.LoadEvents); close(done) }()
+		defer func() { cancel(); <-done }()
+		run(b, rt)
+		b.StopTimer()
+		if s := l.Stats()[0]; s.Dropped > 0 {
+			b.Logf("%d of %d events dropped (the peer fell behind)", s.Dropped, s.Sent+s.Dropped)
+		}
+	})
+}
