@@ -546,3 +546,34 @@ func BenchmarkRouteWithPeer(b *testing.B) {
 		}
 	})
 }
+
+// TestLinkReconnects: when a stream breaks (the peer restarted, say), the
+// peer forgets this replica's load, and the link opens a new stream that
+// starts with a load snapshot, so the peer's counts are right again.
+func TestLinkReconnects(t *testing.T) {
+	rec := &recorder{}
+	srv := httptest.NewServer(NewHandler("pb", testSecret, rec, nil, nil))
+	defer srv.Close()
+	l, err := NewLink("me", []string{srv.URL}, testSecret, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var snaps atomic.Int64
+	snapshot := func() []router.Event {
+		return []router.Event{{Kind: router.Load, Backend: 1, Inflight: int(snaps.Add(1))}}
+	}
+	go func() { l.Run(ctx, snapshot); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, func() bool { n, _ := rec.state(); return n >= 1 })
+	srv.CloseClientConnections()
+	waitFor(t, func() bool { _, f := rec.state(); return len(f) == 1 })
+	before, _ := rec.state()
+	waitFor(t, func() bool { n, _ := rec.state(); return n > before && l.Stats()[0].Up })
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if got := rec.events["me"][before]; got.Kind != router.Load {
+		t.Fatalf("the new stream began with %+v, not a load snapshot", got)
+	}
+}
