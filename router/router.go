@@ -413,7 +413,7 @@ func (rt *Router) prefilled(r *routed) {
 	changed := rt.prefilledLocked(r)
 	rt.mu.Unlock()
 	if changed {
-		rt.emit(Event{Kind: Prefilled, Backend: r.b.id, Blocks: r.pending.blocks})
+		rt.emit(Event{Kind: Prefilled, Backend: r.id, Blocks: r.pending.blocks})
 	}
 }
 
@@ -438,9 +438,9 @@ func (rt *Router) release(r *routed) {
 	rt.wakeLocked()
 	rt.mu.Unlock()
 	if prefilled {
-		rt.emit(Event{Kind: Prefilled, Backend: b.id, Blocks: r.pending.blocks})
+		rt.emit(Event{Kind: Prefilled, Backend: r.id, Blocks: r.pending.blocks})
 	}
-	rt.emit(Event{Kind: Released, Backend: b.id})
+	rt.emit(Event{Kind: Released, Backend: r.id})
 }
 
 // heatHalfLife is how the index counts prefix heat under cfg: over the
@@ -464,6 +464,7 @@ type routeRequest struct {
 // routed is an acquired backend: the caller must release it.
 type routed struct {
 	b        *backend
+	id       uint64 // b's id when it was picked (b.id is rewritten under the lock when endpoints sync)
 	decision balance.Decision
 	blocks   int
 	common   int
@@ -551,7 +552,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	if len(req.keys) > 0 {
 		rt.index.Insert(b.slot, req.keys, d.Matched)
 	}
-	return routed{b: b, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
+	return routed{b: b, id: b.id, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
 		pending: &pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched}, nil
 }
 
@@ -590,7 +591,7 @@ func (rt *Router) acquire(ctx context.Context, req *routeRequest) (routed, error
 				if !waitStart.IsZero() {
 					rt.metrics.queueWait.Observe(time.Since(waitStart).Seconds())
 				}
-				rt.emit(Event{Kind: Placed, Backend: r.b.id, Blocks: r.pending.blocks, Keys: req.keys})
+				rt.emit(Event{Kind: Placed, Backend: r.id, Blocks: r.pending.blocks, Keys: req.keys})
 			}
 			return r, err
 		}
