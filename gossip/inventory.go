@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -63,6 +64,45 @@ type Inventory struct {
 	DiskTotalBytes int64                     `json:"c,omitempty"`
 	// Labels are the node's labels, matched by spec target selectors.
 	Labels map[string]string `json:"l,omitempty"`
+}
+
+// UnmarshalJSON decodes an inventory, refusing a map or list with more
+// entries than an inventory may hold before decoding the rest of it: a
+// stream message inflates to 16 MiB, which as one inventory's maps would
+// cost some 200 MB before Validate could refuse them.
+func (inv *Inventory) UnmarshalJSON(b []byte) error {
+	var w struct {
+		Models         inventoryMap[ModelInventory] `json:"m"`
+		Images         inventoryMap[ImageInventory] `json:"i"`
+		Endpoints      inventoryList[Endpoint]      `json:"e"`
+		DiskFreeBytes  int64                        `json:"f"`
+		DiskTotalBytes int64                        `json:"c"`
+		Labels         inventoryMap[string]         `json:"l"`
+	}
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*inv = Inventory{Models: w.Models, Images: w.Images, Endpoints: w.Endpoints, DiskFreeBytes: w.DiskFreeBytes,
+		DiskTotalBytes: w.DiskTotalBytes, Labels: w.Labels}
+	return nil
+}
+
+// inventoryMap and inventoryList decode at most maxInventoryItems entries.
+type (
+	inventoryMap[V any]  map[string]V
+	inventoryList[T any] []T
+)
+
+func (m *inventoryMap[V]) UnmarshalJSON(b []byte) error {
+	out, err := decodeObject[V](b, maxInventoryItems)
+	*m = out
+	return err
+}
+
+func (l *inventoryList[T]) UnmarshalJSON(b []byte) error {
+	out, err := decodeArray[T](b, maxInventoryItems)
+	*l = out
+	return err
 }
 
 // Bounds on one inventory. They keep a record well under memberlist's

@@ -149,67 +149,79 @@ const maxListLen = max(maxRecords, maxDigest)
 type list[T any] []T
 
 func (l *list[T]) UnmarshalJSON(b []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	tok, err := dec.Token()
-	if err != nil {
-		return err
-	}
-	if tok == nil {
-		*l = nil
-		return nil
-	}
-	if tok != json.Delim('[') {
-		return fmt.Errorf("want an array, got %v", tok)
-	}
-	var out list[T]
-	for dec.More() {
-		if len(out) == maxListLen {
-			return fmt.Errorf("%w: more than %d elements", errOversize, maxListLen)
-		}
-		var v T
-		if err := dec.Decode(&v); err != nil {
-			return err
-		}
-		out = append(out, v)
-	}
+	out, err := decodeArray[T](b, maxListLen)
 	*l = out
-	return nil
+	return err
 }
 
 // dict is a JSON object bounded like list.
 type dict[V any] map[string]V
 
 func (d *dict[V]) UnmarshalJSON(b []byte) error {
+	out, err := decodeObject[V](b, maxListLen)
+	*d = out
+	return err
+}
+
+// decodeArray decodes a JSON array (or null: nil) one element at a time,
+// refusing element limit+1 before decoding it.
+func decodeArray[T any](b []byte, limit int) ([]T, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	tok, err := dec.Token()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if tok == nil {
-		*d = nil
-		return nil
+		return nil, nil
+	}
+	if tok != json.Delim('[') {
+		return nil, fmt.Errorf("want an array, got %v", tok)
+	}
+	var out []T
+	for dec.More() {
+		if len(out) == limit {
+			return nil, fmt.Errorf("%w: more than %d elements", errOversize, limit)
+		}
+		var v T
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// decodeObject decodes a JSON object (or null: nil) one member at a time,
+// refusing a new key past limit before decoding its value.
+func decodeObject[V any](b []byte, limit int) (map[string]V, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	if tok == nil {
+		return nil, nil
 	}
 	if tok != json.Delim('{') {
-		return fmt.Errorf("want an object, got %v", tok)
+		return nil, fmt.Errorf("want an object, got %v", tok)
 	}
-	out := dict[V]{}
+	out := map[string]V{}
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		k, _ := tok.(string) // object keys are strings
-		if _, dup := out[k]; !dup && len(out) == maxListLen {
-			return fmt.Errorf("%w: more than %d entries", errOversize, maxListLen)
+		if _, dup := out[k]; !dup && len(out) == limit {
+			return nil, fmt.Errorf("%w: more than %d entries", errOversize, limit)
 		}
 		var v V
 		if err := dec.Decode(&v); err != nil {
-			return err
+			return nil, err
 		}
 		out[k] = v
 	}
-	*d = out
-	return nil
+	return out, nil
 }
 
 // encodeMsg frames v as a message of type t.
