@@ -58,18 +58,7 @@ func TestDesiredDeleteBeatsExtremeTimestamps(t *testing.T) {
 // of allocations from one message that compresses to a few KiB on the wire.
 // Decoding four times the limit must cost about what the limit costs.
 func TestDecodeHugeCountsAllocatesLittle(t *testing.T) {
-	build := func(pre string, elem func(i int) string, post string, n int) []byte {
-		var b bytes.Buffer
-		b.WriteString(pre)
-		for i := range n {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(elem(i))
-		}
-		b.WriteString(post)
-		return b.Bytes()
-	}
+	build := repeated
 	allocated := func(decode func([]byte) error, p []byte) (uint64, error) {
 		var before, after runtime.MemStats
 		runtime.GC()
@@ -110,18 +99,7 @@ func TestDecodeHugeCountsAllocatesLittle(t *testing.T) {
 // buffers of the input (about twice the limit's cost, measured), where
 // decoding them all costs four times.
 func TestDecodeHugeInventoryAllocatesLittle(t *testing.T) {
-	build := func(pre string, elem func(i int) string, post string, n int) []byte {
-		var b bytes.Buffer
-		b.WriteString(pre)
-		for i := range n {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(elem(i))
-		}
-		b.WriteString(post)
-		return b.Bytes()
-	}
+	build := repeated
 	decodeInv := func(p []byte) error { _, err := decodeInventories(p); return err }
 	decodeSt := func(p []byte) error { _, err := decodeState(p); return err }
 	model := func(i int) string { return `"m` + strconv.Itoa(i) + `":{"s":"ready","r":"rev","p":"/x"}` }
@@ -158,4 +136,18 @@ func TestDecodeHugeInventoryAllocatesLittle(t *testing.T) {
 			}
 		})
 	}
+}
+
+// repeated is pre, then elem(0..n-1) separated by commas, then post.
+func repeated(pre string, elem func(i int) string, post string, n int) []byte {
+	var b bytes.Buffer
+	b.WriteString(pre)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(elem(i))
+	}
+	b.WriteString(post)
+	return b.Bytes()
 }

@@ -163,19 +163,29 @@ func (d *dict[V]) UnmarshalJSON(b []byte) error {
 	return err
 }
 
+// openJSON returns a decoder past the opening delim of the value in b, or
+// nil: with an error if the value is something else, without one if it is
+// null.
+func openJSON(b []byte, delim json.Delim, want string) (*json.Decoder, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	switch {
+	case err != nil:
+		return nil, err
+	case tok == nil:
+		return nil, nil
+	case tok != delim:
+		return nil, fmt.Errorf("want %s, got %v", want, tok)
+	}
+	return dec, nil
+}
+
 // decodeArray decodes a JSON array (or null: nil) one element at a time,
 // refusing element limit+1 before decoding it.
 func decodeArray[T any](b []byte, limit int) ([]T, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	tok, err := dec.Token()
-	if err != nil {
+	dec, err := openJSON(b, '[', "an array")
+	if dec == nil {
 		return nil, err
-	}
-	if tok == nil {
-		return nil, nil
-	}
-	if tok != json.Delim('[') {
-		return nil, fmt.Errorf("want an array, got %v", tok)
 	}
 	var out []T
 	for dec.More() {
@@ -194,16 +204,9 @@ func decodeArray[T any](b []byte, limit int) ([]T, error) {
 // decodeObject decodes a JSON object (or null: nil) one member at a time,
 // refusing a new key past limit before decoding its value.
 func decodeObject[V any](b []byte, limit int) (map[string]V, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	tok, err := dec.Token()
-	if err != nil {
+	dec, err := openJSON(b, '{', "an object")
+	if dec == nil {
 		return nil, err
-	}
-	if tok == nil {
-		return nil, nil
-	}
-	if tok != json.Delim('{') {
-		return nil, fmt.Errorf("want an object, got %v", tok)
 	}
 	out := map[string]V{}
 	for dec.More() {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -67,24 +66,7 @@ func (st *Staging) OpenFile(relPath string, size int64) (*os.File, error) {
 // Allocated reports the bytes already on disk for the revision's files, so
 // a resumed download asks for only what it still needs.
 func (st *Staging) Allocated() (int64, error) {
-	var total int64
-	err := fs.WalkDir(st.root.FS(), ".", func(_ string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if sys, ok := info.Sys().(*syscall.Stat_t); ok {
-			total += sys.Blocks * 512
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("nvme: %w", err)
-	}
-	return total, nil
+	return allocatedUnder(st.root.FS(), ".")
 }
 
 // Close closes the staging's files without publishing; the staged content

@@ -52,38 +52,8 @@ func TestRouterPeers(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	ask := func(api string, doc, q int) map[string]string {
-		t.Helper()
-		prompt := strings.Repeat(fmt.Sprintf("document %d is long and shared. ", doc), 80) + fmt.Sprint("question ", q)
-		body, _ := json.Marshal(map[string]any{"model": "sim", "prompt": prompt, "max_tokens": 1})
-		req, _ := http.NewRequest(http.MethodPost, "http://"+api+"/v1/completions", bytes.NewReader(body))
-		req.Header.Set(router.DebugRequestHeader, "1")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("doc %d through %s: status %d", doc, api, resp.StatusCode)
-		}
-		return router.ParseRoute(resp.Header.Get(router.RouteHeader))
-	}
-	indexed := func(admin string) int {
-		resp, err := http.Get("http://" + admin + "/admin/state")
-		if err != nil {
-			return -1
-		}
-		defer resp.Body.Close()
-		var st router.State
-		if json.NewDecoder(resp.Body).Decode(&st) != nil {
-			return -1
-		}
-		n := 0
-		for _, b := range st.Backends {
-			n += b.IndexBlocks
-		}
-		return n
-	}
+	ask := func(api string, doc, q int) map[string]string { return askDoc(t, api, doc, q) }
+	indexed := indexedBlocks
 	waitUntil("both replicas up", func() bool { return indexed(adminA) == 0 && indexed(adminB) == 0 })
 	waitUntil("replica c refused by a", func() bool { return strings.Contains(logA.String(), `"peer \"rc\": wrong X-Warmfleet-Peer-Auth`) })
 
@@ -151,39 +121,13 @@ func TestRouterPeersFoundThroughGossip(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	routeOf := func(api string, doc, q int) map[string]string {
-		prompt := strings.Repeat(fmt.Sprintf("document %d is long and shared. ", doc), 80) + fmt.Sprint("question ", q)
-		body, _ := json.Marshal(map[string]any{"model": "sim", "prompt": prompt, "max_tokens": 1})
-		req, _ := http.NewRequest(http.MethodPost, "http://"+api+"/v1/completions", bytes.NewReader(body))
-		req.Header.Set(router.DebugRequestHeader, "1")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return router.ParseRoute(resp.Header.Get(router.RouteHeader))
-	}
+	routeOf := func(api string, doc, q int) map[string]string { return askDoc(t, api, doc, q) }
 	placed := map[int]string{}
 	for doc := range 6 {
 		placed[doc] = routeOf(apiA, doc, 0)["backend"]
 	}
 	// b has the placements once its index holds as many blocks as a's.
-	indexed := func(admin string) int {
-		resp, err := http.Get("http://" + admin + "/admin/state")
-		if err != nil {
-			return -1
-		}
-		defer resp.Body.Close()
-		var st router.State
-		if json.NewDecoder(resp.Body).Decode(&st) != nil {
-			return -1
-		}
-		n := 0
-		for _, b := range st.Backends {
-			n += b.IndexBlocks
-		}
-		return n
-	}
+	indexed := indexedBlocks
 	for deadline := time.Now().Add(10 * time.Second); indexed(adminB) != indexed(adminA); {
 		if time.Now().After(deadline) {
 			t.Fatalf("replica b never learned a's placements: %d blocks indexed, a has %d", indexed(adminB), indexed(adminA))
@@ -215,4 +159,43 @@ func simBackends(t *testing.T, n int) []string {
 		args = append(args, "--backend", "http://"+addr)
 	}
 	return args
+}
+
+// askDoc asks a router about document doc (a long prompt shared by its
+// questions), question q, and returns the router's explanation of where it
+// went.
+func askDoc(t *testing.T, api string, doc, q int) map[string]string {
+	t.Helper()
+	prompt := strings.Repeat(fmt.Sprintf("document %d is long and shared. ", doc), 80) + fmt.Sprint("question ", q)
+	body, _ := json.Marshal(map[string]any{"model": "sim", "prompt": prompt, "max_tokens": 1})
+	req, _ := http.NewRequest(http.MethodPost, "http://"+api+"/v1/completions", bytes.NewReader(body))
+	req.Header.Set(router.DebugRequestHeader, "1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("doc %d through %s: status %d", doc, api, resp.StatusCode)
+	}
+	return router.ParseRoute(resp.Header.Get(router.RouteHeader))
+}
+
+// indexedBlocks is how many blocks a router's index holds over all its
+// backends, from its admin API; -1 if it cannot be read.
+func indexedBlocks(admin string) int {
+	resp, err := http.Get("http://" + admin + "/admin/state")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	var st router.State
+	if json.NewDecoder(resp.Body).Decode(&st) != nil {
+		return -1
+	}
+	n := 0
+	for _, b := range st.Backends {
+		n += b.IndexBlocks
+	}
+	return n
 }
