@@ -58,13 +58,7 @@ func (rt *Router) emit(e Event) {
 	if rt.opts.OnEvent == nil {
 		return
 	}
-	if e.Kind == Placed {
-		if len(e.Keys) == 0 {
-			e.Keys = nil
-		} else {
-			e.Keys = slices.Clone(e.Keys)
-		}
-	}
+	e.Keys = slices.Clone(e.Keys)
 	rt.opts.OnEvent(e)
 }
 

@@ -227,6 +227,7 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	opts := router.Options{Source: src, Registry: reg, Logger: log, HashKey: key}
 	if link != nil {
 		opts.OnEvent = link.Send
+		reg.MustRegister(link)
 	}
 	rt, err := router.New(cfg, opts)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/warmfleet/warmfleet/router"
 )
 
@@ -228,6 +229,8 @@ type Link struct {
 
 	peers atomic.Pointer[[]*link] // what Send sends to, replaced whole
 
+	sentDesc, droppedDesc, upDesc *prometheus.Desc
+
 	mu       sync.Mutex // guards the rest, and replacing peers
 	byURL    map[string]*link
 	running  context.Context // nil until Run
@@ -264,8 +267,15 @@ func NewLink(self string, peers []string, secret []byte, log *slog.Logger, now f
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	peerLabel := []string{"peer"}
 	l := &Link{self: self, secret: secret, log: log, now: now, byURL: map[string]*link{},
-		client: &http.Client{Transport: &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 1}}}
+		client: &http.Client{Transport: &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 1}},
+		sentDesc: prometheus.NewDesc("warmfleet_router_peer_events_sent_total",
+			"Events streamed to a peer replica.", peerLabel, nil),
+		droppedDesc: prometheus.NewDesc("warmfleet_router_peer_events_dropped_total",
+			"Events not sent to a peer replica because its queue was full (the peer or the network is slow).", peerLabel, nil),
+		upDesc: prometheus.NewDesc("warmfleet_router_peer_up",
+			"1 while the stream to a peer replica is open.", peerLabel, nil)}
 	l.SetPeers(peers)
 	return l, nil
 }
@@ -324,8 +334,8 @@ func (l *Link) Send(e router.Event) {
 
 // Stats is one peer link's counters.
 type Stats struct {
-	URL           string `json:"url"`
-	Up            bool   `json:"up"`
+	URL           string
+	Up            bool
 	Sent, Dropped uint64
 }
 
@@ -339,6 +349,27 @@ func (l *Link) Stats() []Stats {
 		p.mu.Unlock()
 	}
 	return out
+}
+
+// Describe and Collect make the link a prometheus.Collector of every
+// peer's Stats, read when scraped: nothing is counted twice on the path of
+// a request.
+func (l *Link) Describe(ch chan<- *prometheus.Desc) {
+	ch <- l.sentDesc
+	ch <- l.droppedDesc
+	ch <- l.upDesc
+}
+
+func (l *Link) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range l.Stats() {
+		up := 0.0
+		if s.Up {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(l.sentDesc, prometheus.CounterValue, float64(s.Sent), s.URL)
+		ch <- prometheus.MustNewConstMetric(l.droppedDesc, prometheus.CounterValue, float64(s.Dropped), s.URL)
+		ch <- prometheus.MustNewConstMetric(l.upDesc, prometheus.GaugeValue, up, s.URL)
+	}
 }
 
 // Run keeps a stream open to every peer until ctx ends, reconnecting with

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/warmfleet/warmfleet/router"
 	"github.com/warmfleet/warmfleet/router/prefix"
 )
@@ -440,6 +441,25 @@ func TestLinkSetPeers(t *testing.T) {
 	})
 	if st := l.Stats(); len(st) != 1 || st[0].URL != srvB.URL {
 		t.Fatalf("stats %+v, want one peer, %s", st, srvB.URL)
+	}
+	// The counters reach Prometheus, per peer still listed.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(l)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			if len(m.GetLabel()) != 1 || m.GetLabel()[0].GetValue() != srvB.URL {
+				t.Fatalf("%s labelled %v, want peer=%s only", f.GetName(), m.GetLabel(), srvB.URL)
+			}
+			got[f.GetName()] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	if got["warmfleet_router_peer_up"] != 1 || got["warmfleet_router_peer_events_sent_total"] < 1 || len(got) != 3 {
+		t.Fatalf("peer metrics %v: want up 1, at least one event sent, and dropped", got)
 	}
 	recA.mu.Lock()
 	defer recA.mu.Unlock()

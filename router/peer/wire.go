@@ -11,14 +11,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/warmfleet/warmfleet/router"
 )
 
 // Limits on what a frame may carry: far above any real prompt (a 16 MiB
 // body is at most 2^18 blocks of 64 bytes) or load, and low enough that a
-// hostile length cannot make the reader allocate much.
+// hostile length cannot make the reader allocate much. Both fit the five
+// bytes count reads.
 const (
 	maxKeys  = 1 << 18
 	maxCount = 1 << 30
@@ -65,17 +65,14 @@ func readEvent(r *bufio.Reader) (router.Event, error) {
 		return router.Event{}, truncated(err)
 	}
 	e.Backend = binary.LittleEndian.Uint64(id[:])
-	if e.Blocks, err = count(r, "blocks"); err != nil {
+	if e.Blocks, err = count(r, "blocks", maxCount); err != nil {
 		return router.Event{}, err
 	}
 	switch e.Kind {
 	case router.Placed:
-		n, err := binary.ReadUvarint(r)
+		n, err := count(r, "keys", maxKeys)
 		if err != nil {
-			return router.Event{}, truncated(err)
-		}
-		if n > maxKeys {
-			return router.Event{}, fmt.Errorf("%w: %d keys (at most %d)", errFrame, n, maxKeys)
+			return router.Event{}, err
 		}
 		if n > 0 {
 			e.Keys = make([]uint64, 0, min(n, 4096)) // grows with what arrives
@@ -88,34 +85,41 @@ func readEvent(r *bufio.Reader) (router.Event, error) {
 			e.Keys = append(e.Keys, binary.LittleEndian.Uint64(k[:]))
 		}
 	case router.Load:
-		if e.Inflight, err = count(r, "inflight"); err != nil {
+		if e.Inflight, err = count(r, "inflight", maxCount); err != nil {
 			return router.Event{}, err
 		}
-		if e.Prefilling, err = count(r, "prefilling"); err != nil {
+		if e.Prefilling, err = count(r, "prefilling", maxCount); err != nil {
 			return router.Event{}, err
 		}
 	}
 	return e, nil
 }
 
-func count(r *bufio.Reader, what string) (int, error) {
-	v, err := binary.ReadUvarint(r)
-	if err != nil {
-		return 0, truncated(err)
+// count reads a uvarint of at most limit (below 2^35, so five bytes):
+// a longer varint or a larger value is a bad frame.
+func count(r *bufio.Reader, what string, limit uint64) (int, error) {
+	var v uint64
+	for shift := 0; shift < 35; shift += 7 {
+		c, err := r.ReadByte()
+		if err != nil {
+			return 0, truncated(err)
+		}
+		v |= uint64(c&0x7f) << shift
+		if c < 0x80 {
+			if v > limit {
+				return 0, fmt.Errorf("%w: %s %d (at most %d)", errFrame, what, v, limit)
+			}
+			return int(v), nil
+		}
 	}
-	if v > maxCount {
-		return 0, fmt.Errorf("%w: %s %d (at most %d)", errFrame, what, v, maxCount)
-	}
-	return int(v), nil
+	return 0, fmt.Errorf("%w: %s: varint longer than 5 bytes", errFrame, what)
 }
 
-// truncated turns an end of stream inside a frame into an error.
+// truncated turns an end of stream inside a frame into a bad frame; other
+// read errors (a deadline, a reset) pass as they are.
 func truncated(err error) error {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("%w: truncated", errFrame)
-	}
-	if strings.Contains(err.Error(), "overflow") { // encoding/binary's error is not exported
-		return fmt.Errorf("%w: %w", errFrame, err)
 	}
 	return err
 }
