@@ -201,26 +201,14 @@ func (s *Store) Remove(name string) error {
 	return nil
 }
 
-// PruneRevisions deletes every published or staged revision of a model other
-// than keep (old revisions after an update, abandoned downloads).
-func (s *Store) PruneRevisions(name, keep string) error {
-	if err := CheckName(name); err != nil {
-		return err
-	}
-	return errors.Join(s.pruneUnder(modelsDir, name, keep), s.pruneUnder(partialDir, name, keep))
-}
-
 // PruneStaged deletes a model's staged downloads other than keep's: once a
 // revision is published, a half-downloaded other one is abandoned.
 func (s *Store) PruneStaged(name, keep string) error {
 	if err := CheckName(name); err != nil {
 		return err
 	}
-	return s.pruneUnder(partialDir, name, keep)
-}
-
-func (s *Store) pruneUnder(base, name, keep string) error {
-	entries, err := fs.ReadDir(s.root.FS(), filepath.Join(base, dirName(name)))
+	dir := filepath.Join(partialDir, dirName(name))
+	entries, err := fs.ReadDir(s.root.FS(), dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
@@ -229,10 +217,10 @@ func (s *Store) pruneUnder(base, name, keep string) error {
 	}
 	var errs []error
 	for _, e := range entries {
-		if e.Name() == keep || e.Name() == CurrentLink || !e.IsDir() {
+		if e.Name() == keep || !e.IsDir() {
 			continue
 		}
-		if err := s.root.RemoveAll(filepath.Join(base, dirName(name), e.Name())); err != nil {
+		if err := s.root.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -135,7 +135,8 @@ func TestStagePublishLayout(t *testing.T) {
 		t.Fatalf("Models() = %v, %v", models, err)
 	}
 
-	// A second revision replaces the current link atomically; prune drops the old one.
+	// A second revision replaces the current link atomically; the old one
+	// can then be removed, the current one not.
 	st2, err := s.Stage("meta/llama", "rev2")
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +148,10 @@ func TestStagePublishLayout(t *testing.T) {
 	if cur, err := s.Current("meta/llama"); err != nil || cur != "rev2" {
 		t.Fatalf("Current = %q, %v; want rev2", cur, err)
 	}
-	if err := s.PruneRevisions("meta/llama", "rev2"); err != nil {
+	if err := s.RemoveRevision("meta/llama", "rev2"); !errors.Is(err, ErrCurrent) {
+		t.Fatalf("RemoveRevision of the current revision = %v, want ErrCurrent", err)
+	}
+	if err := s.RemoveRevision("meta/llama", "rev1"); err != nil {
 		t.Fatal(err)
 	}
 	if s.Published("meta/llama", "rev1") {
@@ -442,7 +446,8 @@ func TestPlantedModelDirSymlinksStayInside(t *testing.T) {
 			if cur, err := s.Current("m"); err == nil {
 				t.Errorf("Current followed the planted link to %q", cur)
 			}
-			_ = s.PruneRevisions("m", "other")
+			_ = s.RemoveRevision("m", "r")
+			_ = s.PruneStaged("m", "other")
 			_ = s.Remove("m")
 			if got, err := os.ReadFile(filepath.Join(outside, "r", "w")); err != nil || string(got) != "theirs" {
 				t.Errorf("file outside the data dir is now %q, %v", got, err)
