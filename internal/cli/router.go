@@ -450,7 +450,7 @@ func runBenchRouter(ctx context.Context, e *Env, args []string) error {
 	fs.IntVar(&o.ShareHalfLife, "share-half-life", o.ShareHalfLife, "router traffic share half-life in decisions (0: the router's default)")
 	fs.Float64Var(&o.HotShare, "hot-share", o.HotShare, "router hot-prefix share (0: the router's default, off)")
 	fs.IntVar(&o.Replicas, "replicas", o.Replicas, "router replicas sharing the workload traffic, each with its own state (request i goes to replica i mod N)")
-	fs.BoolVar(&o.ReplicaSync, "replica-sync", o.ReplicaSync, "replicas observe each other's placements at once (shared index and traffic counts)")
+	fs.BoolVar(&o.ReplicaSync, "replica-sync", o.ReplicaSync, "replicas observe each other's requests at once: placements, traffic shares and load (what --peer-listen streams between real replicas)")
 	fs.IntVar(&o.OverheadRate, "overhead-rate", o.OverheadRate, "requests/s for the overhead phase (0: skip)")
 	fs.DurationVar(&o.OverheadDuration, "overhead-duration", o.OverheadDuration, "length of each overhead round")
 	fs.IntVar(&o.OverheadRounds, "overhead-rounds", o.OverheadRounds, "overhead rounds per mode")
