@@ -1,0 +1,42 @@
+package wait
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// recorder is a testing.TB whose Fatalf is recorded instead of ending the
+// test, so the failure path can be checked.
+type recorder struct {
+	testing.TB
+	msg string
+}
+
+func (r *recorder) Helper()                           {}
+func (r *recorder) Fatalf(format string, args ...any) { r.msg = fmt.Sprintf(format, args...) }
+
+func TestForSeesACondition(t *testing.T) {
+	var n atomic.Int32
+	For(t, "the third poll", func() bool { return n.Add(1) >= 3 })
+	if got := n.Load(); got != 3 {
+		t.Fatalf("polled %d times, want 3", got)
+	}
+}
+
+func TestErrReportsTheLastError(t *testing.T) {
+	r := &recorder{TB: t}
+	Err(r, "a thing", func() error { return errors.New("still broken") }, Timeout(20*time.Millisecond))
+	if !strings.Contains(r.msg, "waiting for a thing") || !strings.Contains(r.msg, "still broken") {
+		t.Fatalf("message %q lacks what was awaited or the last error", r.msg)
+	}
+}
+
+func TestPollReturnsNilOnceTrue(t *testing.T) {
+	if err := Poll(t, func() error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
