@@ -436,7 +436,7 @@ func runBenchRouter(ctx context.Context, e *Env, args []string) error {
 	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per workload")
 	workloads := fs.String("workloads", strings.Join(o.Workloads, ","), "comma-separated: "+strings.Join(bench.AllWorkloads(), ", "))
 	strategies := fs.String("strategies", "random,least-outstanding,prefix-aware", "comma-separated strategies to compare")
-	fs.StringVar(&o.TracesDir, "traces-dir", o.TracesDir, "directory holding the Mooncake traces (relative to the working directory)")
+	fs.StringVar(&o.TracesDir, "traces-dir", o.TracesDir, "directory holding the Mooncake traces (.jsonl or .jsonl.gz); empty uses the copies built into the binary")
 	fs.IntVar(&o.TraceOffset, "trace-offset", o.TraceOffset, "first trace row to replay")
 	simFlags(fs, &o.Sim)
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")

@@ -248,3 +248,21 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestEmbeddedTraces reads both Mooncake traces from the copies built into
+// the binary and checks their row counts against the published files (the
+// whole file parses, so a truncated or edited copy fails here).
+func TestEmbeddedTraces(t *testing.T) {
+	for name, rows := range map[string]int{WorkMoonConv: 12031, WorkMoonSynth: 3993} {
+		w, err := LoadTrace("", name, 0, 0, "m", 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(w.Requests) != rows {
+			t.Errorf("%s: %d requests, want %d", name, len(w.Requests), rows)
+		}
+	}
+	if _, err := LoadTrace(t.TempDir(), WorkMoonConv, 0, 1, "m", 4); err == nil || !strings.Contains(err.Error(), "mooncake_conversation_trace.jsonl") {
+		t.Errorf("a directory without the trace: err = %v, want one naming the file", err)
+	}
+}

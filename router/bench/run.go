@@ -35,7 +35,7 @@ type Options struct {
 	Requests    int     // per workload
 	Workloads   []string
 	Strategies  []balance.Strategy
-	TracesDir   string
+	TracesDir   string // empty: the traces embedded in the binary
 	TraceOffset int
 	Sim         llmsim.Config // per backend (runs on a virtual clock; TimeScale is ignored)
 	Seed        uint64
@@ -79,7 +79,7 @@ func DefaultOptions() Options {
 	return Options{
 		Backends: 8, Load: 0.8, Requests: 1000, Workloads: AllWorkloads(),
 		Strategies: []balance.Strategy{balance.Random, balance.LeastOutstanding, balance.PrefixAware},
-		TracesDir:  "../shared/traces", Sim: sim, Seed: 1, Saturation: true, Replicas: 1,
+		TracesDir:  "", Sim: sim, Seed: 1, Saturation: true, Replicas: 1,
 		OverheadRate: 1000, OverheadDuration: 2 * time.Second, OverheadRounds: 3,
 		DecisionBackends: 64, DecisionPrompt: 16000, DecisionSamples: 20000,
 	}

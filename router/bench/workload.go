@@ -12,8 +12,6 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -272,15 +270,16 @@ func FromTrace(name string, rows []TraceRow, model string, cpt int) Workload {
 	return w
 }
 
-// LoadTrace reads the named Mooncake workload from dir.
+// LoadTrace reads the named Mooncake workload from dir, or from the copies
+// embedded in the binary when dir is empty.
 func LoadTrace(dir, name string, offset, n int, model string, cpt int) (Workload, error) {
 	file := map[string]string{WorkMoonConv: "mooncake_conversation_trace.jsonl", WorkMoonSynth: "mooncake_synthetic_trace.jsonl"}[name]
 	if file == "" {
 		return Workload{}, fmt.Errorf("unknown trace workload %q", name)
 	}
-	f, err := os.Open(filepath.Join(dir, file))
+	f, err := openTrace(dir, file)
 	if err != nil {
-		return Workload{}, fmt.Errorf("trace %s: %w (set --traces-dir)", name, err)
+		return Workload{}, fmt.Errorf("trace %s: %w (--traces-dir empty uses the embedded traces)", name, err)
 	}
 	defer f.Close()
 	rows, err := ParseTrace(f, offset+n)
