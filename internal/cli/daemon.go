@@ -17,6 +17,7 @@ import (
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
+	"github.com/warmfleet/warmfleet/internal/sdnotify"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/p2p"
 )
@@ -216,6 +217,9 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	probes.serving.Store(true)
+	// The watchdog is fed while the state reads: a daemon wedged on its
+	// store is restarted by systemd.
+	stopping := sdnotify.FromEnv(log).Serving(d.StateErr)
 	log.Info("warmfleet daemon started", "node", f.nodeName, "data_dir", f.dataDir, "api", addr.String(), "version", Version())
 	if started != nil {
 		started()
@@ -231,6 +235,7 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	case <-ctx.Done():
 	}
 	probes.serving.Store(false)
+	stopping()
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if serr := srv.Shutdown(shutdownCtx); serr != nil && !errors.Is(serr, http.ErrServerClosed) {
