@@ -18,6 +18,8 @@ import (
 	"github.com/warmfleet/warmfleet/internal/health"
 )
 
+//go:generate go test -run ^TestMetricsReference$ -update-metrics-doc .
+
 // daemonProbes is what the daemon's readiness is made of, filled in as
 // start-up goes: the daemon once its state is loaded, the fleet once gossip
 // runs, serving once the API answers.
