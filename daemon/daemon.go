@@ -24,6 +24,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
+	"github.com/warmfleet/warmfleet/internal/health"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
 )
@@ -180,7 +181,7 @@ func (d *Daemon) restoreMetrics() error {
 func (d *Daemon) Desired() *gossip.DesiredState { return d.desired }
 
 // Registry is the daemon's Prometheus registry, for other parts to add to.
-func (d *Daemon) Registry() *prometheus.Registry { return d.metrics.reg }
+func (d *Daemon) Registry() *health.Registry { return d.metrics.reg }
 
 // Close stops every fetch and closes the state and store.
 func (d *Daemon) Close() error {

@@ -5,12 +5,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/health"
 )
 
 // metrics are the daemon's Prometheus series, registered on its own registry
-// (no globals), served at /metrics.
+// (no globals), served at /metrics. The registry remembers what it holds,
+// for the generated metrics reference.
 type metrics struct {
-	reg          *prometheus.Registry
+	reg          *health.Registry
 	s3Bytes      prometheus.Counter
 	written      prometheus.Counter
 	cacheState   *prometheus.GaugeVec
@@ -24,7 +26,7 @@ type metrics struct {
 var cacheStates = []string{api.StatePending, api.StateDownloading, api.StateVerifying, api.StateReady, api.StateFailed}
 
 func newMetrics() *metrics {
-	reg := prometheus.NewRegistry()
+	reg := health.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
 	m := &metrics{
