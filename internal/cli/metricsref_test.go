@@ -18,6 +18,7 @@ import (
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/health"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/metricsdoc"
 	"github.com/warmfleet/warmfleet/p2p"
 	"github.com/warmfleet/warmfleet/router"
 	"github.com/warmfleet/warmfleet/router/peer"
@@ -98,7 +99,7 @@ func startGossipForDoc(t *testing.T, log *slog.Logger, reg prometheus.Registerer
 // daemon and the router register; -update-metrics-doc rewrites it.
 func TestMetricsReference(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var sections []health.Section
+	var sections []metricsdoc.Section
 	for _, part := range []struct {
 		title, intro string
 		collectors   func(*testing.T, *slog.Logger) []prometheus.Collector
@@ -106,13 +107,13 @@ func TestMetricsReference(t *testing.T) {
 		{"Daemon", "`warmfleet daemon`: the cache, its S3 and peer traffic, gossip and image pre-pulls.", daemonCollectors},
 		{"Router", "`warmfleet router`: routing decisions, backends, gossip and peer replicas.", routerCollectors},
 	} {
-		ms, err := health.Reference("warmfleet_", part.collectors(t, log))
+		ms, err := metricsdoc.Reference("warmfleet_", part.collectors(t, log))
 		if err != nil {
 			t.Fatalf("%s metrics: %v", part.title, err)
 		}
-		sections = append(sections, health.Section{Title: part.title, Intro: part.intro, Metrics: ms})
+		sections = append(sections, metricsdoc.Section{Title: part.title, Intro: part.intro, Metrics: ms})
 	}
-	got := health.Markdown(metricsDocHeader, sections)
+	got := metricsdoc.Markdown(metricsDocHeader, sections)
 	path := filepath.Join(testenv.RepoRoot(), "docs", "metrics.md")
 	if *updateMetricsDoc {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {

@@ -1,4 +1,8 @@
-package health
+// Package metricsdoc writes the metrics reference (docs/metrics.md) from
+// the collectors the daemon and router register. It is test support: only
+// the reference's test imports it, so the reflection it needs to read a
+// custom collector's unexported vectors never ships in the product.
+package metricsdoc
 
 import (
 	"bytes"
