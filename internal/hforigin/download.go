@@ -7,7 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-		"regexp"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -152,8 +152,11 @@ func (c *Client) Download(ctx context.Context, obj s3origin.Object, dst s3origin
 	}
 	loc := &locator{c: c, obj: obj}
 	// Asking first also fails fast on a gated repository or a moved file.
-	if _, err := loc.get(ctx); err != nil {
-		return c.explain(err, obj.Bucket, "download "+URL(obj))
+	if err := c.withRetries(ctx, obj.Bucket, "resolve "+URL(obj), func() error {
+		_, err := loc.get(ctx)
+		return err
+	}); err != nil {
+		return err
 	}
 	var pending []int
 	for part := range s3origin.Parts(obj.Size, c.opts.PartSize) {

@@ -111,6 +111,8 @@ func retryable(err error) bool {
 	case err == nil, errors.As(err, &local), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, s3origin.ErrSourceChanged), errors.Is(err, s3origin.ErrServer):
 		return false
+	case errors.Is(err, errExpired):
+		return true
 	case errors.As(err, &se):
 		return se.status == http.StatusTooManyRequests || se.status == http.StatusRequestTimeout || se.status >= 500
 	case errors.Is(err, errShortBody), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF),

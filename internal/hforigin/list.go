@@ -94,19 +94,29 @@ func escapePath(p string) string {
 
 // apiGet GETs an API document, retrying throttling and server errors, and
 // reads at most MaxAPIBody bytes of it.
-func (c *Client) apiGet(ctx context.Context, u, repo, what string) ([]byte, http.Header, error) {
+func (c *Client) apiGet(ctx context.Context, u, repo, what string) (body []byte, hdr http.Header, err error) {
+	err = c.withRetries(ctx, repo, what, func() error {
+		body, hdr, err = c.apiGetOnce(ctx, u)
+		return err
+	})
+	return body, hdr, err
+}
+
+// withRetries runs a request until it succeeds, fails for good or runs out
+// of MaxAttempts, waiting between tries as retryDelay says.
+func (c *Client) withRetries(ctx context.Context, repo, what string, try func() error) error {
 	for attempt := 1; ; attempt++ {
-		body, hdr, err := c.apiGetOnce(ctx, u)
+		err := try()
 		if err == nil {
-			return body, hdr, nil
+			return nil
 		}
 		if !retryable(err) || attempt >= c.opts.MaxAttempts {
-			return nil, nil, c.explain(err, repo, what)
+			return c.explain(err, repo, what)
 		}
 		delay := retryDelay(err, attempt, c.opts.RetryBackoff, c.opts.MaxRetryAfter, rand.Float64())
-		c.opts.Logger.Info("retrying Hub API call", "what", what, "attempt", attempt+1, "delay", delay, "err", err)
+		c.opts.Logger.Info("retrying Hub request", "what", what, "attempt", attempt+1, "delay", delay, "err", err)
 		if err := c.sleep(ctx, delay); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", what, err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 	}
 }
