@@ -171,6 +171,7 @@ func TestDownloadKeepsReadingThePinnedCommitWhenTheBranchMoves(t *testing.T) {
 		OnPart: func(part int, _ int64) {
 			if part == 0 { // the branch moves after the first part arrived
 				moved = hub.Push("org/m", "main", map[string]hubserver.File{"w.safetensors": {Data: randBytes(3, len(old)), LFS: true}})
+				hub.ExpireCDN(1) // and the next range has to ask the Hub again
 			}
 		},
 		OnVerify: func(got s3origin.Verification) { v = got },
