@@ -1,0 +1,81 @@
+package hforigin
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/warmfleet/warmfleet/internal/s3origin"
+	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/internal/testutil/hubserver"
+)
+
+// BenchmarkDownload fetches the same model (benchFiles LFS files of
+// benchFileSize bytes, through the resolve redirect to the CDN server) with
+// this client (files in parallel, each in parallel parts, then verified by
+// sha256) and with one curl -L per file, all at once: the plain-HTTP
+// baseline. Compare the MB/s of the two sub-benchmarks; run with
+// -benchtime=1x -count=N for medians.
+func BenchmarkDownload(b *testing.B) {
+	const benchFiles, benchFileSize = 4, 64 << 20
+	hub := hubserver.New(b)
+	files := map[string]hubserver.File{}
+	for i := range benchFiles {
+		files[fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, benchFiles)] = hubserver.File{Data: randBytes(uint64(i), benchFileSize), LFS: true}
+	}
+	hub.Push("org/bench", "main", files)
+	c, err := New(Options{Endpoint: hub.Endpoint()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	objs, err := c.List(b.Context(), spec.HFURL{Repo: "org/bench", Revision: "main"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("hforigin", func(b *testing.B) {
+		b.SetBytes(benchFiles * benchFileSize)
+		for b.Loop() {
+			dir := b.TempDir()
+			var g errgroup.Group
+			for _, o := range objs {
+				g.Go(func() error {
+					f, err := os.Create(filepath.Join(dir, o.Path))
+					if err != nil {
+						return err
+					}
+					defer f.Close()
+					return c.Download(b.Context(), o, f, s3origin.Plan{})
+				})
+			}
+			if err := g.Wait(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("curl", func(b *testing.B) {
+		if _, err := exec.LookPath("curl"); err != nil {
+			b.Skip("no curl")
+		}
+		b.SetBytes(benchFiles * benchFileSize)
+		for b.Loop() {
+			dir := b.TempDir()
+			var g errgroup.Group
+			for _, o := range objs {
+				g.Go(func() error {
+					out, err := exec.Command("curl", "-sSfL", "-o", filepath.Join(dir, o.Path), c.resolveURL(o)).CombinedOutput()
+					if err != nil {
+						return fmt.Errorf("curl: %w: %s", err, out)
+					}
+					return nil
+				})
+			}
+			if err := g.Wait(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
