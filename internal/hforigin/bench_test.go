@@ -38,44 +38,41 @@ func BenchmarkDownload(b *testing.B) {
 	}
 	b.Run("hforigin", func(b *testing.B) {
 		b.SetBytes(benchFiles * benchFileSize)
-		for b.Loop() {
-			dir := b.TempDir()
-			var g errgroup.Group
-			for _, o := range objs {
-				g.Go(func() error {
-					f, err := os.Create(filepath.Join(dir, o.Path))
-					if err != nil {
-						return err
-					}
-					defer f.Close()
-					return c.Download(b.Context(), o, f, s3origin.Plan{})
-				})
+		allFiles(b, objs, func(dir string, o s3origin.Object) error {
+			f, err := os.Create(filepath.Join(dir, o.Path))
+			if err != nil {
+				return err
 			}
-			if err := g.Wait(); err != nil {
-				b.Fatal(err)
-			}
-		}
+			defer f.Close()
+			return c.Download(b.Context(), o, f, s3origin.Plan{})
+		})
 	})
 	b.Run("curl", func(b *testing.B) {
 		if _, err := exec.LookPath("curl"); err != nil {
 			b.Skip("no curl")
 		}
 		b.SetBytes(benchFiles * benchFileSize)
-		for b.Loop() {
-			dir := b.TempDir()
-			var g errgroup.Group
-			for _, o := range objs {
-				g.Go(func() error {
-					out, err := exec.Command("curl", "-sSfL", "-o", filepath.Join(dir, o.Path), c.resolveURL(o)).CombinedOutput()
-					if err != nil {
-						return fmt.Errorf("curl: %w: %s", err, out)
-					}
-					return nil
-				})
+		allFiles(b, objs, func(dir string, o s3origin.Object) error {
+			out, err := exec.Command("curl", "-sSfL", "-o", filepath.Join(dir, o.Path), c.resolveURL(o)).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("curl: %w: %s", err, out)
 			}
-			if err := g.Wait(); err != nil {
-				b.Fatal(err)
-			}
-		}
+			return nil
+		})
 	})
+}
+
+// allFiles runs fetch for every object at once into a fresh directory, once
+// per benchmark iteration.
+func allFiles(b *testing.B, objs []s3origin.Object, fetch func(dir string, o s3origin.Object) error) {
+	for b.Loop() {
+		dir := b.TempDir()
+		var g errgroup.Group
+		for _, o := range objs {
+			g.Go(func() error { return fetch(dir, o) })
+		}
+		if err := g.Wait(); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

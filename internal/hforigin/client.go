@@ -48,6 +48,7 @@
 package hforigin
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -186,32 +187,21 @@ func (o Options) withDefaults() (Options, error) {
 			return o, fmt.Errorf("file pattern %q: not a valid path.Match pattern", p)
 		}
 	}
-	if o.Concurrency == 0 {
-		o.Concurrency = DefaultConcurrency
-	}
-	if o.Concurrency < 1 || o.Concurrency > maxConcurrency {
+	// Zero picks the default; the limits are s3origin's, so both origins
+	// accept the same daemon settings.
+	o.Concurrency = cmp.Or(o.Concurrency, DefaultConcurrency)
+	o.PartSize = cmp.Or(o.PartSize, DefaultPartSize)
+	o.MaxAttempts = cmp.Or(o.MaxAttempts, DefaultMaxAttempts)
+	o.RetryBackoff = cmp.Or(max(o.RetryBackoff, 0), 200*time.Millisecond)
+	o.StallTimeout = cmp.Or(max(o.StallTimeout, 0), DefaultStallTimeout)
+	o.MaxRetryAfter = cmp.Or(max(o.MaxRetryAfter, 0), DefaultMaxRetryAfter)
+	switch {
+	case o.Concurrency < 1 || o.Concurrency > maxConcurrency:
 		return o, fmt.Errorf("hub concurrency %d: want 1..%d", o.Concurrency, maxConcurrency)
-	}
-	if o.PartSize == 0 {
-		o.PartSize = DefaultPartSize
-	}
-	if o.PartSize < s3origin.MinPartSize || o.PartSize > s3origin.MaxPartSize {
+	case o.PartSize < s3origin.MinPartSize || o.PartSize > s3origin.MaxPartSize:
 		return o, fmt.Errorf("hub part size %d: want %d (1 MiB) .. %d (1 GiB)", o.PartSize, s3origin.MinPartSize, s3origin.MaxPartSize)
-	}
-	if o.MaxAttempts == 0 {
-		o.MaxAttempts = DefaultMaxAttempts
-	}
-	if o.MaxAttempts < 1 {
+	case o.MaxAttempts < 1:
 		return o, fmt.Errorf("hub max attempts %d: want >= 1", o.MaxAttempts)
-	}
-	if o.RetryBackoff <= 0 {
-		o.RetryBackoff = 200 * time.Millisecond
-	}
-	if o.StallTimeout <= 0 {
-		o.StallTimeout = DefaultStallTimeout
-	}
-	if o.MaxRetryAfter <= 0 {
-		o.MaxRetryAfter = DefaultMaxRetryAfter
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

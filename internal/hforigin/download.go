@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
@@ -177,44 +179,41 @@ func (c *Client) Download(ctx context.Context, obj s3origin.Object, dst s3origin
 	return nil
 }
 
-// fetchParts fetches parts with Concurrency workers.
+// fetchParts fetches parts, Concurrency at a time, each worker with its
+// own copy buffer; the first failure stops the others.
 func (c *Client) fetchParts(ctx context.Context, loc *locator, dst s3origin.File, parts []int, onPart func(int, int64)) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	obj := loc.obj
-	work := make(chan int)
-	var wg sync.WaitGroup
-	for range min(c.opts.Concurrency, len(parts)) {
-		wg.Go(func() {
-			buf := make([]byte, bufSize)
-			for part := range work {
-				off, n := s3origin.PartRange(part, obj.Size, c.opts.PartSize)
-				what := fmt.Sprintf("get %s part %d (bytes %d-%d)", URL(obj), part, off, off+n-1)
-				if err := c.fetchRange(ctx, loc, off, off+n, what, dst.WriteAt, buf); err != nil {
-					cancel(err)
-					return
-				}
-				if onPart != nil {
-					onPart(part, n)
-				}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(c.opts.Concurrency)
+	bufs := make(chan []byte, c.opts.Concurrency)
+	for _, part := range parts {
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return fmt.Errorf("download %s: %w", URL(obj), err)
 			}
+			var buf []byte
+			select {
+			case buf = <-bufs:
+			default:
+				buf = make([]byte, bufSize)
+			}
+			defer func() { bufs <- buf }()
+			off, n := s3origin.PartRange(part, obj.Size, c.opts.PartSize)
+			what := fmt.Sprintf("get %s part %d (bytes %d-%d)", URL(obj), part, off, off+n-1)
+			if err := c.fetchRange(gctx, loc, off, off+n, what, dst.WriteAt, buf); err != nil {
+				return err
+			}
+			if onPart != nil {
+				onPart(part, n)
+			}
+			return nil
 		})
 	}
-feed:
-	for _, part := range parts {
-		select {
-		case work <- part:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(work)
-	wg.Wait()
-	if err := context.Cause(ctx); err != nil {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("download %s: %w", URL(obj), err)
-		}
+	if err := g.Wait(); err != nil {
 		return err
+	}
+	if err := ctx.Err(); err != nil { // canceled after the last part began
+		return fmt.Errorf("download %s: %w", URL(obj), err)
 	}
 	return nil
 }

@@ -25,6 +25,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -264,14 +265,7 @@ func (s *Server) modelInfo(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(info)
 }
 
-func sortedPaths(tree map[string]File) []string {
-	paths := make([]string, 0, len(tree))
-	for p := range tree {
-		paths = append(paths, p)
-	}
-	slices.Sort(paths)
-	return paths
-}
+func sortedPaths(tree map[string]File) []string { return slices.Sorted(maps.Keys(tree)) }
 
 type lfsInfo struct {
 	OID         string `json:"oid"`
