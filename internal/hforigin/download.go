@@ -160,21 +160,97 @@ func (c *Client) Download(ctx context.Context, obj s3origin.Object, dst s3origin
 	}); err != nil {
 		return err
 	}
+	n := s3origin.Parts(obj.Size, c.opts.PartSize)
 	var pending []int
-	for part := range s3origin.Parts(obj.Size, c.opts.PartSize) {
+	for part := range n {
 		if plan.Done == nil || !plan.Done(part) {
 			pending = append(pending, part)
 		}
 	}
-	if err := c.fetchParts(ctx, loc, dst, pending, plan.OnPart); err != nil {
+	// The digest is not a CRC that parts could combine, so a hasher reads
+	// the file back in order while parts arrive, each one as soon as it and
+	// all before it are written (from the page cache, while the network is
+	// busy): at the end only the last parts remain to hash.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fr := newFrontier(n, plan.Done)
+	hashed := make(chan error, 1)
+	h, method := digestOf(obj)
+	go func() {
+		buf := make([]byte, min(readBackBuf, max(c.opts.PartSize, 1)))
+		hashed <- fr.each(ctx, func(part int) error {
+			off, length := s3origin.PartRange(part, obj.Size, c.opts.PartSize)
+			return readInto(ctx, h, dst, off, off+length, buf)
+		})
+	}()
+	onPart := func(part int, size int64) {
+		fr.done(part)
+		if plan.OnPart != nil {
+			plan.OnPart(part, size)
+		}
+	}
+	if err := c.fetchParts(ctx, loc, dst, pending, onPart); err != nil {
+		cancel()
+		<-hashed
 		return err
 	}
-	v, err := c.Verify(ctx, obj, dst)
+	if err := <-hashed; err != nil {
+		return fmt.Errorf("verify %s: %w", URL(obj), err)
+	}
+	v, err := compareDigest(obj, method, h, fmt.Sprintf("hashed while downloading (%d of %d parts from an earlier run)", n-len(pending), n))
 	if err != nil {
 		return err
 	}
 	if plan.OnVerify != nil {
 		plan.OnVerify(v)
+	}
+	return nil
+}
+
+// frontier tells a hasher which parts of a file are written.
+type frontier struct {
+	mu    sync.Mutex
+	ready []bool
+	wake  chan struct{} // signalled (not closed) when a part is done
+}
+
+func newFrontier(n int, earlier func(int) bool) *frontier {
+	f := &frontier{ready: make([]bool, n), wake: make(chan struct{}, 1)}
+	for part := range n {
+		f.ready[part] = earlier != nil && earlier(part)
+	}
+	return f
+}
+
+func (f *frontier) done(part int) {
+	f.mu.Lock()
+	f.ready[part] = true
+	f.mu.Unlock()
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// each calls fn for parts 0, 1, ... in order, each once it is done.
+func (f *frontier) each(ctx context.Context, fn func(part int) error) error {
+	for part := range f.ready {
+		for {
+			f.mu.Lock()
+			ok := f.ready[part]
+			f.mu.Unlock()
+			if ok {
+				break
+			}
+			select {
+			case <-f.wake:
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
+		if err := fn(part); err != nil {
+			return err
+		}
 	}
 	return nil
 }

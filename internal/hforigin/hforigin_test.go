@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -447,6 +448,40 @@ func TestObjectsNotFromListAreRefused(t *testing.T) {
 		}
 		if _, err := c.NewRangeCheck(t.Context(), obj); err == nil {
 			t.Errorf("%s: NewRangeCheck accepted it", name)
+		}
+	}
+}
+
+func TestDownloadResumesAndChecksPartsFromAnEarlierRun(t *testing.T) {
+	hub := hubserver.New(t)
+	data := randBytes(7, 3<<20+9)
+	hub.Push("org/m", "main", map[string]hubserver.File{"w.bin": {Data: data, LFS: true}})
+	c, _ := newClient(t, hub, Options{})
+	objs, err := c.List(t.Context(), mustParse(t, "hf://org/m"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, earlier := range [][]byte{data[1<<20 : 2<<20], make([]byte, 1<<20)} { // part 1 good, then part 1 zeros
+		dst := tempFile(t)
+		if _, err := dst.WriteAt(earlier, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		var fetched []int
+		var mu sync.Mutex
+		plan := s3origin.Plan{
+			Done:   func(part int) bool { return part == 1 },
+			OnPart: func(part int, _ int64) { mu.Lock(); fetched = append(fetched, part); mu.Unlock() },
+		}
+		err := c.Download(t.Context(), objs[0], dst, plan)
+		good := bytes.Equal(earlier, data[1<<20:2<<20])
+		switch {
+		case good && (err != nil || !bytes.Equal(readAll(t, dst), data)):
+			t.Errorf("resume over a good part: %v", err)
+		case !good && !errors.Is(err, s3origin.ErrCorrupt):
+			t.Errorf("resume over a bad part: %v, want ErrCorrupt", err)
+		}
+		if len(fetched) != 3 || slices.Contains(fetched, 1) {
+			t.Errorf("fetched parts %v, want 0, 2, 3", fetched)
 		}
 	}
 }

@@ -41,26 +41,39 @@ func (c *Client) Verify(ctx context.Context, obj s3origin.Object, r io.ReaderAt)
 	}
 	h, method := digestOf(obj)
 	buf := make([]byte, min(readBackBuf, max(obj.Size, 1)))
-	for off := int64(0); off < obj.Size; {
+	if err := readInto(ctx, h, r, 0, obj.Size, buf); err != nil {
+		return s3origin.Verification{}, fmt.Errorf("verify %s: %w", URL(obj), err)
+	}
+	return compareDigest(obj, method, h, "read back")
+}
+
+// readInto hashes bytes [off, end) of r through buf.
+func readInto(ctx context.Context, h hash.Hash, r io.ReaderAt, off, end int64, buf []byte) error {
+	for off < end {
 		if err := ctx.Err(); err != nil {
-			return s3origin.Verification{}, fmt.Errorf("verify %s: %w", URL(obj), err)
+			return err
 		}
-		want := min(int64(len(buf)), obj.Size-off)
+		want := min(int64(len(buf)), end-off)
 		n, err := r.ReadAt(buf[:want], off)
 		h.Write(buf[:n])
 		off += int64(n)
 		if err != nil && !(err == io.EOF && int64(n) == want) {
 			if err == io.EOF {
-				return s3origin.Verification{}, fmt.Errorf("verify %s: %w: local copy ends at %d, want %d bytes", URL(obj), s3origin.ErrCorrupt, off, obj.Size)
+				return fmt.Errorf("%w: local copy ends at %d, want %d bytes", s3origin.ErrCorrupt, off, end)
 			}
-			return s3origin.Verification{}, fmt.Errorf("verify %s: read back: %w", URL(obj), err)
+			return fmt.Errorf("read back: %w", err)
 		}
 	}
+	return nil
+}
+
+// compareDigest compares the digest h holds with the one listed for obj.
+func compareDigest(obj s3origin.Object, method string, h hash.Hash, how string) (s3origin.Verification, error) {
 	if got := hex.EncodeToString(h.Sum(nil)); got != obj.ETag {
 		return s3origin.Verification{}, fmt.Errorf("verify %s: %w: %s of the local copy is %s, the Hub lists %s",
 			URL(obj), s3origin.ErrCorrupt, method, got, obj.ETag)
 	}
-	return s3origin.Verification{Verified: true, Method: method, Detail: method + " " + obj.ETag + " at commit " + obj.VersionID + ", read back"}, nil
+	return s3origin.Verification{Verified: true, Method: method, Detail: method + " " + obj.ETag + " at commit " + obj.VersionID + ", " + how}, nil
 }
 
 // NewRangeCheck returns nil: a Hub file's digest (sha256 or git blob id)
