@@ -16,9 +16,9 @@ import (
 
 // BenchmarkDownload fetches the same model (benchFiles LFS files of
 // benchFileSize bytes, through the resolve redirect to the CDN server) with
-// this client (files in parallel, each in parallel parts, then verified by
-// sha256) and with one curl -L per file, all at once: the plain-HTTP
-// baseline. Compare the MB/s of the two sub-benchmarks; run with
+// this client (files in parallel, each in parallel parts, verified by
+// sha256) and with one curl -L per file, all at once (the plain-HTTP
+// baseline), with and without sha256sum after it. Compare the MB/s of the two sub-benchmarks; run with
 // -benchtime=1x -count=N for medians.
 func BenchmarkDownload(b *testing.B) {
 	const benchFiles, benchFileSize = 4, 64 << 20
@@ -47,19 +47,27 @@ func BenchmarkDownload(b *testing.B) {
 			return c.Download(b.Context(), o, f, s3origin.Plan{})
 		})
 	})
-	b.Run("curl", func(b *testing.B) {
-		if _, err := exec.LookPath("curl"); err != nil {
-			b.Skip("no curl")
-		}
-		b.SetBytes(benchFiles * benchFileSize)
-		allFiles(b, objs, func(dir string, o s3origin.Object) error {
-			out, err := exec.Command("curl", "-sSfL", "-o", filepath.Join(dir, o.Path), c.resolveURL(o)).CombinedOutput()
-			if err != nil {
-				return fmt.Errorf("curl: %w: %s", err, out)
+	// curl alone does not verify; "curl+sha256sum" is the same job as ours.
+	for _, check := range []bool{false, true} {
+		name := map[bool]string{false: "curl", true: "curl+sha256sum"}[check]
+		b.Run(name, func(b *testing.B) {
+			if _, err := exec.LookPath("curl"); err != nil {
+				b.Skip("no curl")
 			}
-			return nil
+			b.SetBytes(benchFiles * benchFileSize)
+			allFiles(b, objs, func(dir string, o s3origin.Object) error {
+				dst := filepath.Join(dir, o.Path)
+				cmd := exec.Command("curl", "-sSfL", "-o", dst, c.resolveURL(o))
+				if check {
+					cmd = exec.Command("sh", "-c", `curl -sSfL -o "$1" "$2" && echo "$3  $1" | sha256sum -c --status`, "sh", dst, c.resolveURL(o), o.ETag)
+				}
+				if out, err := cmd.CombinedOutput(); err != nil {
+					return fmt.Errorf("%s: %w: %s", name, err, out)
+				}
+				return nil
+			})
 		})
-	})
+	}
 }
 
 // allFiles runs fetch for every object at once into a fresh directory, once
