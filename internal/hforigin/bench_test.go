@@ -1,0 +1,86 @@
+package hforigin
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/warmfleet/warmfleet/internal/s3origin"
+	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/internal/testutil/hubserver"
+)
+
+// BenchmarkDownload fetches the same model (benchFiles LFS files of
+// benchFileSize bytes, through the resolve redirect to the CDN server) with
+// this client (files in parallel, each in parallel parts, verified by
+// sha256) and with one curl -L per file, all at once (the plain-HTTP
+// baseline), with and without sha256sum after it. Compare the MB/s of the two sub-benchmarks; run with
+// -benchtime=1x -count=N for medians.
+func BenchmarkDownload(b *testing.B) {
+	const benchFiles, benchFileSize = 4, 64 << 20
+	hub := hubserver.New(b)
+	files := map[string]hubserver.File{}
+	for i := range benchFiles {
+		files[fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, benchFiles)] = hubserver.File{Data: randBytes(uint64(i), benchFileSize), LFS: true}
+	}
+	hub.Push("org/bench", "main", files)
+	c, err := New(Options{Endpoint: hub.Endpoint()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	objs, err := c.List(b.Context(), spec.HFURL{Repo: "org/bench", Revision: "main"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("hforigin", func(b *testing.B) {
+		b.SetBytes(benchFiles * benchFileSize)
+		allFiles(b, objs, func(dir string, o s3origin.Object) error {
+			f, err := os.Create(filepath.Join(dir, o.Path))
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			return c.Download(b.Context(), o, f, s3origin.Plan{})
+		})
+	})
+	// curl alone does not verify; "curl+sha256sum" is the same job as ours.
+	for _, check := range []bool{false, true} {
+		name := map[bool]string{false: "curl", true: "curl+sha256sum"}[check]
+		b.Run(name, func(b *testing.B) {
+			if _, err := exec.LookPath("curl"); err != nil {
+				b.Skip("no curl")
+			}
+			b.SetBytes(benchFiles * benchFileSize)
+			allFiles(b, objs, func(dir string, o s3origin.Object) error {
+				dst := filepath.Join(dir, o.Path)
+				cmd := exec.Command("curl", "-sSfL", "-o", dst, c.resolveURL(o))
+				if check {
+					cmd = exec.Command("sh", "-c", `curl -sSfL -o "$1" "$2" && echo "$3  $1" | sha256sum -c --status`, "sh", dst, c.resolveURL(o), o.ETag)
+				}
+				if out, err := cmd.CombinedOutput(); err != nil {
+					return fmt.Errorf("%s: %w: %s", name, err, out)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// allFiles runs fetch for every object at once into a fresh directory, once
+// per benchmark iteration.
+func allFiles(b *testing.B, objs []s3origin.Object, fetch func(dir string, o s3origin.Object) error) {
+	for b.Loop() {
+		dir := b.TempDir()
+		var g errgroup.Group
+		for _, o := range objs {
+			g.Go(func() error { return fetch(dir, o) })
+		}
+		if err := g.Wait(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,447 @@
+package hforigin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
+	"time"
+
+	"github.com/warmfleet/warmfleet/internal/s3origin"
+)
+
+// bufSize is each worker's copy buffer: memory stays Concurrency*bufSize
+// whatever the file and part sizes.
+const bufSize = 1 << 20
+
+// URL names obj for messages: hf://repo@commit/path.
+func URL(obj s3origin.Object) string {
+	return "hf://" + obj.Bucket + "@" + obj.VersionID + "/" + obj.Key
+}
+
+// checkObject refuses an Object that did not come from List: reads must be
+// pinned to a commit and checked against a digest.
+func checkObject(obj s3origin.Object) error {
+	switch {
+	case obj.Size < 0 || obj.Size > s3origin.MaxObjectSize:
+		return fmt.Errorf("%s: size %d, want 0..%d", URL(obj), obj.Size, int64(s3origin.MaxObjectSize))
+	case !commitRE.MatchString(obj.VersionID):
+		return fmt.Errorf("%s: no commit to pin reads to (take the Object from List)", URL(obj))
+	case !commitRE.MatchString(obj.ETag) && !sha256RE.MatchString(obj.ETag):
+		return fmt.Errorf("%s: no sha256 or git blob id to verify against (take the Object from List)", URL(obj))
+	}
+	if err := s3origin.ValidRelPath(obj.Key); err != nil {
+		return fmt.Errorf("%s: %w", URL(obj), err)
+	}
+	return nil
+}
+
+// resolveURL is the Hub's address of obj at its commit.
+func (c *Client) resolveURL(obj s3origin.Object) string {
+	return c.opts.Endpoint + "/" + obj.Bucket + "/resolve/" + obj.VersionID + "/" + escapePath(obj.Key)
+}
+
+// locator remembers where a file's bytes are read from: the Hub itself or
+// the CDN address it redirected to. Asking once per file instead of once
+// per range keeps a download far below the Hub's resolver rate limits.
+type locator struct {
+	c   *Client
+	obj s3origin.Object
+	mu  sync.Mutex
+	url string
+}
+
+func (l *locator) get(ctx context.Context) (string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.url == "" {
+		u, err := l.c.resolve(ctx, l.obj)
+		if err != nil {
+			return "", err
+		}
+		l.url = u
+	}
+	return l.url, nil
+}
+
+// forget drops an address the CDN no longer honours (signed URLs expire);
+// the next get asks the Hub again.
+func (l *locator) forget(u string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.url == u {
+		l.url = ""
+	}
+}
+
+// resolve asks the Hub (HEAD on the resolve endpoint) where obj's bytes
+// are, following relative redirects only, and checks that the answer is
+// about the file listed: the same commit, digest and size.
+func (c *Client) resolve(ctx context.Context, obj s3origin.Object) (string, error) {
+	u := c.resolveURL(obj)
+	for hop := 0; hop <= 5; hop++ {
+		req, err := c.newRequest(ctx, http.MethodHead, u)
+		if err != nil {
+			return "", err
+		}
+		resp, err := c.api.Do(req)
+		if err != nil {
+			return "", err
+		}
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode >= 200 && resp.StatusCode < 300:
+			return u, checkResolved(obj, resp.Header, true)
+		case resp.StatusCode < 300 || resp.StatusCode >= 400:
+			return "", newStatusError(resp, time.Now())
+		}
+		loc, err := resp.Request.URL.Parse(resp.Header.Get("Location"))
+		if err != nil || resp.Header.Get("Location") == "" || (loc.Scheme != "http" && loc.Scheme != "https") {
+			return "", fmt.Errorf("%w: redirect %d without a usable Location", s3origin.ErrServer, resp.StatusCode)
+		}
+		if loc.Host != c.hubHost {
+			// The CDN: its address is signed, the token never goes there.
+			return loc.String(), checkResolved(obj, resp.Header, false)
+		}
+		u = loc.String() // a renamed repository: still the Hub
+	}
+	return "", fmt.Errorf("%w: more than 5 redirects resolving %s", s3origin.ErrServer, URL(obj))
+}
+
+// checkResolved compares what the Hub says about a file with the listing.
+// Headers that are absent, or an ETag that is no digest (some mirrors send
+// their own), are not held against it; the content is verified anyway.
+func checkResolved(obj s3origin.Object, h http.Header, direct bool) error {
+	if got := h.Get("X-Repo-Commit"); got != "" && got != obj.VersionID {
+		return fmt.Errorf("%s: %w: the Hub answered for commit %q", URL(obj), s3origin.ErrSourceChanged, got)
+	}
+	etag := h.Get("X-Linked-Etag")
+	if etag == "" {
+		etag = h.Get("ETag")
+	}
+	etag = strings.Trim(strings.TrimPrefix(etag, "W/"), `"`)
+	if (commitRE.MatchString(etag) || sha256RE.MatchString(etag)) && etag != obj.ETag {
+		return fmt.Errorf("%s: %w: its digest is now %s, was %s", URL(obj), s3origin.ErrSourceChanged, etag, obj.ETag)
+	}
+	size := h.Get("X-Linked-Size")
+	if size == "" && direct {
+		size = h.Get("Content-Length")
+	}
+	if n, err := strconv.ParseInt(size, 10, 64); err == nil && n != obj.Size {
+		return fmt.Errorf("%s: %w: its size is now %d, was %d", URL(obj), s3origin.ErrSourceChanged, n, obj.Size)
+	}
+	return nil
+}
+
+// Download writes obj into dst: the parts plan.Done does not claim are
+// fetched by parallel ranged GETs pinned to obj's commit, then dst is
+// verified against obj's sha256 or git blob id (ErrCorrupt when it does
+// not match). A broken connection resumes its part at the byte where it
+// stopped; throttling and server errors are retried with backoff. Any
+// failure leaves the parts already reported by OnPart valid.
+func (c *Client) Download(ctx context.Context, obj s3origin.Object, dst s3origin.File, plan s3origin.Plan) error {
+	if err := checkObject(obj); err != nil {
+		return fmt.Errorf("download %w", err)
+	}
+	loc := &locator{c: c, obj: obj}
+	// Asking first also fails fast on a gated repository or a moved file.
+	if err := c.withRetries(ctx, obj.Bucket, "resolve "+URL(obj), func() error {
+		_, err := loc.get(ctx)
+		return err
+	}); err != nil {
+		return err
+	}
+	n := s3origin.Parts(obj.Size, c.opts.PartSize)
+	var pending []int
+	for part := range n {
+		if plan.Done == nil || !plan.Done(part) {
+			pending = append(pending, part)
+		}
+	}
+	// The digest is not a CRC that parts could combine, so a hasher reads
+	// the file back in order while parts arrive, each one as soon as it and
+	// all before it are written (from the page cache, while the network is
+	// busy): at the end only the last parts remain to hash.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fr := newFrontier(n, plan.Done)
+	hashed := make(chan error, 1)
+	h, method := digestOf(obj)
+	go func() {
+		buf := make([]byte, min(readBackBuf, max(c.opts.PartSize, 1)))
+		hashed <- fr.each(ctx, func(part int) error {
+			off, length := s3origin.PartRange(part, obj.Size, c.opts.PartSize)
+			return readInto(ctx, h, dst, off, off+length, buf)
+		})
+	}()
+	onPart := func(part int, size int64) {
+		fr.done(part)
+		if plan.OnPart != nil {
+			plan.OnPart(part, size)
+		}
+	}
+	if err := c.fetchParts(ctx, loc, dst, pending, onPart); err != nil {
+		cancel()
+		<-hashed
+		return err
+	}
+	if err := <-hashed; err != nil {
+		return fmt.Errorf("verify %s: %w", URL(obj), err)
+	}
+	v, err := compareDigest(obj, method, h, fmt.Sprintf("hashed while downloading (%d of %d parts from an earlier run)", n-len(pending), n))
+	if err != nil {
+		return err
+	}
+	if plan.OnVerify != nil {
+		plan.OnVerify(v)
+	}
+	return nil
+}
+
+// frontier tells a hasher which parts of a file are written.
+type frontier struct {
+	mu    sync.Mutex
+	ready []bool
+	wake  chan struct{} // signalled (not closed) when a part is done
+}
+
+func newFrontier(n int, earlier func(int) bool) *frontier {
+	f := &frontier{ready: make([]bool, n), wake: make(chan struct{}, 1)}
+	for part := range n {
+		f.ready[part] = earlier != nil && earlier(part)
+	}
+	return f
+}
+
+func (f *frontier) done(part int) {
+	f.mu.Lock()
+	f.ready[part] = true
+	f.mu.Unlock()
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// each calls fn for parts 0, 1, ... in order, each once it is done.
+func (f *frontier) each(ctx context.Context, fn func(part int) error) error {
+	for part := range f.ready {
+		for {
+			f.mu.Lock()
+			ok := f.ready[part]
+			f.mu.Unlock()
+			if ok {
+				break
+			}
+			select {
+			case <-f.wake:
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
+		if err := fn(part); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fetchParts fetches parts, Concurrency at a time, each worker with its
+// own copy buffer; the first failure stops the others.
+func (c *Client) fetchParts(ctx context.Context, loc *locator, dst s3origin.File, parts []int, onPart func(int, int64)) error {
+	obj := loc.obj
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(c.opts.Concurrency)
+	bufs := make(chan []byte, c.opts.Concurrency)
+	for _, part := range parts {
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return fmt.Errorf("download %s: %w", URL(obj), err)
+			}
+			var buf []byte
+			select {
+			case buf = <-bufs:
+			default:
+				buf = make([]byte, bufSize)
+			}
+			defer func() { bufs <- buf }()
+			off, n := s3origin.PartRange(part, obj.Size, c.opts.PartSize)
+			what := fmt.Sprintf("get %s part %d (bytes %d-%d)", URL(obj), part, off, off+n-1)
+			if err := c.fetchRange(gctx, loc, off, off+n, what, dst.WriteAt, buf); err != nil {
+				return err
+			}
+			if onPart != nil {
+				onPart(part, n)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil { // canceled after the last part began
+		return fmt.Errorf("download %s: %w", URL(obj), err)
+	}
+	return nil
+}
+
+// fetchRange writes bytes [start, end) of the file through write, resuming
+// where a broken connection stopped. The attempt budget is for failures in
+// a row without progress, so a flaky link that keeps delivering finishes.
+func (c *Client) fetchRange(ctx context.Context, loc *locator, start, end int64, what string, write func([]byte, int64) (int, error), buf []byte) error {
+	failures := 0
+	for off := start; off < end; {
+		got, err := c.getRange(ctx, loc, off, end, write, buf)
+		off += got
+		if err == nil {
+			continue
+		}
+		if !retryable(err) {
+			return c.explain(err, loc.obj.Bucket, what)
+		}
+		if got > 0 {
+			failures = 0
+		}
+		failures++
+		if failures >= c.opts.MaxAttempts {
+			return c.explain(fmt.Errorf("giving up after %d attempts without progress: %w", failures, err), loc.obj.Bucket, what)
+		}
+		delay := retryDelay(err, failures, c.opts.RetryBackoff, c.opts.MaxRetryAfter, rand.Float64())
+		c.opts.Logger.Info("retrying Hub range", "what", what, "resume_at", off, "attempt", failures+1, "delay", delay, "err", err)
+		if err := c.sleep(ctx, delay); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+	}
+	return nil
+}
+
+// errExpired: the CDN refused an address it gave before (signed URLs
+// expire). Retried after asking the Hub again.
+var errExpired = errors.New("the CDN refused the file's address")
+
+// getRange streams bytes [off, end) of the file into write through buf
+// and returns how many bytes it wrote, also on failure.
+func (c *Client) getRange(ctx context.Context, loc *locator, off, end int64, write func([]byte, int64) (int, error), buf []byte) (int64, error) {
+	u, err := loc.get(ctx)
+	if err != nil {
+		return 0, err
+	}
+	req, err := c.newRequest(ctx, http.MethodGet, u)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", off, end-1))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	req = req.WithContext(ctx)
+	resp, err := c.get.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
+		se := newStatusError(resp, time.Now())
+		if resp.Request.URL.Host != c.hubHost && (se.status == 403 || se.status == 404 || se.status == 410) {
+			loc.forget(u)
+			return 0, fmt.Errorf("%w: %w", errExpired, se)
+		}
+		return 0, se
+	}
+	if err := checkRange(loc.obj, off, end, resp); err != nil {
+		return 0, err
+	}
+	// A connection that delivers nothing for StallTimeout is dropped (and
+	// retried, resuming where it stopped).
+	var stalled atomic.Bool
+	stall := time.AfterFunc(c.opts.StallTimeout, func() { stalled.Store(true); cancel() })
+	defer stall.Stop()
+	var written int64
+	for written < end-off {
+		want := min(int64(len(buf)), end-off-written)
+		n, rerr := io.ReadFull(resp.Body, buf[:want])
+		stall.Reset(c.opts.StallTimeout)
+		if n > 0 {
+			c.opts.OnBytes(n)
+			if _, werr := write(buf[:n], off+written); werr != nil {
+				return written, localError{fmt.Errorf("write %s at offset %d: %w", loc.obj.Path, off+written, werr)}
+			}
+			written += int64(n)
+		}
+		if rerr != nil {
+			if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+				rerr = fmt.Errorf("%w after %d of %d bytes", errShortBody, written, end-off)
+			} else if stalled.Load() {
+				rerr = fmt.Errorf("%w: no byte for %s after %d of %d bytes", errShortBody, c.opts.StallTimeout, written, end-off)
+			}
+			return written, rerr
+		}
+	}
+	return written, nil
+}
+
+var contentRangeRE = regexp.MustCompile(`^bytes ([0-9]{1,18})-([0-9]{1,18})/([0-9]{1,18}|\*)$`)
+
+// checkRange makes sure a ranged GET answers with bytes off..end-1 of the
+// file listed: a server that ignores Range would otherwise have us write the
+// file's head at off.
+func checkRange(obj s3origin.Object, off, end int64, resp *http.Response) error {
+	cr := resp.Header.Get("Content-Range")
+	if resp.StatusCode == http.StatusOK {
+		if off == 0 && end == obj.Size && resp.ContentLength == obj.Size {
+			return nil // the whole file asked for, the whole file sent
+		}
+		return fmt.Errorf("%w: %s answered a GET for bytes %d-%d with the whole file (Range ignored)", s3origin.ErrServer, resp.Request.URL.Host, off, end-1)
+	}
+	m := contentRangeRE.FindStringSubmatch(cr)
+	if m == nil {
+		return fmt.Errorf("%w: bad Content-Range %q", s3origin.ErrServer, cr)
+	}
+	first, _ := strconv.ParseInt(m[1], 10, 64)
+	last, _ := strconv.ParseInt(m[2], 10, 64)
+	if m[3] != "*" {
+		if total, _ := strconv.ParseInt(m[3], 10, 64); total != obj.Size {
+			return fmt.Errorf("%s: %w: size is now %d, was %d", URL(obj), s3origin.ErrSourceChanged, total, obj.Size)
+		}
+	}
+	if first != off || last != end-1 || (resp.ContentLength >= 0 && resp.ContentLength != end-off) {
+		return fmt.Errorf("%w: asked for bytes %d-%d, got %q (%d bytes)", s3origin.ErrServer, off, end-1, cr, resp.ContentLength)
+	}
+	return nil
+}
+
+// OpenRange streams bytes [off, off+n) of obj, pinned to its commit, with
+// the same retries and resumption as Download: the byte source of a swarm
+// origin. Closing the reader early stops the transfer.
+func (c *Client) OpenRange(ctx context.Context, obj s3origin.Object, off, n int64) (io.ReadCloser, error) {
+	if err := checkObject(obj); err != nil {
+		return nil, fmt.Errorf("open %w", err)
+	}
+	if off < 0 || n < 0 || off > obj.Size || n > obj.Size-off {
+		return nil, fmt.Errorf("range %d+%d of %s (%d bytes): out of bounds", off, n, URL(obj), obj.Size)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		what := fmt.Sprintf("get %s bytes %d-%d", URL(obj), off, off+n-1)
+		next := off
+		write := func(p []byte, at int64) (int, error) {
+			if at != next {
+				return 0, fmt.Errorf("hforigin: stream write at %d, expected %d", at, next)
+			}
+			k, err := pw.Write(p)
+			next += int64(k)
+			return k, err
+		}
+		loc := &locator{c: c, obj: obj}
+		pw.CloseWithError(c.fetchRange(ctx, loc, off, off+n, what, write, make([]byte, min(bufSize, max(n, 1)))))
+	}()
+	return pr, nil
+}
