@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/bearer"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
 )
@@ -45,16 +45,8 @@ func (d *Daemon) Handler(token string) http.Handler {
 	mux.HandleFunc("DELETE /v1/endpoints", d.handleRemoveEndpoint)
 	mux.HandleFunc("GET /v1/gossip/keys", d.handleListGossipKeys)
 	mux.HandleFunc("POST /v1/gossip/keys", d.handleGossipKeyOp)
-	if token == "" {
-		return mux
-	}
-	want := []byte("Bearer " + token)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			writeError(w, http.StatusUnauthorized, errors.New("missing or wrong bearer token"))
-			return
-		}
-		mux.ServeHTTP(w, r)
+	return bearer.Require(token, mux, func(w http.ResponseWriter) {
+		writeError(w, http.StatusUnauthorized, errors.New("missing or wrong bearer token"))
 	})
 }
 
