@@ -157,14 +157,17 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 		if set["forward-path"] {
 			cfg.ForwardPaths = slices.Clone([]string(forward))
 		}
-		if set["first-byte-timeout"] {
-			cfg.FirstByteTimeout = *firstByte
-		}
-		if set["response-timeout"] {
-			cfg.ResponseTimeout = *responseTimeout
-		}
-		if set["idle-timeout"] {
-			cfg.IdleTimeout = *idleTimeout
+		for _, d := range []struct {
+			flag     string
+			dst, val *time.Duration
+		}{
+			{"first-byte-timeout", &cfg.FirstByteTimeout, firstByte},
+			{"response-timeout", &cfg.ResponseTimeout, responseTimeout},
+			{"idle-timeout", &cfg.IdleTimeout, idleTimeout},
+		} {
+			if set[d.flag] {
+				*d.dst = *d.val
+			}
 		}
 		for _, b := range backends {
 			cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: b})
