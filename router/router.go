@@ -2,7 +2,10 @@
 // requests that share a prompt prefix to the backend expected to hold that
 // prefix in its KV cache, keeps every backend under a load bound, prefers
 // warm nodes, ramps new endpoints up gradually, ejects failing backends and
-// retries requests that could not be sent.
+// retries requests that could not be sent or that a backend left without a
+// first byte past Config.FirstByteTimeout. An answer that breaks after it
+// began is never passed off as complete: the client's connection is broken
+// (after an error event, for a stream).
 //
 // The decision itself lives in router/balance (pure) and the prompt hashing
 // and cache index in router/prefix; this package is the IO around them.
@@ -654,10 +657,10 @@ func (rt *Router) markSent(b *backend, status int, err error) {
 			rt.healthyLocked(b)
 		}
 	case errors.As(err, &de):
-		b.passive = true
+		// Not passive: a probe that connects again is evidence enough.
+		b.passive = false
 		rt.ejectLocked(b, de.Error())
 	case errors.As(err, &ne) && ne.Timeout():
-		b.passive = true
 		rt.ejectLocked(b, "timeout")
 	}
 }
