@@ -326,7 +326,7 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	timer := time.AfterFunc(a.firstByte, func() { cancel(errFirstByteTimeout) })
-	defer timer.Stop()
+	defer func() { timer.Stop() }() // the idle timer, by the end
 	out, err := http.NewRequestWithContext(ctx, r.Method, target, bytes.NewReader(a.body))
 	if err != nil {
 		rt.fail(w, &oai.APIError{Status: http.StatusBadRequest, Type: oai.TypeInvalidRequest, Code: "bad_path", Message: "cannot forward this path"})
