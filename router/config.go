@@ -110,7 +110,7 @@ func Defaults() Config {
 		KVCacheTokens:    262144,
 		MaxBodyBytes:     16 << 20,
 		BodyTimeout:      30 * time.Second,
-		MaxSlowBodies:    64,
+		MaxSlowBodies:    256,
 		QueueTimeout:     2 * time.Second,
 		MaxQueue:         1024,
 		MaxRetries:       2,
