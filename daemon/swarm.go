@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -638,12 +639,26 @@ func (s *state) putManifest(shardID string, m *p2p.Manifest) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketManifests).Put([]byte(shardID), b) })
 }
 
-// deleteManifests drops the manifests of a model's revisions but keep.
-func (s *state) deleteManifests(revisions []string, keep string) error {
+// deleteManifests drops the manifests of a model's revisions but keep, and
+// but those another model still uses: models cached from identical files
+// share their revision, and so their shards and manifests.
+func (s *state) deleteManifests(model string, revisions []string, keep string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
+		inUse := map[string]bool{}
+		err := tx.Bucket(bucketCaches).ForEach(func(k, v []byte) error {
+			var rec cacheRecord
+			if string(k) == model || json.Unmarshal(v, &rec) != nil {
+				return nil // an unreadable record is reported where it is read
+			}
+			inUse[rec.RevisionID], inUse[rec.Updating] = true, true
+			return nil
+		})
+		if err != nil {
+			return err
+		}
 		b := tx.Bucket(bucketManifests)
 		for _, rev := range revisions {
-			if rev == "" || rev == keep {
+			if rev == "" || rev == keep || inUse[rev] {
 				continue
 			}
 			if err := deletePrefix(b, []byte(rev+"/"), nil); err != nil {

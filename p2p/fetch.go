@@ -130,13 +130,28 @@ func (s *Shard) Fetch(ctx context.Context, o FetchOptions) (FetchResult, error) 
 		return FetchResult{}, errors.New("p2p: shard closed or already fetching")
 	}
 	s.fetching = true
-	have := s.have.Clone()
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		s.fetching = false
+		s.wakeTwinsLocked()
 		s.mu.Unlock()
 	}()
+	if o.ReadsStarted != nil {
+		o.ReadsStarted = sync.OnceFunc(o.ReadsStarted)
+		if s.n.twinSource(s) != nil {
+			o.ReadsStarted() // a twin reads no origin while it copies
+		}
+	}
+	if err := s.copyFromTwin(ctx, o); err != nil {
+		return FetchResult{}, fmt.Errorf("p2p: fetch %s: %w", s.m.ShardID, errors.Join(err, s.Sync()))
+	}
+	if s.Complete() {
+		return FetchResult{}, s.Sync()
+	}
+	s.mu.Lock()
+	have := s.have.Clone()
+	s.mu.Unlock()
 	if o.OriginConcurrency <= 0 {
 		o.OriginConcurrency = 4
 	}

@@ -84,7 +84,8 @@ type Node struct {
 	recv    *bufPool
 	c       counters
 	mu      sync.Mutex
-	shards  map[string]*Shard    // by ShardID
+	shards  map[string]*Shard    // by ShardID: the one served
+	twins   map[string][]*Shard  // by ShardID: more files of the same shard
 	bans    map[string]time.Time // node id or address -> until
 	serveWG sync.WaitGroup
 }
@@ -139,6 +140,7 @@ func NewNode(cfg Config) (*Node, error) {
 		conns:   make(chan struct{}, cfg.MaxConns),
 		recv:    newBufPool(cfg.ReceiveBuffers),
 		shards:  map[string]*Shard{},
+		twins:   map[string][]*Shard{},
 		bans:    map[string]time.Time{},
 	}, nil
 }
