@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,17 +17,48 @@ import (
 
 // stalledHandshakes keeps n connections from attacker to each of addrs,
 // each sending the p2p handshake magic and then nothing; one the node
-// closes is opened again after redial. It returns the number of
-// connections opened so far and a function that ends the attack.
+// closes is opened again after redial. One thread, entered into the
+// attacker's namespace once, dials them all: the attacker runs on the
+// fleet's cores here, and entering the namespace per dial would charge
+// the fleet for an attacker's CPU that is elsewhere in life. It returns the
+// number of connections opened so far and a function that ends the attack.
 func stalledHandshakes(attacker *netlab.Host, addrs []string, n int, redial time.Duration) (opened func() int64, stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var count atomic.Int64
 	var wg sync.WaitGroup
+	type dial struct {
+		addr  string
+		reply chan net.Conn
+	}
+	dials := make(chan dial)
+	wg.Go(func() {
+		_ = attacker.NS.Do(func() error {
+			var d net.Dialer
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case r := <-dials:
+					c, err := d.DialContext(ctx, "tcp", r.addr)
+					if err != nil {
+						c = nil
+					}
+					r.reply <- c
+				}
+			}
+		})
+	})
 	for _, addr := range addrs {
 		for range n {
 			wg.Go(func() {
-				for ctx.Err() == nil {
-					if c, err := attacker.NS.DialContext(ctx, "tcp", addr); err == nil {
+				reply := make(chan net.Conn, 1)
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case dials <- dial{addr, reply}:
+					}
+					if c := <-reply; c != nil {
 						count.Add(1)
 						closeOnStop := context.AfterFunc(ctx, func() { c.Close() })
 						_, _ = c.Write([]byte("WFP2P2"))
@@ -36,6 +68,7 @@ func stalledHandshakes(attacker *netlab.Host, addrs []string, n int, redial time
 					}
 					select {
 					case <-ctx.Done():
+						return
 					case <-time.After(redial):
 					}
 				}

@@ -258,6 +258,11 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 func (n *Node) refuse(c net.Conn, why string) {
 	n.c.refused.Add(1)
 	n.refusedLog.Log("why", why, "remote", c.RemoteAddr())
+	if tc, ok := c.(*net.TCPConn); ok {
+		// A reset, not a close: a stranger reconnecting as fast as it is
+		// refused leaves no TIME_WAIT socket behind on this side.
+		_ = tc.SetLinger(0)
+	}
 	c.Close()
 }
 
