@@ -122,7 +122,10 @@ type fetch struct {
 // Fetch fills the shard's missing pieces from peers and the origin, serving
 // what it has meanwhile, and returns once every piece is verified and
 // durable, or with the error that stopped it (ctx's, a disk error, or
-// ErrOriginCorrupt). Only one Fetch may run on a shard at a time.
+// ErrOriginCorrupt). Only one Fetch may run on a shard at a time. A twin
+// (see Node.Open) first copies what the shard serving its ID on this node
+// has and gets, and fetches the rest itself only if that one closes or
+// stalls.
 func (s *Shard) Fetch(ctx context.Context, o FetchOptions) (FetchResult, error) {
 	s.mu.Lock()
 	if s.fetching || s.closed {

@@ -58,6 +58,8 @@ type Shard struct {
 // path (at m.Offset; the file is created and sized to m.FileSize if needed),
 // and starts serving the pieces comp records as complete. Completion is
 // trusted without rehashing unless the file is too short to hold the shard.
+// A shard ID already open at another path opens as a twin: it is served
+// only once the first one closes, and its Fetch copies from it (see Fetch).
 func (n *Node) Open(ctx context.Context, m *Manifest, path string, comp Completion) (*Shard, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
