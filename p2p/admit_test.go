@@ -69,7 +69,7 @@ func TestStalledHandshakeIsCutAtTheDeadline(t *testing.T) {
 // address: connections beyond either are closed unheard.
 func TestHandshakeBudgetAndPerSourceLimit(t *testing.T) {
 	a := startNode(t, "a", func(c *Config) {
-		c.MaxHandshakes, c.MaxHandshakesPerSource, c.HandshakeTimeout = 5, 2, time.Hour
+		c.MaxHandshakes, c.MaxHandshakesPerSource, c.HandshakeTimeout, c.RefusedHold = 5, 2, time.Hour, time.Millisecond
 	})
 	inHandshake := func() (total, from2 int) {
 		a.hello.mu.Lock()
@@ -146,7 +146,7 @@ func (s *syncBuffer) lines(substr string) int {
 func TestRefusalsAreLoggedRateLimited(t *testing.T) {
 	var logs syncBuffer
 	a := startNode(t, "a", func(c *Config) {
-		c.MaxHandshakesPerSource, c.HandshakeTimeout = 1, time.Hour
+		c.MaxHandshakesPerSource, c.HandshakeTimeout, c.RefusedHold = 1, time.Hour, time.Millisecond
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
 	strangers(t, a.addr, "127.0.0.2", 50)

@@ -49,6 +49,9 @@ type Config struct {
 	// HandshakeTimeout cuts an accepted connection that has not completed
 	// its handshake in this time (default 2s).
 	HandshakeTimeout time.Duration
+	// RefusedHold is how long a connection refused for a full handshake
+	// budget is held, unread, before it is reset (default 1s).
+	RefusedHold time.Duration
 	// ReceiveBuffers bounds the 256 KiB buffers holding piece bytes between
 	// the socket, the hasher and the disk, over all connections (default
 	// 64, 16 MiB).
@@ -100,6 +103,8 @@ type Node struct {
 	downLim *rate.Limiter
 	conns   chan struct{}
 	hello   *admission
+	// refusedHeld counts refused connections waiting to be reset.
+	refusedHeld atomic.Int64
 	// refusedLog and failedLog report refused connections and failed
 	// handshakes, a line per refusalLogEvery at most.
 	refusedLog, failedLog *throttledLog
@@ -138,6 +143,7 @@ func NewNode(cfg Config) (*Node, error) {
 	def(&cfg.StallTimeout, 10*time.Second)
 	def(&cfg.BanDuration, time.Hour)
 	def(&cfg.HandshakeTimeout, 2*time.Second)
+	def(&cfg.RefusedHold, time.Second)
 	if cfg.MaxHandshakes <= 0 {
 		cfg.MaxHandshakes = 64
 	}
@@ -243,7 +249,7 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 		}
 		src := sourceOf(c)
 		if ok, why := n.hello.admit(src); !ok {
-			n.refuse(c, why)
+			n.refuse(c, why, true)
 			continue
 		}
 		n.serveWG.Add(1)
@@ -254,17 +260,35 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-// refuse closes a connection unheard, for why.
-func (n *Node) refuse(c net.Conn, why string) {
+// refuse closes a connection unheard, for why. A stranger's is held for
+// RefusedHold first (up to maxRefusedHeld at once, no goroutine each): one
+// that reconnects as soon as it is refused then costs both sides a
+// connection per RefusedHold, not as many as the CPUs can turn over.
+func (n *Node) refuse(c net.Conn, why string, stranger bool) {
 	n.c.refused.Add(1)
 	n.refusedLog.Log("why", why, "remote", c.RemoteAddr())
 	if tc, ok := c.(*net.TCPConn); ok {
-		// A reset, not a close: a stranger reconnecting as fast as it is
-		// refused leaves no TIME_WAIT socket behind on this side.
+		// A reset, not a close: refusals leave no TIME_WAIT socket behind
+		// on this side.
 		_ = tc.SetLinger(0)
+	}
+	if stranger && n.refusedHeld.Add(1) <= maxRefusedHeld {
+		time.AfterFunc(n.cfg.RefusedHold, func() {
+			c.Close()
+			n.refusedHeld.Add(-1)
+		})
+		return
+	}
+	if stranger {
+		n.refusedHeld.Add(-1)
 	}
 	c.Close()
 }
+
+// maxRefusedHeld bounds the refused connections held open (see refuse):
+// beyond it they are closed at once, so holding them costs at most this
+// many file descriptors.
+const maxRefusedHeld = 1024
 
 // serveConn authenticates a connection holding a handshake slot from src,
 // then moves it to a member's slot and answers the downloader: subscribe,
@@ -288,7 +312,7 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 	case n.conns <- struct{}{}:
 		defer func() { <-n.conns }()
 	default:
-		n.refuse(c, "too many member connections")
+		n.refuse(c, "too many member connections", false)
 		return
 	}
 	defer c.Close()
