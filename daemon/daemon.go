@@ -328,7 +328,7 @@ func (d *Daemon) removeCache(name string) error {
 		d.log.Warn("stop serving removed model", "model", name, "err", err)
 	}
 	if rec, found, err := d.state.record(name); err == nil && found {
-		if err := d.state.deleteManifests([]string{rec.RevisionID, rec.Updating}, ""); err != nil {
+		if err := d.state.deleteManifests(name, []string{rec.RevisionID, rec.Updating}, ""); err != nil {
 			return err
 		}
 	}

@@ -232,7 +232,7 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	if err := f.markReady(revision, next, path); err != nil {
 		return "", err
 	}
-	return "ready", f.d.state.deleteManifests([]string{rec.RevisionID, rec.Updating}, revision)
+	return "ready", f.d.state.deleteManifests(f.spec.Name, []string{rec.RevisionID, rec.Updating}, revision)
 }
 
 // publishExisting makes a revision that is already published current

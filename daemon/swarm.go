@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -108,6 +109,7 @@ func (d *Daemon) SetSwarm(s Swarm) error {
 		stat("warmfleet_pieces_total", "Pieces checked against their manifest hash.", true, func(s p2p.Stats) float64 { return float64(s.PiecesFailed) }, prometheus.Labels{"result": "failed"}),
 		stat("warmfleet_peers_connected", "Peer connections open.", false, func(s p2p.Stats) float64 { return float64(s.PeersConnected) }, nil),
 		stat("warmfleet_peers_banned_total", "Peers banned for bad data.", true, func(s p2p.Stats) float64 { return float64(s.PeersBanned) }, nil),
+		stat("warmfleet_peer_connections_refused_total", "Connections to the peer port closed unheard: the handshake or member budget was full.", true, func(s p2p.Stats) float64 { return float64(s.ConnsRefused) }, nil),
 	} {
 		if err := d.metrics.reg.Register(c); err != nil {
 			return err
@@ -638,12 +640,26 @@ func (s *state) putManifest(shardID string, m *p2p.Manifest) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketManifests).Put([]byte(shardID), b) })
 }
 
-// deleteManifests drops the manifests of a model's revisions but keep.
-func (s *state) deleteManifests(revisions []string, keep string) error {
+// deleteManifests drops the manifests of a model's revisions but keep, and
+// but those another model still uses: models cached from identical files
+// share their revision, and so their shards and manifests.
+func (s *state) deleteManifests(model string, revisions []string, keep string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
+		inUse := map[string]bool{}
+		err := tx.Bucket(bucketCaches).ForEach(func(k, v []byte) error {
+			var rec cacheRecord
+			if string(k) == model || json.Unmarshal(v, &rec) != nil {
+				return nil // an unreadable record is reported where it is read
+			}
+			inUse[rec.RevisionID], inUse[rec.Updating] = true, true
+			return nil
+		})
+		if err != nil {
+			return err
+		}
 		b := tx.Bucket(bucketManifests)
 		for _, rev := range revisions {
-			if rev == "" || rev == keep {
+			if rev == "" || rev == keep || inUse[rev] {
 				continue
 			}
 			if err := deletePrefix(b, []byte(rev+"/"), nil); err != nil {

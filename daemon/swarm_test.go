@@ -1,9 +1,14 @@
 package daemon
 
 import (
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/p2p"
 )
 
 func TestPollWait(t *testing.T) {
@@ -40,5 +45,42 @@ func TestManifestAsks(t *testing.T) {
 				t.Errorf("manifestAsks(%v, %q, %d, %v) = %v, want %v", tc.rank, tc.self, tc.poll, tc.holders, got, tc.want)
 			}
 		})
+	}
+}
+
+// Models cached from identical files share a revision, and so their shard
+// manifests: removing one model must keep the manifests the other uses
+// (its shards are served again from them after a restart), and drop them
+// once no model uses the revision.
+func TestDeleteManifestsKeepsThoseAnotherModelUses(t *testing.T) {
+	st, err := openState(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	m := &p2p.Manifest{ShardID: "rev1/f0.bin#0", Name: "f0.bin", FileSize: 1 << 20, Length: 1 << 20,
+		PieceLength: 1 << 20, Algo: p2p.BLAKE3, Hashes: make([]byte, p2p.BLAKE3.Size())}
+	if err := st.putManifest(m.ShardID, m); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b"} {
+		if err := st.putRecord(cacheRecord{Spec: spec.Spec{Name: name}, RevisionID: "rev1", State: api.StateReady}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.deleteManifests("a", []string{"rev1"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.manifest(m.ShardID); err != nil || got == nil {
+		t.Fatalf("manifest of the revision b still uses: %v, %v; want it kept", got, err)
+	}
+	if err := st.deleteRecord("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.deleteManifests("b", []string{"rev1"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.manifest(m.ShardID); err != nil || got != nil {
+		t.Fatalf("manifest of a revision no model uses: %v, %v; want it gone", got, err)
 	}
 }

@@ -18,7 +18,7 @@ import (
 
 // warmfleetBin builds the warmfleet binary once per test binary and checks
 // that it has the daemon and cache commands.
-func warmfleetBin(t *testing.T) string {
+func warmfleetBin(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(binDir, "warmfleet")
 	if _, err := exec.LookPath(bin); err != nil {

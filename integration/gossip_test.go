@@ -16,7 +16,7 @@ import (
 	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
 )
 
-func writeKey(t *testing.T, name string) string {
+func writeKey(t testing.TB, name string) string {
 	t.Helper()
 	key, err := gossip.GenerateKey()
 	if err != nil {
@@ -43,7 +43,7 @@ func fleetView(ctx context.Context, d *netlab.Daemon) (api.Fleet, error) {
 
 // eventually polls cond until it holds; the bound only keeps a broken build
 // from hanging CI, it measures nothing.
-func eventually(t *testing.T, ctx context.Context, what string, cond func() error) {
+func eventually(t testing.TB, ctx context.Context, what string, cond func() error) {
 	t.Helper()
 	var last error
 	for {

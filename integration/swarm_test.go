@@ -202,7 +202,7 @@ func TestSwarmBansCorruptingPeer(t *testing.T) {
 
 // startSwarmDaemon runs a daemon on h that joins the fleet at seed with the
 // swarm on; p2p replaces the default --p2p h:7947 when given.
-func startSwarmDaemon(t *testing.T, ctx context.Context, lab *netlab.Lab, h *netlab.Host, bin, key, seed string, p2p ...string) *netlab.Daemon {
+func startSwarmDaemon(t testing.TB, ctx context.Context, lab *netlab.Lab, h *netlab.Host, bin, key, seed string, p2p ...string) *netlab.Daemon {
 	t.Helper()
 	if len(p2p) == 0 {
 		p2p = []string{"--p2p", h.IP.String() + ":7947"}
@@ -218,7 +218,7 @@ func startSwarmDaemon(t *testing.T, ctx context.Context, lab *netlab.Lab, h *net
 }
 
 // waitMembers waits until d sees n members.
-func waitMembers(t *testing.T, ctx context.Context, d *netlab.Daemon, n int) {
+func waitMembers(t testing.TB, ctx context.Context, d *netlab.Daemon, n int) {
 	t.Helper()
 	eventually(t, ctx, fmt.Sprintf("%d members", n), func() error {
 		f, err := fleetView(ctx, d)
@@ -233,7 +233,7 @@ func waitMembers(t *testing.T, ctx context.Context, d *netlab.Daemon, n int) {
 }
 
 // waitReady waits until d has cache name ready with model's exact bytes.
-func waitReady(t *testing.T, ctx context.Context, d *netlab.Daemon, name string, model netlab.Model) {
+func waitReady(t testing.TB, ctx context.Context, d *netlab.Daemon, name string, model netlab.Model) {
 	t.Helper()
 	eventually(t, ctx, d.Host().Name+" ready", func() error {
 		st, err := d.CacheStatus(ctx, name)

@@ -14,7 +14,15 @@
 // may help an origin (FetchOptions.OriginHelp), reading from the shard's end
 // the pieces of its stripe no peer has; a fetch can also take a CRC of each
 // piece from the bytes it verified (FetchOptions.PieceCRC), so the whole
-// file is checked against its object without reading it back.
+// file is checked against its object without reading it back. A shard ID
+// opened again at another path (the same content cached under another
+// name) is a twin: it copies each piece from the first file as that one
+// verifies it, and serves the shard once the first closes.
+//
+// The peer port is open to anyone who reaches it: a connection holds one of
+// a few handshake slots (Config.MaxHandshakes, a share per source address)
+// until its handshake proves the cluster key or HandshakeTimeout cuts it,
+// and only then one of the members' slots (MaxConns).
 //
 // The bulk data plane is a small range-request protocol rather than the
 // BitTorrent wire protocol: the sender uses sendfile, and on plain TCP the

@@ -122,7 +122,10 @@ type fetch struct {
 // Fetch fills the shard's missing pieces from peers and the origin, serving
 // what it has meanwhile, and returns once every piece is verified and
 // durable, or with the error that stopped it (ctx's, a disk error, or
-// ErrOriginCorrupt). Only one Fetch may run on a shard at a time.
+// ErrOriginCorrupt). Only one Fetch may run on a shard at a time. A twin
+// (see Node.Open) first copies what the shard serving its ID on this node
+// has and gets, and fetches the rest itself only if that one closes or
+// stalls.
 func (s *Shard) Fetch(ctx context.Context, o FetchOptions) (FetchResult, error) {
 	s.mu.Lock()
 	if s.fetching || s.closed {
@@ -130,13 +133,28 @@ func (s *Shard) Fetch(ctx context.Context, o FetchOptions) (FetchResult, error) 
 		return FetchResult{}, errors.New("p2p: shard closed or already fetching")
 	}
 	s.fetching = true
-	have := s.have.Clone()
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		s.fetching = false
+		s.wakeTwinsLocked()
 		s.mu.Unlock()
 	}()
+	if o.ReadsStarted != nil {
+		o.ReadsStarted = sync.OnceFunc(o.ReadsStarted)
+		if s.n.twinSource(s) != nil {
+			o.ReadsStarted() // a twin reads no origin while it copies
+		}
+	}
+	if err := s.copyFromTwin(ctx, o); err != nil {
+		return FetchResult{}, fmt.Errorf("p2p: fetch %s: %w", s.m.ShardID, errors.Join(err, s.Sync()))
+	}
+	if s.Complete() {
+		return FetchResult{}, s.Sync()
+	}
+	s.mu.Lock()
+	have := s.have.Clone()
+	s.mu.Unlock()
 	if o.OriginConcurrency <= 0 {
 		o.OriginConcurrency = 4
 	}

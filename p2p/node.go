@@ -36,8 +36,22 @@ type Config struct {
 	// UploadLimit and DownloadLimit cap peer traffic in bytes per second
 	// (0: unlimited). Origin reads are not counted against DownloadLimit.
 	UploadLimit, DownloadLimit float64
-	// MaxConns caps accepted connections (default 256).
+	// MaxConns caps authenticated connections accepted from members
+	// (default 256).
 	MaxConns int
+	// MaxHandshakes caps accepted connections still in their handshake, not
+	// yet proven members (default 64), and MaxHandshakesPerSource those of
+	// them from one address (default 8); further connections are closed
+	// at once. Members' connections pass the handshake in a round trip or
+	// two, so a few slots serve them, and strangers that connect and stall
+	// hold only these, never MaxConns.
+	MaxHandshakes, MaxHandshakesPerSource int
+	// HandshakeTimeout cuts an accepted connection that has not completed
+	// its handshake in this time (default 2s).
+	HandshakeTimeout time.Duration
+	// RefusedHold is how long a connection refused for a full handshake
+	// budget is held, unread, before it is reset (default 1s).
+	RefusedHold time.Duration
 	// ReceiveBuffers bounds the 256 KiB buffers holding piece bytes between
 	// the socket, the hasher and the disk, over all connections (default
 	// 64, 16 MiB).
@@ -65,11 +79,18 @@ type Stats struct {
 	PeersConnected int64 // authenticated connections now open, both directions
 	PeersBanned    int64 // bans issued
 	AuthFailures   int64 // handshakes that failed authentication, either side
+	// ConnsRefused counts accepted connections closed unheard because the
+	// handshake or member budget was full.
+	ConnsRefused int64
 }
 
 type counters struct {
-	originBytes, peerIn, peerOut, verified, failed, connected, banned, authFail atomic.Int64
+	originBytes, peerIn, peerOut, verified, failed, connected, banned, authFail, refused atomic.Int64
 }
+
+// refusalLogEvery is the least time between two log lines about refused or
+// failed connections.
+const refusalLogEvery = 10 * time.Second
 
 // Node is one member of the swarm: it serves the shards opened on it and
 // fetches them from peers and origins.
@@ -81,12 +102,19 @@ type Node struct {
 	upLim   *rate.Limiter
 	downLim *rate.Limiter
 	conns   chan struct{}
-	recv    *bufPool
-	c       counters
-	mu      sync.Mutex
-	shards  map[string]*Shard    // by ShardID
-	bans    map[string]time.Time // node id or address -> until
-	serveWG sync.WaitGroup
+	hello   *admission
+	// refusedHeld counts refused connections waiting to be reset.
+	refusedHeld atomic.Int64
+	// refusedLog and failedLog report refused connections and failed
+	// handshakes, a line per refusalLogEvery at most.
+	refusedLog, failedLog *throttledLog
+	recv                  *bufPool
+	c                     counters
+	mu                    sync.Mutex
+	shards                map[string]*Shard    // by ShardID: the one served
+	twins                 map[string][]*Shard  // by ShardID: more files of the same shard
+	bans                  map[string]time.Time // node id or address -> until
+	serveWG               sync.WaitGroup
 }
 
 // chunkSize is the unit of reads, writes, hashing and rate limiting.
@@ -114,6 +142,14 @@ func NewNode(cfg Config) (*Node, error) {
 	def(&cfg.DialTimeout, 3*time.Second)
 	def(&cfg.StallTimeout, 10*time.Second)
 	def(&cfg.BanDuration, time.Hour)
+	def(&cfg.HandshakeTimeout, 2*time.Second)
+	def(&cfg.RefusedHold, time.Second)
+	if cfg.MaxHandshakes <= 0 {
+		cfg.MaxHandshakes = 64
+	}
+	if cfg.MaxHandshakesPerSource <= 0 {
+		cfg.MaxHandshakesPerSource = 8
+	}
 	if cfg.MaxUploads <= 0 {
 		cfg.MaxUploads = 4
 	}
@@ -129,17 +165,25 @@ func NewNode(cfg Config) (*Node, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	log := cfg.Logger.With("node", cfg.NodeID)
+	throttled := func(level slog.Level, msg string) *throttledLog {
+		return &throttledLog{log: log, level: level, msg: msg, every: refusalLogEvery, now: cfg.Now}
+	}
 	return &Node{
-		cfg:     cfg,
-		log:     cfg.Logger.With("node", cfg.NodeID),
-		auth:    a,
-		uploads: make(chan struct{}, cfg.MaxUploads),
-		upLim:   limiter(cfg.UploadLimit),
-		downLim: limiter(cfg.DownloadLimit),
-		conns:   make(chan struct{}, cfg.MaxConns),
-		recv:    newBufPool(cfg.ReceiveBuffers),
-		shards:  map[string]*Shard{},
-		bans:    map[string]time.Time{},
+		cfg:        cfg,
+		log:        log,
+		hello:      newAdmission(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
+		refusedLog: throttled(slog.LevelWarn, "p2p: refusing connections"),
+		failedLog:  throttled(slog.LevelInfo, "p2p: refused connection"),
+		auth:       a,
+		uploads:    make(chan struct{}, cfg.MaxUploads),
+		upLim:      limiter(cfg.UploadLimit),
+		downLim:    limiter(cfg.DownloadLimit),
+		conns:      make(chan struct{}, cfg.MaxConns),
+		recv:       newBufPool(cfg.ReceiveBuffers),
+		shards:     map[string]*Shard{},
+		twins:      map[string][]*Shard{},
+		bans:       map[string]time.Time{},
 	}, nil
 }
 
@@ -161,6 +205,7 @@ func (n *Node) Stats() Stats {
 		PeersConnected: n.c.connected.Load(),
 		PeersBanned:    n.c.banned.Load(),
 		AuthFailures:   n.c.authFail.Load(),
+		ConnsRefused:   n.c.refused.Load(),
 	}
 }
 
@@ -202,36 +247,72 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 			}
 			return fmt.Errorf("p2p: accept: %w", err)
 		}
-		select {
-		case n.conns <- struct{}{}:
-		default:
-			n.log.Warn("p2p: too many connections, refusing", "remote", c.RemoteAddr())
-			c.Close()
+		src := sourceOf(c)
+		if ok, why := n.hello.admit(src); !ok {
+			n.refuse(c, why, true)
 			continue
 		}
 		n.serveWG.Add(1)
 		go func() {
 			defer n.serveWG.Done()
-			defer func() { <-n.conns }()
-			n.serveConn(ctx, c)
+			n.serveConn(ctx, c, src)
 		}()
 	}
 }
 
-// serveConn answers one downloader: subscribe, bitfield, then have
-// notifications and pieces until either side hangs up.
-func (n *Node) serveConn(ctx context.Context, raw net.Conn) {
+// refuse closes a connection unheard, for why. A stranger's is held for
+// RefusedHold first (up to maxRefusedHeld at once, no goroutine each): one
+// that reconnects as soon as it is refused then costs both sides a
+// connection per RefusedHold, not as many as the CPUs can turn over.
+func (n *Node) refuse(c net.Conn, why string, stranger bool) {
+	n.c.refused.Add(1)
+	n.refusedLog.Log("why", why, "remote", c.RemoteAddr())
+	if tc, ok := c.(*net.TCPConn); ok {
+		// A reset, not a close: refusals leave no TIME_WAIT socket behind
+		// on this side.
+		_ = tc.SetLinger(0)
+	}
+	if stranger && n.refusedHeld.Add(1) <= maxRefusedHeld {
+		time.AfterFunc(n.cfg.RefusedHold, func() {
+			c.Close()
+			n.refusedHeld.Add(-1)
+		})
+		return
+	}
+	if stranger {
+		n.refusedHeld.Add(-1)
+	}
+	c.Close()
+}
+
+// maxRefusedHeld bounds the refused connections held open (see refuse):
+// beyond it they are closed at once, so holding them costs at most this
+// many file descriptors.
+const maxRefusedHeld = 1024
+
+// serveConn authenticates a connection holding a handshake slot from src,
+// then moves it to a member's slot and answers the downloader: subscribe,
+// bitfield, then have notifications and pieces until either side hangs up.
+func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 	defer raw.Close()
-	c, peerID, err := n.auth.server(raw, n.cfg.Now().Add(n.cfg.DialTimeout))
+	c, peerID, err := n.auth.server(raw, n.cfg.Now().Add(n.cfg.HandshakeTimeout))
+	n.hello.done(src)
 	if err != nil {
 		if errors.Is(err, ErrUnauthenticated) {
 			n.c.authFail.Add(1)
 		}
-		n.log.Info("p2p: refused connection", "remote", raw.RemoteAddr(), "err", err)
+		n.failedLog.Log("remote", raw.RemoteAddr(), "err", err)
 		return
 	}
 	if n.Banned(peerID) {
 		n.log.Info("p2p: refused banned peer", "peer", peerID)
+		return
+	}
+	select {
+	case n.conns <- struct{}{}:
+		defer func() { <-n.conns }()
+	default:
+		n.refuse(c, "too many member connections", false)
 		return
 	}
 	defer c.Close()

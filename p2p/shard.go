@@ -3,12 +3,14 @@ package p2p
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -47,12 +49,17 @@ type Shard struct {
 	closed   bool
 	fetching bool
 	fullCh   chan struct{} // closed when have is full
+	// moved is closed and replaced whenever a twin following this shard
+	// has something to look at: a piece verified, a fetch ended, Close.
+	moved chan struct{}
 }
 
 // Open registers the shard described by m, whose bytes live in the file at
 // path (at m.Offset; the file is created and sized to m.FileSize if needed),
 // and starts serving the pieces comp records as complete. Completion is
 // trusted without rehashing unless the file is too short to hold the shard.
+// A shard ID already open at another path opens as a twin: it is served
+// only once the first one closes, and its Fetch copies from it (see Fetch).
 func (n *Node) Open(ctx context.Context, m *Manifest, path string, comp Completion) (*Shard, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
@@ -87,9 +94,13 @@ func (n *Node) open(m *Manifest, known Bitfield, path string, comp Completion) (
 		return nil, err
 	}
 	skel := m.SkeletonID()
-	s := &Shard{n: n, m: m, skel: skel, key: hex.EncodeToString(skel[:]), path: path, comp: comp, file: f, ino: ino,
-		known: known, have: NewBitfield(m.NumPieces()), subs: map[*serverConn]struct{}{}, fullCh: make(chan struct{})}
+	s := &Shard{n: n, m: m, skel: skel, key: completionKey(skel, path), path: path, comp: comp, file: f, ino: ino,
+		known: known, have: NewBitfield(m.NumPieces()), subs: map[*serverConn]struct{}{}, fullCh: make(chan struct{}), moved: make(chan struct{})}
 	stored, err := comp.Load(s.key)
+	if err == nil && stored == nil {
+		// Written before keys named the file; its inode still has to match.
+		stored, err = comp.Load(hex.EncodeToString(skel[:]))
+	}
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("p2p: open %s: %w", m.ShardID, err)
@@ -113,12 +124,64 @@ func (n *Node) open(m *Manifest, known Bitfield, path string, comp Completion) (
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if _, dup := n.shards[m.ShardID]; dup {
-		f.Close()
-		return nil, fmt.Errorf("p2p: shard %s already open", m.ShardID)
+	primary := n.shards[m.ShardID]
+	if primary == nil {
+		n.shards[m.ShardID] = s
+		return s, nil
 	}
-	n.shards[m.ShardID] = s
+	// The same content under another name (two models with identical
+	// files): the shard is swarmed once, by the shard opened first, and
+	// this twin copies its pieces locally (see Fetch).
+	for _, o := range append([]*Shard{primary}, n.twins[m.ShardID]...) {
+		if o.path == path {
+			f.Close()
+			return nil, fmt.Errorf("p2p: shard %s already open at %s", m.ShardID, path)
+		}
+	}
+	n.twins[m.ShardID] = append(n.twins[m.ShardID], s)
 	return s, nil
+}
+
+// twinSource returns the shard s copies its pieces from: the one serving
+// its ID on this node, when that is another file cut the same way. Nil
+// when s is the one serving (it fetches from peers and origins itself).
+func (n *Node) twinSource(s *Shard) *Shard {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p := n.shards[s.m.ShardID]
+	if p == nil || p == s || p.skel != s.skel {
+		return nil
+	}
+	return p
+}
+
+// unregister forgets s; when s was the one serving its ID, a twin takes
+// over, a complete one first, so peers keep being served the content.
+func (n *Node) unregister(s *Shard) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	id := s.m.ShardID
+	twins := slices.DeleteFunc(n.twins[id], func(t *Shard) bool { return t == s })
+	if n.shards[id] == s {
+		delete(n.shards, id)
+		if len(twins) > 0 {
+			k := max(0, slices.IndexFunc(twins, (*Shard).Complete))
+			n.shards[id] = twins[k]
+			twins = slices.Delete(twins, k, k+1)
+		}
+	}
+	if len(twins) == 0 {
+		delete(n.twins, id)
+	} else {
+		n.twins[id] = twins
+	}
+}
+
+// completionKey names a shard's completion record: its skeleton and its
+// file, since twins (one shard ID open at several paths) each have one.
+func completionKey(skel [32]byte, path string) string {
+	p := sha256.Sum256([]byte(path))
+	return hex.EncodeToString(skel[:]) + "@" + hex.EncodeToString(p[:8])
 }
 
 // restore adopts the verified pieces of a completion record: a piece
@@ -314,15 +377,12 @@ func (s *Shard) Complete() bool {
 // Close stops serving the shard and closes its file. Completion stays
 // stored so a later Open resumes.
 func (s *Shard) Close() error {
-	s.n.mu.Lock()
-	if s.n.shards[s.m.ShardID] == s {
-		delete(s.n.shards, s.m.ShardID)
-	}
-	s.n.mu.Unlock()
+	s.n.unregister(s)
 	s.mu.Lock()
 	s.closed = true
 	subs := s.subs
 	s.subs = nil
+	s.wakeTwinsLocked()
 	s.mu.Unlock()
 	for sc := range subs {
 		sc.c.Close()
@@ -335,6 +395,13 @@ func (s *Shard) Close() error {
 	err := s.file.Close()
 	s.file = nil
 	return err
+}
+
+// wakeTwinsLocked tells twins copying from s to look again. Call with
+// s.mu held.
+func (s *Shard) wakeTwinsLocked() {
+	close(s.moved)
+	s.moved = make(chan struct{})
 }
 
 func (s *Shard) subscribe(sc *serverConn) bool {
@@ -451,6 +518,7 @@ func (s *Shard) markVerified(i int, crc *uint64) {
 	for sc := range s.subs {
 		sc.notify(i, h)
 	}
+	s.wakeTwinsLocked()
 	s.mu.Unlock()
 	s.n.c.verified.Add(1)
 	if full {

@@ -1,0 +1,99 @@
+package p2p
+
+import (
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+)
+
+// Connections to the peer port are strangers until their handshake proves
+// the cluster key. Anyone who reaches the port can open them, so they get a
+// budget of their own, apart from the members' (Config.MaxConns), with a
+// share per source address, and a short deadline (HandshakeTimeout): a
+// stranger that stalls holds one of a few slots for a moment, never a
+// member's.
+
+// admission counts the handshakes in progress, in all and per source
+// address.
+type admission struct {
+	max, perSource int
+	mu             sync.Mutex
+	total          int
+	bySource       map[string]int
+}
+
+func newAdmission(max, perSource int) *admission {
+	return &admission{max: max, perSource: perSource, bySource: map[string]int{}}
+}
+
+// admit takes a handshake slot for a connection from src, or says why not.
+func (a *admission) admit(src string) (ok bool, why string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case a.total >= a.max:
+		return false, "too many handshakes in progress"
+	case a.bySource[src] >= a.perSource:
+		return false, "too many handshakes in progress from this address"
+	}
+	a.total++
+	a.bySource[src]++
+	return true, ""
+}
+
+// done gives back a slot admit took.
+func (a *admission) done(src string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.total--
+	if a.bySource[src]--; a.bySource[src] <= 0 {
+		delete(a.bySource, src)
+	}
+}
+
+// sourceOf is the address a connection comes from, without its port.
+func sourceOf(c net.Conn) string {
+	addr := c.RemoteAddr()
+	if tcp, ok := addr.(*net.TCPAddr); ok {
+		return tcp.IP.String()
+	}
+	if host, _, err := net.SplitHostPort(addr.String()); err == nil {
+		return host
+	}
+	return addr.String()
+}
+
+// throttledLog logs one kind of event at most once per interval, with the
+// number of events left out since the last line: whoever reaches the port
+// can cause these events as fast as it connects, and must not fill the
+// disk with log lines.
+type throttledLog struct {
+	log   *slog.Logger
+	level slog.Level
+	msg   string
+	every time.Duration
+	now   func() time.Time
+
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+func (l *throttledLog) Log(args ...any) {
+	l.mu.Lock()
+	now := l.now()
+	if !l.last.IsZero() && now.Sub(l.last) < l.every {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	l.last = now
+	n := l.suppressed
+	l.suppressed = 0
+	l.mu.Unlock()
+	if n > 0 {
+		args = append(args, "suppressed", n)
+	}
+	l.log.Log(nil, l.level, l.msg, args...)
+}

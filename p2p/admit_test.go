@@ -1,0 +1,175 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+)
+
+// strangers keeps n connections from the loopback address from to addr,
+// each sending the handshake magic and then nothing, opening a new one
+// whenever the node closes one (an attacker that reconnects at once), until
+// the test ends. It returns a count of the connections opened.
+func strangers(t *testing.T, addr, from string, n int) func() int {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	opened := 0
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	for range n {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				c, err := d.DialContext(ctx, "tcp", addr)
+				if err != nil {
+					continue
+				}
+				mu.Lock()
+				opened++
+				mu.Unlock()
+				stop := context.AfterFunc(ctx, func() { c.Close() })
+				_, _ = c.Write(handshakeMagic)
+				_, _ = io.Copy(io.Discard, c) // until the node closes it
+				stop()
+				c.Close()
+			}
+		})
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return func() int { mu.Lock(); defer mu.Unlock(); return opened }
+}
+
+// A connection that sends the magic and stalls is cut at HandshakeTimeout,
+// however long a dial may take.
+func TestStalledHandshakeIsCutAtTheDeadline(t *testing.T) {
+	a := startNode(t, "a", func(c *Config) { c.HandshakeTimeout = 100 * time.Millisecond; c.DialTimeout = time.Hour })
+	c, err := net.Dial("tcp", a.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(handshakeMagic); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+	if n, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("stalled handshake: read %d bytes, err %v; want the node to close it", n, err)
+	}
+}
+
+// Handshakes in progress have a budget, and a share of it per source
+// address: connections beyond either are closed unheard.
+func TestHandshakeBudgetAndPerSourceLimit(t *testing.T) {
+	a := startNode(t, "a", func(c *Config) {
+		c.MaxHandshakes, c.MaxHandshakesPerSource, c.HandshakeTimeout, c.RefusedHold = 5, 2, time.Hour, time.Millisecond
+	})
+	inHandshake := func() (total, from2 int) {
+		a.hello.mu.Lock()
+		defer a.hello.mu.Unlock()
+		return a.hello.total, a.hello.bySource["127.0.0.2"]
+	}
+	strangers(t, a.addr, "127.0.0.2", 10)
+	wait.For(t, "one source's connections beyond its share refused", func() bool {
+		total, from2 := inHandshake()
+		return total == 2 && from2 == 2 && a.Stats().ConnsRefused >= 8
+	})
+	strangers(t, a.addr, "127.0.0.3", 10)
+	strangers(t, a.addr, "127.0.0.4", 10)
+	wait.For(t, "the budget full, the rest refused", func() bool {
+		total, from2 := inHandshake()
+		return total == 5 && from2 == 2 && a.Stats().ConnsRefused >= 25
+	})
+	if total, _ := inHandshake(); total > 5 {
+		t.Fatalf("%d handshakes in progress, budget 5", total)
+	}
+}
+
+// Members keep their slots while strangers stall on the port: 300
+// connections from one address that send the magic and stall, reconnecting
+// whenever cut, leave the member's requests answered at once, every time.
+func TestMemberConnectsWhileStrangersStall(t *testing.T) {
+	data := randomData(t, 1<<20)
+	m := manifestFor(t, data, 0, int64(len(data)), 256<<10, BLAKE3)
+	a := startNode(t, "a", nil)
+	seedNode(t, a, data, m, nil)
+	opened := strangers(t, a.addr, "127.0.0.2", 300)
+	wait.For(t, "300 strangers connected", func() bool { return opened() >= 300 })
+	b := startNode(t, "b", nil)
+	for i := range 20 {
+		got, err := b.FetchManifest(t.Context(), a.addr, m.ShardID)
+		if err != nil {
+			t.Fatalf("member's manifest request %d while strangers stall: %v", i, err)
+		}
+		if got.ID() != m.ID() {
+			t.Fatal("fetched manifest differs")
+		}
+	}
+	s, err := b.Open(t.Context(), m, b.dir+"/f", b.comp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Fetch(t.Context(), FetchOptions{Peers: peers(a.addr)}); err != nil {
+		t.Fatal(err)
+	}
+	assertFileRange(t, b.dir+"/f", data, m)
+}
+
+// syncBuffer is a log sink safe for the node's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) lines(substr string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Count(s.b.String(), substr)
+}
+
+// Refusals come as fast as anyone connects: they are logged a line per
+// interval at most, with the count left out.
+func TestRefusalsAreLoggedRateLimited(t *testing.T) {
+	var logs syncBuffer
+	a := startNode(t, "a", func(c *Config) {
+		c.MaxHandshakesPerSource, c.HandshakeTimeout, c.RefusedHold = 1, time.Hour, time.Millisecond
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	strangers(t, a.addr, "127.0.0.2", 50)
+	wait.For(t, "500 connections refused", func() bool { return a.Stats().ConnsRefused >= 500 })
+	// The first line comes at once; the next one refusalLogEvery later.
+	if n := logs.lines("refusing connections"); n < 1 || n > 2 {
+		t.Fatalf("%d log lines for %d refusals, want 1 or 2", n, a.Stats().ConnsRefused)
+	}
+}
+
+func TestThrottledLogCountsWhatItLeavesOut(t *testing.T) {
+	var logs syncBuffer
+	now := time.Unix(0, 0)
+	l := &throttledLog{log: slog.New(slog.NewTextHandler(&logs, nil)), msg: "refused", every: 10 * time.Second, now: func() time.Time { return now }}
+	for range 100 {
+		l.Log()
+	}
+	now = now.Add(10 * time.Second)
+	l.Log()
+	if n := logs.lines("refused"); n != 2 {
+		t.Fatalf("%d lines for 101 events over one interval, want 2", n)
+	}
+	if !strings.Contains(logs.b.String(), "suppressed=99") {
+		t.Fatalf("the second line does not count the 99 left out:\n%s", logs.b.String())
+	}
+}
