@@ -13,6 +13,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
 )
 
 // Env is what a command may touch of the outside world.
@@ -78,17 +80,34 @@ func Run(ctx context.Context, args []string, e *Env) int {
 			return 0
 		case errors.Is(err, flag.ErrHelp):
 			return 0
-		case errors.Is(err, errUsage):
-			fmt.Fprintf(e.Stderr, "warmfleet %s: %v\n", c.name, err)
-			return 2
-		default:
-			fmt.Fprintf(e.Stderr, "warmfleet %s: %v\n", c.name, err)
-			return 1
 		}
+		fmt.Fprintf(e.Stderr, "warmfleet %s: %v\n", c.name, err)
+		return exitCode(err)
 	}
 	fmt.Fprintf(e.Stderr, "warmfleet: unknown command %q\n\n", args[0])
 	printUsage(e.Stderr)
 	return 2
+}
+
+// Exit codes, as the README's CLI part documents them.
+const (
+	exitFailure  = 1
+	exitUsage    = 2
+	exitNotFound = 3
+	exitTimeout  = 4
+)
+
+// exitCode maps a command's error to the process exit code.
+func exitCode(err error) int {
+	switch {
+	case errors.Is(err, errUsage):
+		return exitUsage
+	case api.IsNotFound(err):
+		return exitNotFound
+	case errors.Is(err, errTimeout):
+		return exitTimeout
+	}
+	return exitFailure
 }
 
 func printUsage(w io.Writer) {

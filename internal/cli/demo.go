@@ -119,7 +119,7 @@ func runDemo(ctx context.Context, e *Env, args []string) error {
 		return err
 	}
 	say("warmfleet cache add demo/llama --source s3://models/demo-llama/ --wait")
-	st, err := waitReady(ctx, e, cl, "demo/llama")
+	st, err := waitReady(ctx, e, cl, "demo/llama", 0)
 	if err != nil {
 		return err
 	}
