@@ -1,5 +1,7 @@
 // Command warmfleet keeps a GPU inference fleet warm: one binary for the node
-// daemon, its client commands, the prefix-aware router and the benchmarks.
+// daemon, its client commands and the prefix-aware router. The demo and the
+// benchmarks are in cmd/warmfleet-lab, so this binary links no test support
+// (deps_test.go checks it).
 package main
 
 import (

@@ -126,18 +126,3 @@ func TestProgressLine(t *testing.T) {
 		t.Fatalf("empty progressLine = %q", got)
 	}
 }
-
-func TestDemo(t *testing.T) {
-	var out, errOut bytes.Buffer
-	code := Run(t.Context(), []string{"demo", "--model-size", "6MiB", "--files", "2"},
-		&Env{Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" }})
-	if code != 0 {
-		t.Fatalf("demo exited %d: %s\n%s", code, out.String(), errOut.String())
-	}
-	for _, want := range []string{"verified", "time to ready", "bytes from S3",
-		"12 requests over 2 servers; each document's questions stayed on one server"} {
-		if !strings.Contains(out.String(), want) {
-			t.Fatalf("demo output lacks %q:\n%s", want, out.String())
-		}
-	}
-}
