@@ -4,18 +4,8 @@
 package main
 
 import (
-	"context"
-	"os"
-	"os/signal"
-	"syscall"
-
 	"github.com/warmfleet/warmfleet/internal/cli"
 	"github.com/warmfleet/warmfleet/internal/lab"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := lab.Run(ctx, os.Args[1:], cli.StdEnv())
-	stop()
-	os.Exit(code)
-}
+func main() { cli.Main(lab.Run) }

@@ -5,17 +5,7 @@
 package main
 
 import (
-	"context"
-	"os"
-	"os/signal"
-	"syscall"
-
 	"github.com/warmfleet/warmfleet/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Run(ctx, os.Args[1:], cli.StdEnv())
-	stop()
-	os.Exit(code)
-}
+func main() { cli.Main(cli.Run) }

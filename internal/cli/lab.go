@@ -4,6 +4,9 @@ import (
 	"context"
 	"flag"
 	"net"
+	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
@@ -60,4 +63,14 @@ func TuneRouterGC() { tuneRouterGC() }
 
 func runDaemon(ctx context.Context, e *Env, args []string) error {
 	return ServeDaemon(ctx, e, args, s3origin.Options{}, nil)
+}
+
+// Main runs a binary's command line: run gets the arguments after the
+// program name and a context that ends on SIGINT or SIGTERM, and its result
+// is the exit code.
+func Main(run func(ctx context.Context, args []string, e *Env) int) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], StdEnv())
+	stop()
+	os.Exit(code)
 }
