@@ -14,8 +14,10 @@ TEST_TIMEOUT ?= 25m
 
 all: build
 
+# build makes both binaries: bin/warmfleet, the product (daemon, router, CLI),
+# and bin/warmfleet-lab (its commands plus demo, bench and llmsim).
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/warmfleet ./cmd/warmfleet
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/warmfleet ./cmd/warmfleet-lab
 
 # deps installs what the tests need and is missing: Debian packages when
 # root (skipped otherwise: the tests that need them skip, except in CI), and
@@ -59,4 +61,4 @@ clean:
 	rm -rf $(BIN)
 
 bench-s3: build
-	$(BIN)/warmfleet bench s3
+	$(BIN)/warmfleet-lab bench s3

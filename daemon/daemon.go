@@ -430,6 +430,10 @@ func (d *Daemon) status(s spec.Spec, rec cacheRecord, targeted bool) api.CacheSt
 		Name: s.Name, Source: s.Source, Revision: s.Revision, RevisionID: rec.RevisionID, State: rec.State,
 		Files: len(rec.Files), BytesDone: rec.BytesDone, BytesTotal: rec.BytesTotal, Error: rec.Error,
 		Attempts: rec.Attempts, UpdatedAt: rec.UpdatedAt, ReadyAt: rec.ReadyAt, Targets: s.Targets,
+		NeedsAction: rec.NeedsAction,
+	}
+	if rec.State == api.StateFailed {
+		st.NextTry = rec.NextTry
 	}
 	d.mu.Lock()
 	f := d.fetches[s.Name]

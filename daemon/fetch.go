@@ -106,8 +106,11 @@ func (f *fetch) fail(cause error) {
 	rec.Spec = f.spec // same files when keepReady: new targets need no new try
 	if !keepReady {
 		rec.State = api.StateFailed
+		// What the attempt left on disk, in finished parts (kept for the
+		// retry): the record still says 0 from the attempt's start.
+		rec.BytesDone = max(rec.BytesDone, f.progress())
 	}
-	rec.Error = cause.Error()
+	rec.Error, rec.NeedsAction = cause.Error(), needsAction(cause)
 	rec.Attempts++
 	rec.NextTry = f.d.now().Add(retryDelay(rec.Attempts))
 	rec.UpdatedAt = f.d.now()
@@ -118,6 +121,18 @@ func (f *fetch) fail(cause error) {
 		f.d.metrics.setState(f.spec.Name, api.StateFailed)
 	}
 	f.log.Warn("fetch failed", "err", cause, "attempts", rec.Attempts, "retry_at", rec.NextTry)
+}
+
+// needsAction tells whether a failed attempt's error is one that retrying
+// alone will not fix: the source or the credentials must change first.
+func needsAction(err error) bool {
+	for _, kind := range []error{s3origin.ErrEmpty, s3origin.ErrNoSuchBucket, s3origin.ErrCredentials,
+		s3origin.ErrAccessDenied, s3origin.ErrUnsafeKey} {
+		if errors.Is(err, kind) {
+			return true
+		}
+	}
+	return false
 }
 
 // cache returns "ready" after publishing a new revision or "unchanged" when
@@ -143,7 +158,7 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	}
 	now := f.d.now()
 	if rec.State == api.StateReady && rec.RevisionID == revision && rec.Spec.Equal(f.spec) && f.d.store.Published(f.spec.Name, revision) {
-		rec.CheckedAt, rec.Error, rec.Attempts, rec.NextTry = now, "", 0, time.Time{}
+		rec.CheckedAt, rec.Error, rec.Attempts, rec.NextTry, rec.NeedsAction = now, "", 0, time.Time{}, false
 		return "unchanged", f.d.state.putRecord(rec)
 	}
 

@@ -14,7 +14,7 @@ import (
 )
 
 // StateNotTargeted marks a desired cache whose targets leave this node out.
-const StateNotTargeted = "not-targeted"
+const StateNotTargeted = api.StateNotTargeted
 
 // Fleet is what the daemon needs from fleet membership (gossip.Node).
 type Fleet interface {

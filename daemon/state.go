@@ -81,6 +81,10 @@ type cacheRecord struct {
 	UpdatedAt  time.Time    `json:"updated_at"`
 	ReadyAt    time.Time    `json:"ready_at,omitzero"`
 	Path       string       `json:"path,omitempty"`
+
+	// NeedsAction: the last error is one retrying alone will not fix (see
+	// needsAction).
+	NeedsAction bool `json:"needs_action,omitempty"`
 }
 
 // fetching is the revision whose parts are being downloaded.

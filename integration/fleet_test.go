@@ -19,18 +19,28 @@ import (
 // warmfleetBin builds the warmfleet binary once per test binary and checks
 // that it has the daemon and cache commands.
 func warmfleetBin(t testing.TB) string {
+	return builtBin(t, "warmfleet", netlabtest.BuildWarmfleet, [][]string{{"daemon", "--help"}, {"cache", "add", "--help"}, {"cache", "status", "--help"}})
+}
+
+// labBin builds the warmfleet-lab binary (llmsim, the benchmarks) once per
+// test binary.
+func labBin(t testing.TB) string {
+	return builtBin(t, "warmfleet-lab", netlabtest.BuildLab, [][]string{{"llmsim", "--help"}})
+}
+
+func builtBin(t testing.TB, name string, build func(context.Context, string, bool) (string, error), checks [][]string) string {
 	t.Helper()
-	bin := filepath.Join(binDir, "warmfleet")
+	bin := filepath.Join(binDir, name)
 	if _, err := exec.LookPath(bin); err != nil {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 		defer cancel()
-		if bin, err = netlabtest.BuildWarmfleet(ctx, binDir, raceEnabled); err != nil {
+		if bin, err = build(ctx, binDir, raceEnabled); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, args := range [][]string{{"daemon", "--help"}, {"cache", "add", "--help"}, {"cache", "status", "--help"}} {
+	for _, args := range checks {
 		if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
-			t.Fatalf("warmfleet %v: %v\n%s", args, err, out)
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
 		}
 	}
 	return bin

@@ -96,7 +96,7 @@ func routerState(ctx context.Context, c *http.Client, adminURL string) (router.S
 // A second router with another cluster key never learns an endpoint.
 func TestRouterAcrossHosts(t *testing.T) {
 	lab := netlabtest.New(t, netlab.Options{Hosts: 5, Link: 500 * netlab.Mbit, S3: true})
-	bin := warmfleetBin(t)
+	bin, simBin := warmfleetBin(t), labBin(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	model, err := lab.S3().SeedModel(ctx, "models", "sim/", 1, 1<<20, 11)
@@ -123,7 +123,7 @@ func TestRouterAcrossHosts(t *testing.T) {
 			t.Fatal(err)
 		}
 		daemons = append(daemons, d)
-		sim, err := h.Start(netlab.ProcSpec{Name: "llmsim", Path: bin, Args: []string{
+		sim, err := h.Start(netlab.ProcSpec{Name: "llmsim", Path: simBin, Args: []string{
 			"llmsim", "--listen", h.Addr(8000), "--model", "sim", "--decode-per-token", "1ms"}})
 		if err != nil {
 			t.Fatal(err)

@@ -16,6 +16,9 @@ const (
 	StateVerifying   = "verifying"
 	StateReady       = "ready"
 	StateFailed      = "failed"
+	// StateNotTargeted: the cache is desired in the fleet, but its targets
+	// leave this node out, so this node will not cache it.
+	StateNotTargeted = "not-targeted"
 )
 
 // CacheStatus is one model cache on one node.
@@ -43,6 +46,15 @@ type CacheStatus struct {
 	// Nodes holds the fleet-wide view, one entry per node, when the daemon
 	// is in a gossip cluster.
 	Nodes []NodeCacheStatus `json:"nodes,omitempty"`
+
+	// NeedsAction is set on a failed cache whose last error retrying alone
+	// will not fix (no objects under the prefix, no such bucket, credentials
+	// rejected or lacking permission, a key that cannot be a local path).
+	// The daemon still retries at NextTry, so fixing the source is enough,
+	// but a client waiting for the cache should stop and say so.
+	NeedsAction bool `json:"needs_action,omitempty"`
+	// NextTry is when a failed cache is tried again.
+	NextTry time.Time `json:"next_try,omitzero"`
 }
 
 // NodeCacheStatus is a cache's state on one fleet member.

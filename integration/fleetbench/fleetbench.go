@@ -3,7 +3,7 @@
 // links), seeds a model into S3, starts a daemon per host, caches the model
 // on every host at once and reports per-host and fleet figures against the
 // link-rate lower bound. The naive mode (every host from S3) runs in the
-// same run as the baseline. It backs `warmfleet bench fleet` and needs root.
+// same run as the baseline. It backs `warmfleet-lab bench fleet` and needs root.
 package fleetbench
 
 import (

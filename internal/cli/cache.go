@@ -3,9 +3,11 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -119,12 +121,7 @@ func runCacheAdd(ctx context.Context, e *Env, args []string) error {
 	if !*wait {
 		return printStatus(e.Stdout, c.output, st)
 	}
-	if *timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *timeout)
-		defer cancel()
-	}
-	st, err = waitReady(ctx, e, cl, name)
+	st, err = waitReady(ctx, e, cl, name, *timeout)
 	if err != nil {
 		return err
 	}
@@ -134,34 +131,119 @@ func runCacheAdd(ctx context.Context, e *Env, args []string) error {
 	return nil
 }
 
+// errTimeout marks a wait that ran out of time: exit code 4.
+var errTimeout = errors.New("timed out")
+
 // waitReady polls the daemon until the cache is ready, showing progress: a
-// bar redrawn in place on a terminal, a plain line every few seconds elsewhere.
-func waitReady(ctx context.Context, e *Env, cl *api.Client, name string) (api.CacheStatus, error) {
+// bar redrawn in place on a terminal, a plain line every few seconds
+// elsewhere. It returns early, with the reason, when the cache will not
+// become ready here without help (see waitVerdict), and after timeout (if
+// not 0) with where the cache stands: never the daemon client's own
+// deadline error, which reads as if the daemon were down.
+func waitReady(ctx context.Context, e *Env, cl *api.Client, name string, timeout time.Duration) (api.CacheStatus, error) {
 	p := newProgress(e.Stderr)
+	defer p.stop()
+	waitCtx := ctx
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
+	var st api.CacheStatus
 	var lastErr string
+	timedOut := func() error {
+		return fmt.Errorf("%w: %s is not ready after %s: %s; the daemon keeps working on it: follow it with `warmfleet cache status %s`",
+			errTimeout, name, timeout, standing(st), name)
+	}
 	for {
-		st, err := cl.Cache(ctx, name)
-		if err != nil {
+		cur, err := cl.Cache(waitCtx, name)
+		switch {
+		case err != nil && ctx.Err() == nil && waitCtx.Err() != nil:
+			return st, timedOut()
+		case err != nil && ctx.Err() != nil:
+			return st, fmt.Errorf("stopped waiting for %s: %w (%s)", name, context.Cause(ctx), standing(st))
+		case err != nil:
 			return st, err
 		}
+		st = cur
 		p.update(st)
-		if st.Ready && st.BytesDone >= st.BytesTotal {
-			p.done(st)
-			return st, nil
+		done, err := waitVerdict(st)
+		if done {
+			if err == nil {
+				p.done(st)
+			}
+			return st, err
 		}
 		if st.State == api.StateFailed && st.Error != lastErr {
 			lastErr = st.Error
 			p.note(fmt.Sprintf("attempt %d failed (will retry): %s", st.Attempts, st.Error))
 		}
 		select {
-		case <-ctx.Done():
-			p.stop()
-			return st, fmt.Errorf("waiting for %s: %w (state %s, last error: %s)", name, ctx.Err(), st.State, orNone(st.Error))
+		case <-waitCtx.Done():
+			if ctx.Err() != nil {
+				return st, fmt.Errorf("stopped waiting for %s: %w (%s)", name, context.Cause(ctx), standing(st))
+			}
+			return st, timedOut()
 		case <-tick.C:
 		}
 	}
+}
+
+// waitVerdict decides, from one status, whether waiting is over: true with
+// nil when the cache is ready, true with the reason when it will not become
+// ready on this node without someone acting, false to keep waiting (a
+// failure the daemon retries on its own, such as S3 being unreachable).
+func waitVerdict(st api.CacheStatus) (bool, error) {
+	switch {
+	case st.Ready && st.BytesDone >= st.BytesTotal:
+		return true, nil
+	case st.State == api.StateNotTargeted:
+		return true, fmt.Errorf("%s is not targeted at this node (%s), so it will not be cached here: wait on a node the targets select (`warmfleet fleet` lists the nodes and their labels) or change the targets with `warmfleet cache add %s --source ... --selector k=v`",
+			st.Name, targetsText(st.Targets), st.Name)
+	case st.State == api.StateFailed && st.NeedsAction:
+		retry := ""
+		if !st.NextTry.IsZero() {
+			retry = ", next try at " + st.NextTry.Local().Format(time.TimeOnly)
+		}
+		return true, fmt.Errorf("%s failed: %s (attempt %d%s): fix the source or the credentials and the daemon picks it up on its next try (`warmfleet cache status %s`), or remove the cache with `warmfleet cache rm %s`",
+			st.Name, st.Error, st.Attempts, retry, st.Name, st.Name)
+	}
+	return false, nil
+}
+
+// standing says where a cache stands: state, bytes and the last error.
+func standing(st api.CacheStatus) string {
+	if st.State == "" {
+		return "no status received yet"
+	}
+	pct := 0.0
+	if st.BytesTotal > 0 {
+		pct = 100 * float64(st.BytesDone) / float64(st.BytesTotal)
+	}
+	return fmt.Sprintf("state %s, %s of %s (%.0f%%), last error: %s", st.State,
+		nvme.FormatBytes(st.BytesDone), nvme.FormatBytes(st.BytesTotal), pct, orNone(st.Error))
+}
+
+// targetsText renders a spec's targets as the flags that set them.
+func targetsText(t spec.Targets) string {
+	var parts []string
+	keys := make([]string, 0, len(t.Selector))
+	for k := range t.Selector {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		parts = append(parts, "--selector "+k+"="+t.Selector[k])
+	}
+	if t.Nodes > 0 {
+		parts = append(parts, fmt.Sprintf("--nodes %d", t.Nodes))
+	}
+	if len(parts) == 0 {
+		return "no targets given"
+	}
+	return "targets " + strings.Join(parts, " ")
 }
 
 func orNone(s string) string {

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net"
 	"os"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // syncBuffer is a bytes.Buffer safe for a daemon goroutine and the test.
@@ -44,38 +44,8 @@ func TestDaemonAndCacheCommands(t *testing.T) {
 	s3.PutObject(t, "models", "tiny/model.safetensors", bytes.NewReader(weights), int64(len(weights)))
 	s3.PutObject(t, "models", "tiny/config.json", strings.NewReader("{}"), 2)
 
-	dir := t.TempDir()
-	sock := "unix://" + filepath.Join(dir, "api.sock")
+	sock := startDaemon(t)
 	getenv := func(k string) string { return os.Getenv(k) }
-	daemonLog := &syncBuffer{}
-	ctx, cancel := context.WithCancel(t.Context())
-	exited := make(chan int, 1)
-	go func() {
-		exited <- Run(ctx, []string{"daemon", "--data-dir", filepath.Join(dir, "data"), "--api", sock,
-			"--part-size", "1MiB", "--reserve", "0", "--reserve-fraction", "0"},
-			&Env{Stdout: daemonLog, Stderr: daemonLog, Getenv: getenv})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if code := <-exited; code != 0 {
-			t.Errorf("daemon exited %d: %s", code, daemonLog.String())
-		}
-	})
-	waitCtx, waitCancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer waitCancel()
-	for {
-		// The socket file appears at bind, a moment before listen: wait
-		// for a connection, not for the file.
-		if c, err := net.Dial("unix", filepath.Join(dir, "api.sock")); err == nil {
-			c.Close()
-			break
-		}
-		select {
-		case <-waitCtx.Done():
-			t.Fatalf("daemon did not start: %s", daemonLog.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 
 	cli := func(args ...string) (int, string, string) {
 		var out, errOut bytes.Buffer
@@ -84,7 +54,7 @@ func TestDaemonAndCacheCommands(t *testing.T) {
 	}
 	code, _, stderr := cli("cache", "add", "tiny", "--source", "s3://models/tiny/", "--wait", "--timeout", "60s")
 	if code != 0 {
-		t.Fatalf("cache add: %d %s\ndaemon: %s", code, stderr, daemonLog.String())
+		t.Fatalf("cache add: %d %s", code, stderr)
 	}
 	if !strings.Contains(stderr, "tiny ready") {
 		t.Fatalf("no ready line in %q", stderr)
@@ -104,12 +74,34 @@ func TestDaemonAndCacheCommands(t *testing.T) {
 	if code, stdout, _ = cli("cache", "ls"); code != 0 || !strings.Contains(stdout, "tiny") || !strings.Contains(stdout, "ready") {
 		t.Fatalf("cache ls: %d %q", code, stdout)
 	}
-	if code, _, stderr = cli("cache", "rm", "nope"); code != 1 || !strings.Contains(stderr, "not a desired cache") {
+	if code, _, stderr = cli("cache", "rm", "nope"); code != exitNotFound || !strings.Contains(stderr, "not a desired cache") {
 		t.Fatalf("cache rm nope: %d %q", code, stderr)
 	}
 	if code, stdout, _ = cli("cache", "rm", "tiny"); code != 0 || !strings.Contains(stdout, "removed") {
 		t.Fatalf("cache rm: %d %q", code, stdout)
 	}
+}
+
+// startDaemon runs `warmfleet daemon` in-process on a temporary data
+// directory, with S3 settings from the process environment, and returns its
+// API address once it answers; the test's cleanup stops it and checks it
+// exited cleanly.
+func startDaemon(t *testing.T, extra ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	sock := "unix://" + filepath.Join(dir, "api.sock")
+	launchDaemon(t, os.Getenv, append([]string{"--data-dir", filepath.Join(dir, "data"), "--api", sock,
+		"--part-size", "1MiB", "--reserve", "0", "--reserve-fraction", "0", "--containerd", "off"}, extra...)...)
+	// The socket file appears at bind, a moment before listen: wait for a
+	// connection, not for the file.
+	wait.Err(t, "daemon API answers", func() error {
+		c, err := net.Dial("unix", filepath.Join(dir, "api.sock"))
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}, wait.Timeout(30*time.Second))
+	return sock
 }
 
 func TestProgressLine(t *testing.T) {
@@ -119,20 +111,5 @@ func TestProgressLine(t *testing.T) {
 	}
 	if got := progressLine(api.CacheStatus{Name: "m"}, 0, 0); !strings.HasPrefix(got, "m   0% 0 B/0 B") {
 		t.Fatalf("empty progressLine = %q", got)
-	}
-}
-
-func TestDemo(t *testing.T) {
-	var out, errOut bytes.Buffer
-	code := Run(t.Context(), []string{"demo", "--model-size", "6MiB", "--files", "2"},
-		&Env{Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" }})
-	if code != 0 {
-		t.Fatalf("demo exited %d: %s\n%s", code, out.String(), errOut.String())
-	}
-	for _, want := range []string{"verified", "time to ready", "bytes from S3",
-		"12 requests over 2 servers; each document's questions stayed on one server"} {
-		if !strings.Contains(out.String(), want) {
-			t.Fatalf("demo output lacks %q:\n%s", want, out.String())
-		}
 	}
 }

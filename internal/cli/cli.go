@@ -13,6 +13,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
 )
 
 // Env is what a command may touch of the outside world.
@@ -28,25 +30,25 @@ func StdEnv() *Env {
 	return &Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}
 }
 
-type command struct {
-	name    string
-	summary string
-	run     func(ctx context.Context, e *Env, args []string) error
+// Command is one subcommand: its name, a line of help and what it runs.
+type Command struct {
+	Name    string
+	Summary string
+	Run     func(ctx context.Context, e *Env, args []string) error
 }
 
-func commands() []command {
-	return []command{
+// commands are the product's subcommands; the lab binary (internal/lab)
+// adds its own to these.
+func commands() []Command {
+	return []Command{
 		{"daemon", "run the node daemon (cache, gossip, swarm, image cache, API)", runDaemon},
 		{"cache", "manage model weight caches: add, ls, status, rm", runCache},
 		{"fleet", "show fleet members and what each holds", runFleet},
 		{"image", "manage container image caches: add, ls, rm", runImage},
 		{"endpoint", "register inference endpoints on this node: add, ls, rm", runEndpoint},
 		{"router", "run the prefix-aware OpenAI-compatible router", runRouter},
-		{"llmsim", "run one simulated LLM inference backend", runLLMSim},
-		{"bench", "run a benchmark: s3, fleet, router", runBench},
 		{"keygen", "write a new cluster key", runKeygen},
 		{"gossip", "fleet gossip administration: keys list, install, use, remove", runGossip},
-		{"demo", "run a local end-to-end demo on embedded defaults", runDemo},
 		{"version", "print the version", runVersion},
 	}
 }
@@ -59,42 +61,66 @@ func usageError(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, args...))
 }
 
-// Run runs the command named by args[0] and returns the process exit code.
+// Run runs the product command named by args[0] and returns the process
+// exit code.
 func Run(ctx context.Context, args []string, e *Env) int {
+	return Dispatch(ctx, "warmfleet", commands(), args, e)
+}
+
+// Dispatch runs the command of cmds named by args[0] for program prog and
+// returns the process exit code.
+func Dispatch(ctx context.Context, prog string, cmds []Command, args []string, e *Env) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		printUsage(e.Stderr)
+		printUsage(e.Stderr, prog, cmds)
 		if len(args) == 0 {
-			return 2
+			return exitUsage
 		}
 		return 0
 	}
-	for _, c := range commands() {
-		if c.name != args[0] {
+	for _, c := range cmds {
+		if c.Name != args[0] {
 			continue
 		}
-		err := c.run(ctx, e, args[1:])
+		err := c.Run(ctx, e, args[1:])
 		switch {
 		case err == nil:
 			return 0
 		case errors.Is(err, flag.ErrHelp):
 			return 0
-		case errors.Is(err, errUsage):
-			fmt.Fprintf(e.Stderr, "warmfleet %s: %v\n", c.name, err)
-			return 2
-		default:
-			fmt.Fprintf(e.Stderr, "warmfleet %s: %v\n", c.name, err)
-			return 1
 		}
+		fmt.Fprintf(e.Stderr, "%s %s: %v\n", prog, c.Name, err)
+		return exitCode(err)
 	}
-	fmt.Fprintf(e.Stderr, "warmfleet: unknown command %q\n\n", args[0])
-	printUsage(e.Stderr)
-	return 2
+	fmt.Fprintf(e.Stderr, "%s: unknown command %q\n\n", prog, args[0])
+	printUsage(e.Stderr, prog, cmds)
+	return exitUsage
 }
 
-func printUsage(w io.Writer) {
-	fmt.Fprintln(w, "usage: warmfleet COMMAND [flags]\n\ncommands:")
-	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+// Exit codes, as the README's CLI part documents them.
+const (
+	exitFailure  = 1
+	exitUsage    = 2
+	exitNotFound = 3
+	exitTimeout  = 4
+)
+
+// exitCode maps a command's error to the process exit code.
+func exitCode(err error) int {
+	switch {
+	case errors.Is(err, errUsage):
+		return exitUsage
+	case api.IsNotFound(err):
+		return exitNotFound
+	case errors.Is(err, errTimeout):
+		return exitTimeout
+	}
+	return exitFailure
+}
+
+func printUsage(w io.Writer, prog string, cmds []Command) {
+	fmt.Fprintf(w, "usage: %s COMMAND [flags]\n\ncommands:\n", prog)
+	for _, c := range cmds {
+		fmt.Fprintf(w, "  %-9s %s\n", c.Name, c.Summary)
 	}
 }
 

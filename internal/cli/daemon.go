@@ -95,7 +95,10 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 }
 
-func runDaemon(ctx context.Context, e *Env, args []string) error {
+// ServeDaemon runs `warmfleet daemon args...` until ctx ends; origin holds S3
+// settings beyond the SDK's standard chain (the lab's embedded server) and
+// started, if not nil, is called once the API listens.
+func ServeDaemon(ctx context.Context, e *Env, args []string, origin s3origin.Options, started func()) error {
 	fs := newFlagSet(e, "daemon")
 	var f daemonFlags
 	f.register(fs)
@@ -129,7 +132,7 @@ func runDaemon(ctx context.Context, e *Env, args []string) error {
 		return usageError("--old-revision-grace %v: want a duration >= 0 (0 deletes old revisions at once)", f.oldGrace)
 	}
 
-	return serveDaemon(ctx, log, &f, labels, addr, token, s3origin.Options{}, nil)
+	return serveDaemon(ctx, log, &f, labels, addr, token, origin, started)
 }
 
 // serveDaemon runs a daemon until ctx ends. origin holds S3 settings beyond

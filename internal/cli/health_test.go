@@ -37,15 +37,15 @@ func get(t *testing.T, method, url, token string) (int, string, error) {
 	return resp.StatusCode, string(b), err
 }
 
-// startDaemon runs `warmfleet daemon args` in-process until the test ends
+// launchDaemon runs `warmfleet daemon args` in-process until the test ends
 // and returns its output so far, on demand.
-func startDaemon(t *testing.T, args ...string) (out *syncBuffer, exited <-chan int) {
+func launchDaemon(t *testing.T, getenv func(string) string, args ...string) (out *syncBuffer, exited <-chan int) {
 	t.Helper()
 	out = &syncBuffer{}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan int, 1)
 	go func() {
-		done <- Run(ctx, append([]string{"daemon"}, args...), &Env{Stdout: out, Stderr: out, Getenv: func(string) string { return "" }})
+		done <- Run(ctx, append([]string{"daemon"}, args...), &Env{Stdout: out, Stderr: out, Getenv: getenv})
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -79,7 +79,7 @@ func TestMetricsListenerProbes(t *testing.T) {
 	}
 	apiAddr, metricsAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	gossipAddr, peerAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
-	out, _ := startDaemon(t, "--data-dir", dataDir, "--api", apiAddr, "--api-token-file", tokenFile,
+	out, _ := launchDaemon(t, noEnv, "--data-dir", dataDir, "--api", apiAddr, "--api-token-file", tokenFile,
 		"--metrics-listen", metricsAddr, "--containerd", "off", "--reserve", "0", "--reserve-fraction", "0",
 		"--node-name", "node-a", "--gossip", gossipAddr, "--insecure-gossip", "--join", peerAddr)
 	metrics := "http://" + metricsAddr
@@ -182,3 +182,6 @@ func TestMetricsListenEnv(t *testing.T) {
 		t.Fatalf("metrics listen %q from the environment", f.metricsListen)
 	}
 }
+
+// noEnv is an environment with nothing set.
+func noEnv(string) string { return "" }

@@ -48,7 +48,7 @@ func TestRouterLearnsWarmEndpointsFromFleet(t *testing.T) {
 	runInBackground(t, "daemon", "--data-dir", filepath.Join(dir, "data"), "--api", sock, "--node-name", "n1",
 		"--gossip", gossipAddr, "--insecure-gossip", "--reserve", "0", "--reserve-fraction", "0", "--containerd", "off")
 	simAddr := testenv.FreeAddr(t)
-	runInBackground(t, "llmsim", "--listen", simAddr, "--model", "sim")
+	startSim(t, simAddr, "sim")
 	routerAddr := testenv.FreeAddr(t)
 	routerLog := runInBackground(t, "router", "--listen", routerAddr, "--admin-listen", "", "--join", gossipAddr,
 		"--gossip", testenv.FreeAddr(t), "--insecure-gossip", "--node-name", "r1")

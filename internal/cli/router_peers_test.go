@@ -149,7 +149,7 @@ func simBackends(t *testing.T, n int) []string {
 	var args []string
 	for range n {
 		addr := testenv.FreeAddr(t)
-		runInBackground(t, "llmsim", "--listen", addr, "--model", "sim")
+		startSim(t, addr, "sim")
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		err := testenv.WaitTCP(ctx, addr)
 		cancel()

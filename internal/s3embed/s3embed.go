@@ -1,5 +1,5 @@
 // Package s3embed serves an S3-compatible API from inside the process, so
-// `warmfleet demo` can show the whole flow (list, ranged GETs, verification)
+// `warmfleet-lab demo` can show the whole flow (list, ranged GETs, verification)
 // with no S3 account and no other program. It wraps gofakes3 with its
 // in-memory backend; the daemon talks to it through the same s3origin code
 // it uses for real S3.

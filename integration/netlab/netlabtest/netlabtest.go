@@ -115,29 +115,40 @@ func HelperCommand(ctx context.Context, h *netlab.Host, name string, env ...stri
 // Helper is the helper this process should run, or "" in a normal test run.
 func Helper() string { return os.Getenv(HelperEnv) }
 
-// BuildWarmfleet builds ./cmd/warmfleet into dir and returns the binary;
-// race adds -race. Build once per test binary and share the path.
+// BuildWarmfleet builds ./cmd/warmfleet, the product, into dir and returns
+// the binary; race adds -race. Build once per test binary and share the path.
 func BuildWarmfleet(ctx context.Context, dir string, race bool) (string, error) {
-	bin := filepath.Join(dir, "warmfleet")
+	return build(ctx, dir, "warmfleet", race)
+}
+
+// BuildLab builds ./cmd/warmfleet-lab (the product's commands plus llmsim,
+// the demo and the benchmarks) into dir, as BuildWarmfleet does.
+func BuildLab(ctx context.Context, dir string, race bool) (string, error) {
+	return build(ctx, dir, "warmfleet-lab", race)
+}
+
+func build(ctx context.Context, dir, name string, race bool) (string, error) {
+	bin := filepath.Join(dir, name)
 	args := []string{"build", "-o", bin}
 	if race {
 		args = append(args, "-race")
 	}
-	cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/warmfleet")...)
+	cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/"+name)...)
 	cmd.Dir = testenv.RepoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", &BuildError{Err: err, Output: string(out)}
+		return "", &BuildError{Pkg: "./cmd/" + name, Err: err, Output: string(out)}
 	}
 	return bin, nil
 }
 
 // BuildError is a failed go build with its output.
 type BuildError struct {
+	Pkg    string
 	Err    error
 	Output string
 }
 
 func (e *BuildError) Error() string {
-	return "go build ./cmd/warmfleet: " + e.Err.Error() + "\n" + e.Output
+	return "go build " + e.Pkg + ": " + e.Err.Error() + "\n" + e.Output
 }
 func (e *BuildError) Unwrap() error { return e.Err }

@@ -289,7 +289,7 @@ func TestReaders(t *testing.T) {
 // A tiny end-to-end run of the in-process methods and rclone: the plumbing
 // works and every method produces the right bytes; the figures mean nothing
 // at this size. The daemon method runs in internal/cli's test of
-// `warmfleet bench s3`, which builds the binary.
+// `warmfleet-lab bench s3`, which builds the binary.
 func TestRunSmall(t *testing.T) {
 	testenv.Bin(t, "versitygw")
 	rep, err := Run(context.Background(), Config{Dir: t.TempDir(), Size: 6 << 20, Shards: 2, Runs: 1, PartSize: 1 << 20, Pause: -1,

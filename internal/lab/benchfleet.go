@@ -1,8 +1,9 @@
-package cli
+package lab
 
 import (
 	"context"
 	"fmt"
+	"github.com/warmfleet/warmfleet/internal/cli"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -16,22 +17,22 @@ import (
 // runBenchFleet builds a fleet of network-namespace hosts on shaped links
 // with an S3 host, warms a model on every host and prints the figures
 // (see integration/fleetbench). It needs root.
-func runBenchFleet(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "bench fleet")
+func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
+	fs := cli.NewFlagSet(e, "bench fleet")
 	hosts := fs.Int("hosts", 8, "hosts in the fleet, each a network namespace with its own daemon")
 	link := 200 * netlab.Mbit
 	fs.Var(&link, "link", "every host's link rate, both directions (200mbit, 1gbit, ...)")
 	var s3Link netlab.Rate
 	fs.Var(&s3Link, "s3-link", "the S3 host's link rate (default: --link)")
 	mtu := fs.Int("mtu", 0, "every link's MTU, e.g. 9000 for jumbo frames as in most GPU clusters (default: 1500)")
-	modelSize := byteSize(1 << 30)
+	modelSize := cli.ByteSize(1 << 30)
 	fs.Var(&modelSize, "model-size", "model size, split evenly over --files")
 	files := fs.Int("files", 4, "files in the model")
 	runs := fs.Int("runs", 1, "runs per mode; the figures are medians")
 	hostProcs := fs.Int("host-procs", 1, "every daemon's GOMAXPROCS: the hosts share this machine's cores, as daemons under a CPU limit share a node's (0: Go's default, all cores)")
 	settle := fs.Duration("settle", 10*time.Second, "pause before each warm-up, once the previous run's data is deleted (0: back to back)")
 	output := fs.String("o", "table", "output format: table or json")
-	var daemonArgs listFlag
+	var daemonArgs cli.ListFlag
 	fs.Var(&daemonArgs, "daemon-arg", "extra flag for every daemon, e.g. --daemon-arg=--s3-concurrency=8 (repeatable)")
 	versitygw := fs.String("versitygw", "", "versitygw binary for the S3 host (default: ./bin/versitygw, else PATH)")
 	dir := fs.String("dir", "", "keep data and daemon logs here (default: a temporary directory, removed)")
@@ -40,23 +41,23 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 	naiveOnly := fs.Bool("naive-only", false, "measure only the baseline (every host from S3)")
 	swarmOnly := fs.Bool("swarm-only", false, "measure only the swarm (the baseline takes hosts times longer)")
 	scaleOut := fs.Bool("scale-out", false, "also time the last host joining the others once they are warm (swarm)")
-	if err := parseFlags(fs, e, args, nil); err != nil {
+	if err := cli.ParseFlags(fs, e, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usageError("unexpected arguments %q", fs.Args())
+		return cli.UsageError("unexpected arguments %q", fs.Args())
 	}
 	if *mtu != 0 && (*mtu < 576 || *mtu > 65535) {
-		return usageError("--mtu %d: want 576..65535", *mtu)
+		return cli.UsageError("--mtu %d: want 576..65535", *mtu)
 	}
 	if *hostProcs < 0 {
-		return usageError("--host-procs %d: want 0 or more", *hostProcs)
+		return cli.UsageError("--host-procs %d: want 0 or more", *hostProcs)
 	}
 	if *settle < 0 {
-		return usageError("--settle %v: want 0 or more", *settle)
+		return cli.UsageError("--settle %v: want 0 or more", *settle)
 	}
 	if *output != "table" && *output != "json" {
-		return usageError("-o %q: want table or json", *output)
+		return cli.UsageError("-o %q: want table or json", *output)
 	}
 	bin, err := os.Executable()
 	if err != nil {
@@ -83,7 +84,7 @@ func runBenchFleet(ctx context.Context, e *Env, args []string) error {
 		Logger: slog.New(slog.NewTextHandler(e.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	if *naiveOnly && *swarmOnly {
-		return usageError("--naive-only and --swarm-only exclude each other")
+		return cli.UsageError("--naive-only and --swarm-only exclude each other")
 	}
 	opts.SkipNaive, opts.ScaleOut = *swarmOnly, *scaleOut
 	if !*naiveOnly {

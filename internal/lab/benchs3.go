@@ -1,8 +1,9 @@
-package cli
+package lab
 
 import (
 	"context"
 	"fmt"
+	"github.com/warmfleet/warmfleet/internal/cli"
 	"log/slog"
 	"os"
 	"slices"
@@ -18,18 +19,18 @@ import (
 // daemon against the s3origin library, a plain SDK copy and rclone in the
 // same run, then reading the cache back against a dd copy (see
 // internal/s3origin/s3bench).
-func runBenchS3(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "bench s3")
-	modelSize := byteSize(2 << 30)
+func runBenchS3(ctx context.Context, e *cli.Env, args []string) error {
+	fs := cli.NewFlagSet(e, "bench s3")
+	modelSize := cli.ByteSize(2 << 30)
 	fs.Var(&modelSize, "model-size", "model size, split evenly over --files")
 	files := fs.Int("files", 4, "safetensors files in the model")
 	runs := fs.Int("runs", 3, "runs per method; the figures are medians")
-	methods := listFlag{}
+	methods := cli.ListFlag{}
 	fs.Var(&methods, "methods", "methods to compare, comma-separated: "+strings.Join(s3bench.AllMethods(), ",")+" (default all)")
 	concurrency := fs.Int("concurrency", s3origin.DefaultConcurrency, "parallel ranged GETs per file for the daemon, s3origin and plain")
-	partSize := byteSize(s3origin.DefaultPartSize)
+	partSize := cli.ByteSize(s3origin.DefaultPartSize)
 	fs.Var(&partSize, "part-size", "ranged-GET part size for the daemon, s3origin and plain")
-	var daemonArgs listFlag
+	var daemonArgs cli.ListFlag
 	fs.Var(&daemonArgs, "daemon-arg", "extra flag for the daemon, e.g. --daemon-arg=--file-concurrency=4 (repeatable)")
 	daemonBin := fs.String("daemon-bin", "", "warmfleet binary the daemon method runs (default: this one)")
 	readBack := fs.Bool("read-back", true, "also compare reading the daemon's cache with a dd copy")
@@ -39,17 +40,17 @@ func runBenchS3(ctx context.Context, e *Env, args []string) error {
 	dir := fs.String("dir", "", "work directory for the S3 data and the copies, about 4x --model-size free (default: a temporary directory, removed)")
 	output := fs.String("o", "table", "output format: table or json")
 	verbose := fs.Bool("v", false, "log progress to stderr")
-	if err := parseFlags(fs, e, args, nil); err != nil {
+	if err := cli.ParseFlags(fs, e, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usageError("unexpected arguments %q", fs.Args())
+		return cli.UsageError("unexpected arguments %q", fs.Args())
 	}
 	if err := checkBenchS3Flags(int64(modelSize), *files, *runs, *concurrency, int64(partSize), methods, *output); err != nil {
 		return err
 	}
 	if *readRuns < 1 || *readRuns > 100 {
-		return usageError("--read-runs %d: want 1..100", *readRuns)
+		return cli.UsageError("--read-runs %d: want 1..100", *readRuns)
 	}
 	if len(methods) == 0 {
 		methods = s3bench.AllMethods()
@@ -63,7 +64,7 @@ func runBenchS3(ctx context.Context, e *Env, args []string) error {
 	}
 	switch {
 	case *pause < 0:
-		return usageError("--pause %v: want 0 or more", *pause)
+		return cli.UsageError("--pause %v: want 0 or more", *pause)
 	case *pause == 0:
 		*pause = -1 // the library's "none"
 	}
@@ -100,25 +101,25 @@ func runBenchS3(ctx context.Context, e *Env, args []string) error {
 func checkBenchS3Flags(size int64, files, runs, concurrency int, partSize int64, methods []string, output string) error {
 	switch {
 	case size < int64(files)*2 || size > synthmodel.MaxSize:
-		return usageError("--model-size %d: want at least 2 bytes per file and at most %d", size, int64(synthmodel.MaxSize))
+		return cli.UsageError("--model-size %d: want at least 2 bytes per file and at most %d", size, int64(synthmodel.MaxSize))
 	case files < 1 || files > synthmodel.MaxShards:
-		return usageError("--files %d: want 1..%d", files, synthmodel.MaxShards)
+		return cli.UsageError("--files %d: want 1..%d", files, synthmodel.MaxShards)
 	case runs < 1 || runs > 100:
-		return usageError("--runs %d: want 1..100", runs)
+		return cli.UsageError("--runs %d: want 1..100", runs)
 	case concurrency < 1 || concurrency > 256:
-		return usageError("--concurrency %d: want 1..256", concurrency)
+		return cli.UsageError("--concurrency %d: want 1..256", concurrency)
 	case partSize < 1<<20 || partSize > 1<<30:
-		return usageError("--part-size %d: want 1MiB..1GiB (the daemon's range)", partSize)
+		return cli.UsageError("--part-size %d: want 1MiB..1GiB (the daemon's range)", partSize)
 	case output != "table" && output != "json":
-		return usageError("-o %q: want table or json", output)
+		return cli.UsageError("-o %q: want table or json", output)
 	}
 	seen := map[string]bool{}
 	for _, m := range methods {
 		if !slices.Contains(s3bench.AllMethods(), m) {
-			return usageError("--methods: unknown method %q (want some of %s)", m, strings.Join(s3bench.AllMethods(), ","))
+			return cli.UsageError("--methods: unknown method %q (want some of %s)", m, strings.Join(s3bench.AllMethods(), ","))
 		}
 		if seen[m] {
-			return usageError("--methods: %q given twice", m)
+			return cli.UsageError("--methods: %q given twice", m)
 		}
 		seen[m] = true
 	}

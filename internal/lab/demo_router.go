@@ -1,4 +1,4 @@
-package cli
+package lab
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/warmfleet/warmfleet/internal/cli"
 	"io"
 	"net"
 	"net/http"
@@ -30,7 +31,7 @@ type demoRouterResult struct {
 // joins the node's gossip with the cluster key, learns the endpoints there
 // (the node has the model ready), and keeps each document's questions on
 // one server, whose prefix cache then holds most of the prompt.
-func demoRouter(ctx context.Context, e *Env, say func(string, ...any), cl *api.Client, model, keyFile string, logOut io.Writer) (res demoRouterResult, err error) {
+func demoRouter(ctx context.Context, e *cli.Env, say func(string, ...any), cl *api.Client, model, keyFile string, logOut io.Writer) (res demoRouterResult, err error) {
 	names := map[string]string{} // endpoint URL -> short name
 	for _, name := range []string{"sim-a", "sim-b"} {
 		cfg := llmsim.Defaults()
@@ -72,7 +73,7 @@ func demoRouter(ctx context.Context, e *Env, say func(string, ...any), cl *api.C
 	listening := make(chan net.Addr, 1)
 	routerErr := make(chan error, 1)
 	go func() {
-		routerErr <- serveRouter(ctx, &Env{Stdout: io.Discard, Stderr: logOut, Getenv: e.Getenv}, []string{
+		routerErr <- cli.ServeRouter(ctx, &cli.Env{Stdout: io.Discard, Stderr: logOut, Getenv: e.Getenv}, []string{
 			"--listen", "127.0.0.1:0", "--admin-listen", "", "--join", join, "--gossip", "127.0.0.1:0",
 			"--cluster-key-file", keyFile, "--node-name", "demo-router"}, func(a net.Addr) { listening <- a })
 	}()

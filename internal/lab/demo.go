@@ -1,4 +1,4 @@
-package cli
+package lab
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
+	"github.com/warmfleet/warmfleet/internal/cli"
 	"github.com/warmfleet/warmfleet/internal/s3embed"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/synthmodel"
@@ -24,22 +25,22 @@ import (
 // a temporary data directory with a live progress bar, and a check of what
 // landed on disk; then a router that learns the node's inference endpoints
 // from gossip and keeps each document's questions on one of them.
-func runDemo(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "demo")
-	var size byteSize = 256 << 20
+func runDemo(ctx context.Context, e *cli.Env, args []string) error {
+	fs := cli.NewFlagSet(e, "demo")
+	var size cli.ByteSize = 256 << 20
 	fs.Var(&size, "model-size", "size of the synthetic model")
 	files := fs.Int("files", 4, "number of safetensors shards")
 	dataDir := fs.String("data-dir", "", "data directory (default: a temporary one, removed at the end)")
 	verbose := fs.Bool("v", false, "show the daemon's log")
-	if err := parseFlags(fs, e, args, nil); err != nil {
+	if err := cli.ParseFlags(fs, e, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usageError("unexpected arguments %q", fs.Args())
+		return cli.UsageError("unexpected arguments %q", fs.Args())
 	}
 	model, err := synthmodel.New(synthmodel.Options{Seed: 1, Size: int64(size), Shards: *files, Name: "demo-llama"})
 	if err != nil {
-		return usageError("%v", err)
+		return cli.UsageError("%v", err)
 	}
 	work, err := os.MkdirTemp("", "warmfleet-demo-")
 	if err != nil {
@@ -70,47 +71,37 @@ func runDemo(ctx context.Context, e *Env, args []string) error {
 	}
 	say("wrote a synthetic model to s3://models/demo-llama/: %d files, %s", len(model.Files()), nvme.FormatBytes(model.TotalSize()))
 
-	var f daemonFlags
-	dfs := newFlagSet(e, "demo")
-	f.register(dfs)
-	f.dataDir, f.reserve, f.reserveFraction, f.nodeName = *dataDir, 0, 0, "demo-node"
-	f.apiAddr = "unix://" + filepath.Join(work, "api.sock")
 	// A fleet of one, on loopback, so the router can join it.
 	key, err := gossip.GenerateKey()
 	if err != nil {
 		return err
 	}
-	f.gossipAddr, f.clusterKeyFile = "127.0.0.1:0", filepath.Join(work, "cluster.key")
-	if err := os.WriteFile(f.clusterKeyFile, []byte(gossip.EncodeKey(key)+"\n"), 0o600); err != nil {
+	apiAddr, keyFile := "unix://"+filepath.Join(work, "api.sock"), filepath.Join(work, "cluster.key")
+	if err := os.WriteFile(keyFile, []byte(gossip.EncodeKey(key)+"\n"), 0o600); err != nil {
 		return err
 	}
 	logOut := io.Discard
 	if *verbose {
 		logOut = e.Stderr
 	}
-	log, err := newLogger(&Env{Stderr: logOut}, "info", "text")
-	if err != nil {
-		return err
-	}
-	addr, err := api.ParseAddr(f.apiAddr)
-	if err != nil {
-		return err
-	}
 	started := make(chan struct{})
 	daemonErr := make(chan error, 1)
 	go func() {
-		daemonErr <- serveDaemon(ctx, log, &f, nil, addr, "", s3origin.Options{
-			Endpoint: srv.Endpoint(), Credentials: srv.Credentials(), Region: s3embed.Region,
-		}, func() { close(started) })
+		// No WARMFLEET_* settings: the demo's daemon is the one described here.
+		daemonErr <- cli.ServeDaemon(ctx, &cli.Env{Stdout: logOut, Stderr: logOut, Getenv: func(string) string { return "" }}, []string{
+			"--data-dir", *dataDir, "--api", apiAddr, "--reserve", "0", "--reserve-fraction", "0", "--node-name", "demo-node",
+			"--gossip", "127.0.0.1:0", "--cluster-key-file", keyFile,
+		}, s3origin.Options{Endpoint: srv.Endpoint(), Credentials: srv.Credentials(), Region: s3embed.Region}, func() { close(started) })
 	}()
 	select {
 	case <-started:
 	case err := <-daemonErr:
 		return fmt.Errorf("daemon: %w", err)
 	}
+	addr := apiAddr
 	say("daemon running on %s, data dir %s", addr, *dataDir)
 
-	cl, err := api.NewClient(f.apiAddr, "")
+	cl, err := api.NewClient(apiAddr, "")
 	if err != nil {
 		return err
 	}
@@ -119,7 +110,7 @@ func runDemo(ctx context.Context, e *Env, args []string) error {
 		return err
 	}
 	say("warmfleet cache add demo/llama --source s3://models/demo-llama/ --wait")
-	st, err := waitReady(ctx, e, cl, "demo/llama")
+	st, err := cli.WaitReady(ctx, e, cl, "demo/llama")
 	if err != nil {
 		return err
 	}
@@ -134,7 +125,7 @@ func runDemo(ctx context.Context, e *Env, args []string) error {
 	}
 	s3Bytes := metricValue(metrics, "warmfleet_s3_bytes_total")
 	say("verified: every file is a complete safetensors file identical to the source")
-	rr, err := demoRouter(ctx, e, say, cl, "demo/llama", f.clusterKeyFile, logOut)
+	rr, err := demoRouter(ctx, e, say, cl, "demo/llama", keyFile, logOut)
 	if err != nil {
 		return fmt.Errorf("router: %w", err)
 	}

@@ -1,7 +1,8 @@
-package cli
+package lab
 
 import (
 	"bytes"
+	"github.com/warmfleet/warmfleet/internal/cli"
 	"strings"
 	"testing"
 )
@@ -44,7 +45,7 @@ func TestBenchBadFlags(t *testing.T) {
 	for _, tt := range tests {
 		args := append([]string{"bench"}, tt.args...)
 		var stderr bytes.Buffer
-		code := Run(t.Context(), args, &Env{Stdout: &bytes.Buffer{}, Stderr: &stderr, Getenv: func(string) string { return "" }})
+		code := Run(t.Context(), args, &cli.Env{Stdout: &bytes.Buffer{}, Stderr: &stderr, Getenv: func(string) string { return "" }})
 		if code != 2 || !strings.Contains(stderr.String(), tt.want) {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", args, code, stderr.String(), tt.want)
 		}

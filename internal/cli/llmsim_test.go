@@ -1,0 +1,31 @@
+package cli
+
+import (
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmfleet/warmfleet/router/llmsim"
+)
+
+// startSim serves a simulated inference backend for model on addr until
+// the test ends. The llmsim command is the lab's (internal/lab); the
+// router's tests here run the same engine directly.
+func startSim(t *testing.T, addr, model string) {
+	t.Helper()
+	cfg := llmsim.Defaults()
+	cfg.Model = model
+	sim, err := llmsim.New(cfg, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+}

@@ -1,0 +1,128 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"github.com/warmfleet/warmfleet/internal/cli"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/bench"
+)
+
+func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
+	cli.TuneRouterGC() // the bench runs the router in this process: same GC as the command
+	fs := cli.NewFlagSet(e, "bench router")
+	o := bench.DefaultOptions()
+	fs.IntVar(&o.Backends, "backends", o.Backends, "simulated backends")
+	fs.Float64Var(&o.Load, "load", o.Load, "offered load: uncached prefill work / fleet prefill capacity")
+	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per workload")
+	workloads := fs.String("workloads", strings.Join(o.Workloads, ","), "comma-separated: "+strings.Join(bench.AllWorkloads(), ", "))
+	strategies := fs.String("strategies", "random,least-outstanding,prefix-aware", "comma-separated strategies to compare")
+	fs.StringVar(&o.TracesDir, "traces-dir", o.TracesDir, "directory holding the Mooncake traces (.jsonl or .jsonl.gz); empty uses the copies built into the binary")
+	fs.IntVar(&o.TraceOffset, "trace-offset", o.TraceOffset, "first trace row to replay")
+	simFlags(fs, &o.Sim)
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")
+	fs.BoolVar(&o.Saturation, "saturation", o.Saturation, "also measure saturated throughput with a closed loop")
+	fs.IntVar(&o.ClosedPerBE, "closed-clients", o.ClosedPerBE, "closed-loop clients per backend (0: --max-seqs, every sequence slot)")
+	fs.Float64Var(&o.LoadFactor, "load-factor", o.LoadFactor, "router load factor c (0: the router's default)")
+	fs.Float64Var(&o.Slack, "slack", o.Slack, "router slack (0: the router's default)")
+	fs.Float64Var(&o.DecodeWeight, "decode-weight", o.DecodeWeight, "router decode weight in the load bound (0: the router's default)")
+	fs.Float64Var(&o.ShareFactor, "share-factor", o.ShareFactor, "router traffic share factor (0: the router's default)")
+	fs.Float64Var(&o.BalanceSlack, "balance-slack", o.BalanceSlack, "router balance slack (0: the router's default)")
+	fs.IntVar(&o.ShareHalfLife, "share-half-life", o.ShareHalfLife, "router traffic share half-life in decisions (0: the router's default)")
+	fs.Float64Var(&o.HotShare, "hot-share", o.HotShare, "router hot-prefix share (0: the router's default, off)")
+	fs.IntVar(&o.Replicas, "replicas", o.Replicas, "router replicas sharing the workload traffic, each with its own state (request i goes to replica i mod N)")
+	fs.BoolVar(&o.ReplicaSync, "replica-sync", o.ReplicaSync, "replicas observe each other's requests at once: placements, traffic shares and load (what --peer-listen streams between real replicas)")
+	fs.IntVar(&o.OverheadRate, "overhead-rate", o.OverheadRate, "requests/s for the overhead phase (0: skip)")
+	fs.DurationVar(&o.OverheadDuration, "overhead-duration", o.OverheadDuration, "length of each overhead round")
+	fs.IntVar(&o.OverheadRounds, "overhead-rounds", o.OverheadRounds, "overhead rounds per mode")
+	fs.IntVar(&o.DecisionBackends, "decision-backends", o.DecisionBackends, "backends for the decision-time phase (0: skip)")
+	fs.IntVar(&o.DecisionPrompt, "prompt-bytes", o.DecisionPrompt, "prompt size for the decision-time and overhead phases")
+	output := fs.String("o", "text", "output format: text or json")
+	plot := fs.String("plot", "", "also write a TTFT CDF plot to this SVG file")
+	if err := cli.ParseFlags(fs, e, args); err != nil {
+		return err
+	}
+	if *plot != "" && !strings.HasSuffix(strings.ToLower(*plot), ".svg") {
+		return cli.UsageError("--plot writes SVG: the file name must end in .svg")
+	}
+	if *plot != "" {
+		// Checked now, not after a run of several minutes.
+		if st, err := os.Stat(filepath.Dir(*plot)); err != nil || !st.IsDir() {
+			return cli.UsageError("--plot %s: its directory does not exist", *plot)
+		}
+	}
+	if fs.NArg() > 0 {
+		return cli.UsageError("unexpected arguments %q", fs.Args())
+	}
+	if *output != "text" && *output != "json" {
+		return cli.UsageError("-o must be text or json")
+	}
+	o.Workloads = nil
+	known := map[string]bool{}
+	for _, w := range bench.AllWorkloads() {
+		known[w] = true
+	}
+	for _, w := range strings.Split(*workloads, ",") {
+		if w = strings.TrimSpace(w); w == "" {
+			continue
+		}
+		if !known[w] {
+			return cli.UsageError("unknown workload %q (want %s)", w, strings.Join(bench.AllWorkloads(), ", "))
+		}
+		o.Workloads = append(o.Workloads, w)
+	}
+	o.Strategies = nil
+	for _, s := range strings.Split(*strategies, ",") {
+		st, err := balance.ParseStrategy(strings.TrimSpace(s))
+		if err != nil {
+			return cli.UsageError("%v", err)
+		}
+		o.Strategies = append(o.Strategies, st)
+	}
+	if err := o.Validate(); err != nil {
+		return cli.UsageError("%v", err)
+	}
+	o.Progress = e.Stderr
+	res, err := bench.Run(ctx, o)
+	if err != nil {
+		return err
+	}
+	write := bench.WriteText
+	if *output == "json" {
+		write = bench.WriteJSON
+	}
+	// The report first: a plot that cannot be written must not cost it.
+	if err := write(e.Stdout, res); err != nil {
+		return err
+	}
+	if *plot != "" {
+		return writePlot(*plot, res)
+	}
+	return nil
+}
+
+// writePlot writes the TTFT CDF SVG, replacing the file only when complete.
+func writePlot(path string, res *bench.Results) error {
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	if err := bench.WriteSVG(f, res); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("plot: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("plot: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,29 @@
+// Package lab is the warmfleet-lab command line: the demo, the benchmarks
+// (bench s3, fleet, router) and the simulated inference server (llmsim),
+// on top of every command of the product (internal/cli), which the
+// benchmarks run as the system under test (bench s3 and bench fleet start
+// this binary's own `daemon`). It is what needs test support (an embedded
+// S3 server, synthetic models, network namespaces), kept out of the
+// product binary, cmd/warmfleet: the product must never import this
+// package, and cmd/warmfleet's dependency test checks it does not.
+package lab
+
+import (
+	"context"
+
+	"github.com/warmfleet/warmfleet/internal/cli"
+)
+
+// Run runs the lab command named by args[0], or a product command, and
+// returns the process exit code.
+func Run(ctx context.Context, args []string, e *cli.Env) int {
+	return cli.Dispatch(ctx, "warmfleet-lab", commands(), args, e)
+}
+
+func commands() []cli.Command {
+	return append([]cli.Command{
+		{Name: "demo", Summary: "run a local end-to-end demo on embedded defaults", Run: runDemo},
+		{Name: "bench", Summary: "run a benchmark: s3, fleet, router", Run: runBench},
+		{Name: "llmsim", Summary: "run one simulated LLM inference backend", Run: runLLMSim},
+	}, cli.Commands()...)
+}
