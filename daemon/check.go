@@ -118,8 +118,8 @@ func (d *Daemon) repair(rec cacheRecord, dmg nvme.Damage) error {
 	return nil
 }
 
-// ErrBusy reports a cache that a fetch is working on.
-var ErrBusy = errors.New("a fetch is running for this cache")
+// ErrBusy reports a cache that another Verify is working on.
+var ErrBusy = errors.New("a verify is running for this cache")
 
 // ErrNotReady reports a cache with no published revision to check.
 var ErrNotReady = errors.New("not ready: nothing published to check")
@@ -136,8 +136,21 @@ func (d *Daemon) Verify(ctx context.Context, name string) (api.VerifyResult, err
 	if !found {
 		return api.VerifyResult{}, fmt.Errorf("model %q: %w", name, nvme.ErrNotFound)
 	}
-	if !d.claim(name, rec) {
-		return api.VerifyResult{}, fmt.Errorf("verify %s: %w", name, ErrBusy)
+	// A running fetch (say the one that just made the cache ready, or a
+	// resync) is waited for: it may be changing the files.
+	for {
+		ok, running := d.claim(name, rec)
+		if ok {
+			break
+		}
+		if running == nil {
+			return api.VerifyResult{}, fmt.Errorf("verify %s: %w", name, ErrBusy)
+		}
+		select {
+		case <-running:
+		case <-ctx.Done():
+			return api.VerifyResult{}, fmt.Errorf("verify %s: %w", name, context.Cause(ctx))
+		}
 	}
 	defer d.unclaim(name)
 	// Read again under the claim: a fetch may have ended in between.
@@ -218,18 +231,19 @@ func objectOf(rec cacheRecord, f fileRecord) (s3origin.Object, error) {
 }
 
 // claim keeps the reconciler from starting a fetch of name while Verify
-// works on it; false means a fetch or another claim holds it.
-func (d *Daemon) claim(name string, rec cacheRecord) bool {
+// works on it. It fails when a fetch holds name (running is closed when
+// that fetch ends) or another Verify does (running is nil).
+func (d *Daemon) claim(name string, rec cacheRecord) (ok bool, running <-chan struct{}) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, busy := d.fetches[name]; busy {
-		return false
+	if f, busy := d.fetches[name]; busy {
+		return false, f.exited
 	}
 	if _, busy := d.claimed[name]; busy {
-		return false
+		return false, nil
 	}
 	d.claimed[name] = rec.Spec
-	return true
+	return true, nil
 }
 
 func (d *Daemon) unclaim(name string) {

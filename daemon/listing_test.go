@@ -112,9 +112,11 @@ func TestObjectDeletedMidDownload(t *testing.T) {
 	wait.For(t, "download fails on the deleted object", func() bool { return status(t, d, name).Attempts >= 1 })
 	clock.advance(time.Hour)
 	var st api.CacheStatus
+	// The attempt's failure is recorded before the clock moves on, so that
+	// its backoff runs from now.
 	wait.For(t, "changed file set awaiting confirmation", func() bool {
 		st = status(t, d, name)
-		return st.FilesChanged != nil
+		return st.FilesChanged != nil && st.Error != ""
 	})
 	if st.Ready || st.FilesChanged.Confirmed || !slices.Equal(st.FilesChanged.Gone, []string{"b.safetensors"}) {
 		t.Fatalf("after one listing without b: %+v (change %+v), want not ready, change unconfirmed", st, st.FilesChanged)
@@ -136,7 +138,7 @@ func TestObjectDeletedMidDownload(t *testing.T) {
 	clock.advance(time.Hour)
 	wait.For(t, "resync sees b gone", func() bool {
 		st = status(t, d, name)
-		return st.FilesChanged != nil
+		return st.FilesChanged != nil && st.Error != ""
 	})
 	if !st.Ready || st.RevisionID != old.RevisionID || st.FilesChanged.Confirmed {
 		t.Fatalf("after one listing without b: %+v (change %+v), want the old revision ready, change unconfirmed", st, st.FilesChanged)
