@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sync"
@@ -74,7 +75,14 @@ func TestVerifyRepairsFlippedByte(t *testing.T) {
 	st := ready(t, d)
 	fetched := s3Bytes.Load()
 
-	res, err := d.Verify(t.Context(), "meta/llama")
+	// Through the API, as `warmfleet cache verify` asks.
+	srv := httptest.NewServer(d.Handler(""))
+	defer srv.Close()
+	cl, err := api.NewClient(srv.Listener.Addr().String(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := cl.Verify(t.Context(), "meta/llama")
 	if err != nil {
 		t.Fatal(err)
 	}
