@@ -7,6 +7,13 @@
 // source, downloads only missing parts (recording each finished part so a
 // restart resumes), verifies every file against what S3 offers and publishes
 // the revision atomically. A cache is reported ready only after that.
+//
+// Published files are checked again (check.go): by stat at start and at
+// each resync, by a full re-hash on request (Verify); a damaged cache goes
+// back to the reconciler, not ready, and its damaged files are fetched
+// again. A listing with another file set is acted upon only when the next
+// one agrees (listing.go). A failure that cannot be saved (a full disk) is
+// backed off in memory.
 package daemon
 
 import (

@@ -12,6 +12,8 @@
 //
 // A revision appears under models/ only through a rename of its complete,
 // verified staging directory, so a reader can never see a partial revision.
+// Inspect checks a published revision cheaply (sizes, the current link);
+// Unpublish takes a damaged one back to staging, unlinked, to be repaired.
 // Every path below the root is opened through an os.Root, so no object key
 // and no planted symlink can reach outside the data directory.
 package nvme
