@@ -436,6 +436,11 @@ func (s *Store) Unpublish(name, revision string, drop []string) error {
 	if err := CheckRevision(revision); err != nil {
 		return err
 	}
+	for _, p := range drop {
+		if err := CheckRelPath(p); err != nil {
+			return err
+		}
+	}
 	modelRel := filepath.Join(modelsDir, dirName(name))
 	if cur, err := s.Current(name); err == nil && cur == revision || err != nil && !errors.Is(err, ErrNotFound) {
 		if err := s.root.Remove(filepath.Join(modelRel, CurrentLink)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -454,9 +459,6 @@ func (s *Store) Unpublish(name, revision string, drop []string) error {
 		return fmt.Errorf("nvme: unpublish %s: %w", name, err)
 	}
 	for _, p := range drop {
-		if err := CheckRelPath(p); err != nil {
-			return err
-		}
 		if err := s.root.RemoveAll(filepath.Join(stageRel, filepath.FromSlash(p))); err != nil {
 			return fmt.Errorf("nvme: unpublish %s: %w", name, err)
 		}
