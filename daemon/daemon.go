@@ -7,6 +7,13 @@
 // source, downloads only missing parts (recording each finished part so a
 // restart resumes), verifies every file against what S3 offers and publishes
 // the revision atomically. A cache is reported ready only after that.
+//
+// Published files are checked again (check.go): by stat at start and at
+// each resync, by a full re-hash on request (Verify); a damaged cache goes
+// back to the reconciler, not ready, and its damaged files are fetched
+// again. A listing with another file set is acted upon only when the next
+// one agrees (listing.go). A failure that cannot be saved (a full disk) is
+// backed off in memory.
 package daemon
 
 import (
@@ -104,7 +111,34 @@ type Daemon struct {
 
 	mu      sync.Mutex
 	fetches map[string]*fetch
+	// held holds the failures whose backoff could not be written to the
+	// state (a full disk): the loop and the status read them from here.
+	held map[string]cacheRecord
+	// claimed holds the caches Verify works on: no fetch starts meanwhile.
+	claimed map[string]spec.Spec
 	wg      sync.WaitGroup
+}
+
+// holdRetry keeps a failed attempt's record (error, attempts, next try) in
+// memory, for when the state cannot be written.
+func (d *Daemon) holdRetry(rec cacheRecord) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.held[rec.Spec.Name] = rec
+}
+
+// releaseRetry forgets a held failure: the state took a newer record.
+func (d *Daemon) releaseRetry(name string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.held, name)
+}
+
+func (d *Daemon) heldRetry(name string) (cacheRecord, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rec, ok := d.held[name]
+	return rec, ok
 }
 
 // New opens the daemon's store and state. origin fetches model files.
@@ -136,6 +170,7 @@ func New(cfg Config, org Origin) (*Daemon, error) {
 	d := &Daemon{
 		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, state: st, store: store, origin: org,
 		metrics: newMetrics(), kick: make(chan struct{}, 1), fetches: map[string]*fetch{},
+		held: map[string]cacheRecord{}, claimed: map[string]spec.Spec{},
 		oldBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "warmfleet_cache_old_revision_bytes",
 			Help: "Bytes held by a model's previous revisions, kept for the grace period after an update.",
@@ -204,6 +239,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.fleet != nil {
 		fleetChanged = d.fleet.OnChange()
 	}
+	if err := d.checkPublished(); err != nil {
+		d.log.Error("check cached files", "err", err)
+	}
 	if err := d.reseed(ctx); err != nil {
 		d.log.Error("reopen cached shards for peers", "err", err)
 	}
@@ -268,6 +306,8 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	for name, f := range d.fetches {
 		w.running[name] = f.spec
 	}
+	maps.Copy(w.running, d.claimed)
+	overlayHeld(recs, d.held)
 	d.mu.Unlock()
 	if avail, err := d.store.Available(); err == nil {
 		d.metrics.available.Set(float64(avail))
@@ -338,6 +378,7 @@ func (d *Daemon) removeCache(name string) error {
 	if err := d.state.deleteRecord(name); err != nil {
 		return err
 	}
+	d.releaseRetry(name)
 	d.metrics.forget(name)
 	d.oldBytes.DeleteLabelValues(name)
 	d.log.Info("cache removed", "model", name)
@@ -374,6 +415,9 @@ func (d *Daemon) Caches() ([]api.CacheStatus, error) {
 	if err != nil {
 		return nil, err
 	}
+	d.mu.Lock()
+	overlayHeld(recs, d.held)
+	d.mu.Unlock()
 	byName := map[string]api.CacheStatus{}
 	targeted := d.targeter()
 	for _, s := range desired {
@@ -404,6 +448,14 @@ func (d *Daemon) Caches() ([]api.CacheStatus, error) {
 	return out, nil
 }
 
+// overlayHeld puts the failures held in memory over the records read from
+// the state: they are newer, only unsaved.
+func overlayHeld(recs, held map[string]cacheRecord) {
+	for name, rec := range held {
+		recs[name] = rec
+	}
+}
+
 // sameContent reports whether two model specs ask for the same files;
 // targets only decide which nodes hold them.
 func sameContent(a, b spec.Spec) bool {
@@ -430,9 +482,9 @@ func (d *Daemon) status(s spec.Spec, rec cacheRecord, targeted bool) api.CacheSt
 		Name: s.Name, Source: s.Source, Revision: s.Revision, RevisionID: rec.RevisionID, State: rec.State,
 		Files: len(rec.Files), BytesDone: rec.BytesDone, BytesTotal: rec.BytesTotal, Error: rec.Error,
 		Attempts: rec.Attempts, UpdatedAt: rec.UpdatedAt, ReadyAt: rec.ReadyAt, Targets: s.Targets,
-		NeedsAction: rec.NeedsAction,
+		NeedsAction: rec.NeedsAction, FilesChanged: rec.FilesChanged,
 	}
-	if rec.State == api.StateFailed {
+	if rec.Error != "" {
 		st.NextTry = rec.NextTry
 	}
 	d.mu.Lock()

@@ -319,6 +319,8 @@ func TestAPI(t *testing.T) {
 		{"get org name", "GET", "/v1/caches/org/m", "", true, 200, `"ready": false`},
 		{"get missing", "GET", "/v1/caches/nope", "", true, 404, "not in the cache"},
 		{"rm missing", "DELETE", "/v1/caches/nope", "", true, 404, "not a desired cache"},
+		{"verify not fetched", "POST", "/v1/verify/org/m", "", true, 404, "not in the cache"},
+		{"verify no token", "POST", "/v1/verify/org/m", "", false, 401, "bearer token"},
 		{"rm", "DELETE", "/v1/caches/org/m", "", true, 204, ""},
 		{"node", "GET", "/v1/node", "", true, 200, `"data_dir"`},
 		{"metrics", "GET", "/metrics", "", true, 200, "warmfleet_s3_bytes_total"},

@@ -79,6 +79,7 @@ func (f *fetch) run(ctx context.Context) {
 	elapsed := f.d.now().Sub(start).Seconds()
 	switch {
 	case err == nil:
+		f.d.releaseRetry(f.spec.Name)
 		f.d.metrics.fetches.WithLabelValues(result).Inc()
 		if result == "ready" {
 			f.d.metrics.downloadTime.WithLabelValues("ready").Observe(elapsed)
@@ -97,7 +98,7 @@ func (f *fetch) fail(cause error) {
 	rec, _, err := f.d.state.record(f.spec.Name)
 	if err != nil {
 		f.log.Error("read state", "err", err)
-		return
+		rec = cacheRecord{Spec: f.spec, State: api.StatePending}
 	}
 	// A published revision of the same files stays ready and served when
 	// re-checking or updating it fails (S3 unreachable, say): only the
@@ -110,12 +111,21 @@ func (f *fetch) fail(cause error) {
 		// retry): the record still says 0 from the attempt's start.
 		rec.BytesDone = max(rec.BytesDone, f.progress())
 	}
+	if held, ok := f.d.heldRetry(f.spec.Name); ok {
+		rec.Attempts = max(rec.Attempts, held.Attempts)
+	}
 	rec.Error, rec.NeedsAction = cause.Error(), needsAction(cause)
 	rec.Attempts++
 	rec.NextTry = f.d.now().Add(retryDelay(rec.Attempts))
 	rec.UpdatedAt = f.d.now()
 	if err := f.d.state.putRecord(rec); err != nil {
+		// A full disk cannot take the backoff either: keep it in memory, or
+		// the loop retries at once, forever.
 		f.log.Error("write state", "err", err)
+		rec.Error = fmt.Sprintf("%s (and the state cannot be saved: %v)", rec.Error, err)
+		f.d.holdRetry(rec)
+	} else {
+		f.d.releaseRetry(f.spec.Name)
 	}
 	if !keepReady {
 		f.d.metrics.setState(f.spec.Name, api.StateFailed)
@@ -157,9 +167,32 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 		return "", err
 	}
 	now := f.d.now()
+	verdict := judgeListing(rec, f.spec, objs, now)
+	if verdict.record {
+		rec.Listing, rec.FilesChanged = verdict.listing, verdict.change
+		if err := f.d.state.putRecord(rec); err != nil {
+			return "", err
+		}
+	}
+	if !verdict.accept {
+		return "", fmt.Errorf("%w: %s; waiting for the next listing to agree", errFileSetChanged, describeChange(verdict.change))
+	}
 	if rec.State == api.StateReady && rec.RevisionID == revision && rec.Spec.Equal(f.spec) && f.d.store.Published(f.spec.Name, revision) {
-		rec.CheckedAt, rec.Error, rec.Attempts, rec.NextTry, rec.NeedsAction = now, "", 0, time.Time{}, false
-		return "unchanged", f.d.state.putRecord(rec)
+		// The source is unchanged; the copy must be too (stat only here).
+		dmg, err := f.d.inspect(rec)
+		if err != nil {
+			return "", err
+		}
+		if dmg.OK() {
+			rec.CheckedAt, rec.Error, rec.Attempts, rec.NextTry, rec.NeedsAction = now, "", 0, time.Time{}, false
+			return "unchanged", f.d.state.putRecord(rec)
+		}
+		if err := f.d.repair(rec, dmg); err != nil {
+			return "", err
+		}
+		if rec, _, err = f.d.state.record(f.spec.Name); err != nil {
+			return "", err
+		}
 	}
 
 	files := make([]fileRecord, len(objs))
@@ -177,6 +210,7 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	next := cacheRecord{
 		Spec: f.spec, RevisionID: revision, State: api.StateDownloading, Files: files,
 		PartSize: f.d.cfg.PartSize, BytesTotal: total, Attempts: rec.Attempts, UpdatedAt: now,
+		FilesChanged: rec.FilesChanged,
 	}
 	// A ready revision stays ready, and its path served, while a new one
 	// downloads: the record keeps describing it until the new one is ready.

@@ -21,6 +21,7 @@ type metrics struct {
 	downloadTime *prometheus.HistogramVec
 	fetches      *prometheus.CounterVec
 	available    prometheus.Gauge
+	damaged      *prometheus.CounterVec
 }
 
 var cacheStates = []string{api.StatePending, api.StateDownloading, api.StateVerifying, api.StateReady, api.StateFailed}
@@ -56,6 +57,9 @@ func newMetrics() *metrics {
 		available: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "warmfleet_cache_available_bytes", Help: "Space the cache may still use (free less reserve).",
 		}),
+		damaged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmfleet_cache_damaged_total", Help: "Damaged cached files (or current links) found after publish and fetched again.",
+		}, []string{"model"}),
 	}
 	f(m.s3Bytes)
 	f(m.written)
@@ -65,6 +69,7 @@ func newMetrics() *metrics {
 	f(m.downloadTime)
 	f(m.fetches)
 	f(m.available)
+	f(m.damaged)
 	return m
 }
 
@@ -84,4 +89,5 @@ func (m *metrics) forget(model string) {
 	}
 	m.cacheBytes.DeleteLabelValues(model)
 	m.cacheTotal.DeleteLabelValues(model)
+	m.damaged.DeleteLabelValues(model)
 }

@@ -87,9 +87,12 @@ func needsFetch(rec cacheRecord, found bool, d spec.Spec, now time.Time, resync 
 		return true
 	case rec.State == api.StateFailed:
 		return !now.Before(rec.NextTry)
+	case rec.State == api.StateReady && rec.Error != "":
+		// A failed re-check or update is retried after its backoff, also
+		// when the resync is overdue (the failure left CheckedAt behind).
+		return !now.Before(rec.NextTry)
 	case rec.State == api.StateReady:
-		// A failed re-check or update (Error set) is retried after its backoff.
-		return resync > 0 && now.Sub(rec.CheckedAt) >= resync || rec.Error != "" && !now.Before(rec.NextTry)
+		return resync > 0 && now.Sub(rec.CheckedAt) >= resync
 	default: // pending, downloading or verifying with no fetch running: resume after a restart
 		return true
 	}

@@ -43,6 +43,7 @@ func TestPlan(t *testing.T) {
 		{"failed retries after backoff", world{desired: []spec.Spec{a}, records: map[string]cacheRecord{"a": rec(a, api.StateFailed, func(r *cacheRecord) { r.NextTry = now })}}, []string{"fetch a"}},
 		{"ready with a failed re-check waits for backoff", world{desired: []spec.Spec{a}, records: map[string]cacheRecord{"a": rec(a, api.StateReady, func(r *cacheRecord) { r.Error, r.NextTry = "S3 down", now.Add(time.Second) })}, resync: time.Hour}, nil},
 		{"ready with a failed re-check retries after backoff", world{desired: []spec.Spec{a}, records: map[string]cacheRecord{"a": rec(a, api.StateReady, func(r *cacheRecord) { r.Error, r.NextTry = "S3 down", now })}, resync: time.Hour}, []string{"fetch a"}},
+		{"ready with a failed re-check waits for backoff, resync overdue", world{desired: []spec.Spec{a}, records: map[string]cacheRecord{"a": rec(a, api.StateReady, func(r *cacheRecord) { r.Error, r.NextTry = "S3 down", now.Add(time.Second) })}, resync: time.Second}, nil},
 		{"undesired is removed", world{records: map[string]cacheRecord{"a": rec(a, api.StateReady, nil)}}, []string{"remove a"}},
 		{"undesired running is removed", world{running: map[string]spec.Spec{"b": b}}, []string{"remove b"}},
 		{"mixed, sorted", world{desired: []spec.Spec{b}, records: map[string]cacheRecord{"a": rec(a, api.StateReady, nil)}}, []string{"remove a", "fetch b"}},

@@ -37,6 +37,7 @@ func (d *Daemon) APIHandler(token string, ready func() error) http.Handler {
 	mux.HandleFunc("POST /v1/caches", d.handleAddCache)
 	mux.HandleFunc("GET /v1/caches/{name...}", d.handleCache)
 	mux.HandleFunc("DELETE /v1/caches/{name...}", d.handleRemoveCache)
+	mux.HandleFunc("POST /v1/verify/{name...}", d.handleVerify)
 	mux.HandleFunc("GET /v1/fleet", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, d.Fleet()) })
 	mux.HandleFunc("GET /v1/images", d.handleImages)
 	mux.HandleFunc("POST /v1/images", d.handleAddImage)
@@ -131,6 +132,20 @@ func (d *Daemon) handleAddCache(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusAccepted, st)
+}
+
+func (d *Daemon) handleVerify(w http.ResponseWriter, r *http.Request) {
+	res, err := d.Verify(r.Context(), r.PathValue("name"))
+	switch {
+	case errors.Is(err, nvme.ErrNotFound):
+		writeError(w, http.StatusNotFound, err)
+	case errors.Is(err, ErrBusy), errors.Is(err, ErrNotReady):
+		writeError(w, http.StatusConflict, err)
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err)
+	default:
+		writeJSON(w, http.StatusOK, res)
+	}
 }
 
 func (d *Daemon) handleRemoveCache(w http.ResponseWriter, r *http.Request) {

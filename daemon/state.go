@@ -19,7 +19,8 @@ import (
 //
 //	meta      "schema" -> uint64 big-endian schema version
 //	desired   the fleet's desired state, owned by gossip.BoltStore (LWW records)
-//	caches    model name -> JSON cacheRecord          (what this node has or is fetching)
+//	caches    model name -> JSON cacheRecord          (what this node has or is fetching;
+//	          fields are added with omitempty, so older records read as before)
 //	endpoints URL -> JSON api.Endpoint                (inference endpoints on this node)
 //
 // Version 2 adds:
@@ -85,6 +86,11 @@ type cacheRecord struct {
 	// NeedsAction: the last error is one retrying alone will not fix (see
 	// needsAction).
 	NeedsAction bool `json:"needs_action,omitempty"`
+	// Listing digests a listing whose file set differs from Files and
+	// waits for the next listing to agree before it is acted upon.
+	Listing string `json:"listing,omitempty"`
+	// FilesChanged is the last change of the source's file set.
+	FilesChanged *api.FileSetChange `json:"files_changed,omitempty"`
 }
 
 // fetching is the revision whose parts are being downloaded.

@@ -12,6 +12,8 @@
 //
 // A revision appears under models/ only through a rename of its complete,
 // verified staging directory, so a reader can never see a partial revision.
+// Inspect checks a published revision cheaply (sizes, the current link);
+// Unpublish takes a damaged one back to staging, unlinked, to be repaired.
 // Every path below the root is opened through an os.Root, so no object key
 // and no planted symlink can reach outside the data directory.
 package nvme
@@ -342,4 +344,124 @@ func allocatedUnder(fsys fs.FS, dir string) (int64, error) {
 		return 0, fmt.Errorf("nvme: %w", err)
 	}
 	return total, nil
+}
+
+// WantFile is a file a published revision must hold: its path below the
+// revision and its size.
+type WantFile struct {
+	Path string
+	Size int64
+}
+
+// Damage is what Inspect found wrong with a published revision.
+type Damage struct {
+	// LinkBroken is true when the current link is missing or points at
+	// another revision.
+	LinkBroken bool
+	// Files maps each damaged file's path to what is wrong with it.
+	Files map[string]string
+}
+
+// OK reports whether nothing was found wrong.
+func (d Damage) OK() bool { return !d.LinkBroken && len(d.Files) == 0 }
+
+// Inspect checks, cheaply (stat only, no reading), that revision is the
+// model's current one and holds files at their sizes: what a deleted or
+// truncated file or a deleted link breaks. A changed byte needs a re-hash.
+func (s *Store) Inspect(name, revision string, files []WantFile) (Damage, error) {
+	if err := CheckName(name); err != nil {
+		return Damage{}, err
+	}
+	if err := CheckRevision(revision); err != nil {
+		return Damage{}, err
+	}
+	var dmg Damage
+	// A link pointing outside the model is as broken as a missing one.
+	cur, err := s.Current(name)
+	dmg.LinkBroken = err != nil || cur != revision
+	dir := filepath.Join(modelsDir, dirName(name), revision)
+	for _, f := range files {
+		if err := CheckRelPath(f.Path); err != nil {
+			return Damage{}, err
+		}
+		why := ""
+		st, err := s.root.Lstat(filepath.Join(dir, filepath.FromSlash(f.Path)))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			why = "missing"
+		case err != nil:
+			why = err.Error()
+		case !st.Mode().IsRegular():
+			why = "not a regular file (" + st.Mode().Type().String() + ")"
+		case st.Size() != f.Size:
+			why = fmt.Sprintf("size %d, want %d", st.Size(), f.Size)
+		}
+		if why != "" {
+			if dmg.Files == nil {
+				dmg.Files = map[string]string{}
+			}
+			dmg.Files[f.Path] = why
+		}
+	}
+	return dmg, nil
+}
+
+// OpenPublished opens a file of a published revision for reading.
+func (s *Store) OpenPublished(name, revision, relPath string) (*os.File, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	if err := CheckRevision(revision); err != nil {
+		return nil, err
+	}
+	if err := CheckRelPath(relPath); err != nil {
+		return nil, err
+	}
+	f, err := s.root.Open(filepath.Join(modelsDir, dirName(name), revision, filepath.FromSlash(relPath)))
+	if err != nil {
+		return nil, fmt.Errorf("nvme: %w", err)
+	}
+	return f, nil
+}
+
+// Unpublish takes a damaged revision back to staging so that its damaged
+// files can be fetched again: the current link goes (readers must not open
+// a revision known to be damaged), the revision directory moves to
+// partial/, replacing any staged copy, and the files in drop are deleted
+// there. The intact files stay, so a resumed download only re-reads them.
+func (s *Store) Unpublish(name, revision string, drop []string) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	if err := CheckRevision(revision); err != nil {
+		return err
+	}
+	for _, p := range drop {
+		if err := CheckRelPath(p); err != nil {
+			return err
+		}
+	}
+	modelRel := filepath.Join(modelsDir, dirName(name))
+	if cur, err := s.Current(name); err == nil && cur == revision || err != nil && !errors.Is(err, ErrNotFound) {
+		if err := s.root.Remove(filepath.Join(modelRel, CurrentLink)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("nvme: unpublish %s: %w", name, err)
+		}
+	}
+	stageRel := filepath.Join(partialDir, dirName(name), revision)
+	if err := s.root.RemoveAll(stageRel); err != nil {
+		return fmt.Errorf("nvme: unpublish %s: %w", name, err)
+	}
+	if err := s.root.MkdirAll(filepath.Dir(stageRel), 0o755); err != nil {
+		return fmt.Errorf("nvme: unpublish %s: %w", name, err)
+	}
+	err := s.root.Rename(filepath.Join(modelRel, revision), stageRel)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("nvme: unpublish %s: %w", name, err)
+	}
+	for _, p := range drop {
+		if err := s.root.RemoveAll(filepath.Join(stageRel, filepath.FromSlash(p))); err != nil {
+			return fmt.Errorf("nvme: unpublish %s: %w", name, err)
+		}
+	}
+	return nil
 }

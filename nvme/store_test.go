@@ -547,3 +547,72 @@ func TestRetiredRevisionsOneByOne(t *testing.T) {
 		t.Fatal("a hostile revision name reached the current revision")
 	}
 }
+
+// TestInspectAndUnpublish: Inspect finds a missing, resized or replaced
+// file and a missing or wrong link by stat alone; Unpublish moves the
+// revision back to staging, unlinked, without the dropped files.
+func TestInspectAndUnpublish(t *testing.T) {
+	s := openStore(t, Options{})
+	st, err := s.Stage("m", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stageFile(t, st, "a", "aaaa")
+	stageFile(t, st, "sub/b", "bb")
+	stageFile(t, st, "c", "c")
+	path, err := s.Publish(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []WantFile{{Path: "a", Size: 4}, {Path: "sub/b", Size: 2}, {Path: "c", Size: 1}}
+	if dmg, err := s.Inspect("m", "r1", want); err != nil || !dmg.OK() {
+		t.Fatalf("intact revision: %+v, %v", dmg, err)
+	}
+	if dmg, err := s.Inspect("m", "r2", want); err != nil || !dmg.LinkBroken || len(dmg.Files) != 3 {
+		t.Fatalf("revision that is not current and not there: %+v, %v", dmg, err)
+	}
+	if err := os.Remove(filepath.Join(path, "a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(path, "sub", "b"), []byte("b"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(path, "c")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(path, "c"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(s.ModelDir("m"), CurrentLink)); err != nil {
+		t.Fatal(err)
+	}
+	dmg, err := s.Inspect("m", "r1", want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !dmg.LinkBroken || dmg.Files["a"] != "missing" || !strings.HasPrefix(dmg.Files["sub/b"], "size 1") || !strings.HasPrefix(dmg.Files["c"], "not a regular file") {
+		t.Fatalf("damage = %+v", dmg)
+	}
+	if _, err := s.Inspect("m", "r1", []WantFile{{Path: "../x"}}); err == nil {
+		t.Fatal("Inspect accepted a path outside the revision")
+	}
+
+	if err := s.Unpublish("m", "r1", []string{"sub/b", "c"}); err != nil {
+		t.Fatal(err)
+	}
+	if s.Published("m", "r1") {
+		t.Fatal("still published after Unpublish")
+	}
+	staged := filepath.Join(s.Dir(), "partial", "m", "r1")
+	for _, gone := range []string{"sub/b", "c"} {
+		if _, err := os.Lstat(filepath.Join(staged, gone)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("dropped %s still staged: %v", gone, err)
+		}
+	}
+	if err := s.Unpublish("m", "r1", []string{"../../x"}); err == nil {
+		t.Fatal("Unpublish accepted a path outside the revision")
+	}
+	if _, err := os.Stat(filepath.Join(staged, "sub")); err != nil {
+		t.Fatalf("a refused Unpublish touched the staged revision: %v", err)
+	}
+}

@@ -129,6 +129,19 @@ func (c *Client) Cache(ctx context.Context, name string) (CacheStatus, error) {
 	return st, err
 }
 
+// Verify asks the daemon to re-hash a ready cache and repair what is
+// damaged. It reads the whole model, so only ctx bounds it, not the usual
+// per-call timeout.
+func (c *Client) Verify(ctx context.Context, name string) (VerifyResult, error) {
+	var res VerifyResult
+	long := *c
+	hc := *c.http
+	hc.Timeout = 0
+	long.http = &hc
+	err := long.do(ctx, http.MethodPost, "/v1/verify/"+escapeName(name), nil, &res)
+	return res, err
+}
+
 // RemoveCache removes a model cache fleet-wide.
 func (c *Client) RemoveCache(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/caches/"+escapeName(name), nil, nil)

@@ -32,17 +32,21 @@ type CacheStatus struct {
 	State      string `json:"state"`
 	// Ready is true only when every file of the revision is complete,
 	// verified and published; Path is then its local directory.
-	Ready      bool      `json:"ready"`
-	Path       string    `json:"path,omitempty"`
-	Files      int       `json:"files"`
-	BytesDone  int64     `json:"bytes_done"`
-	BytesTotal int64     `json:"bytes_total"`
-	Error      string    `json:"error,omitempty"`
-	Attempts   int       `json:"attempts,omitempty"`
-	UpdatedAt  time.Time `json:"updated_at"`
-	ReadyAt    time.Time `json:"ready_at,omitzero"`
+	Ready      bool   `json:"ready"`
+	Path       string `json:"path,omitempty"`
+	Files      int    `json:"files"`
+	BytesDone  int64  `json:"bytes_done"`
+	BytesTotal int64  `json:"bytes_total"`
+	Error      string `json:"error,omitempty"`
+	Attempts   int    `json:"attempts,omitempty"`
+	// NextTry is when a failed attempt (Error) is tried again.
+	NextTry   time.Time `json:"next_try,omitzero"`
+	UpdatedAt time.Time `json:"updated_at"`
+	ReadyAt   time.Time `json:"ready_at,omitzero"`
 	// Targets is what the spec asks of the fleet.
 	Targets spec.Targets `json:"targets,omitzero"`
+	// FilesChanged reports the last change of the source's file set.
+	FilesChanged *FileSetChange `json:"files_changed,omitempty"`
 	// Nodes holds the fleet-wide view, one entry per node, when the daemon
 	// is in a gossip cluster.
 	Nodes []NodeCacheStatus `json:"nodes,omitempty"`
@@ -53,8 +57,43 @@ type CacheStatus struct {
 	// The daemon still retries at NextTry, so fixing the source is enough,
 	// but a client waiting for the cache should stop and say so.
 	NeedsAction bool `json:"needs_action,omitempty"`
-	// NextTry is when a failed cache is tried again.
-	NextTry time.Time `json:"next_try,omitzero"`
+}
+
+// VerifyResult is what re-hashing a ready cache found
+// (POST /v1/verify/{name}).
+type VerifyResult struct {
+	Name       string `json:"name"`
+	RevisionID string `json:"revision_id"`
+	Files      int    `json:"files"`
+	// Checked counts the files whose every byte matched the source's digest.
+	Checked int `json:"checked"`
+	// Damaged files were dropped and are being fetched again (Repairing);
+	// the cache is not ready meanwhile.
+	Damaged    []DamagedFile `json:"damaged,omitempty"`
+	LinkBroken bool          `json:"link_broken,omitempty"`
+	Repairing  bool          `json:"repairing,omitempty"`
+	// Unverifiable files have no digest on the server to check against.
+	Unverifiable []DamagedFile `json:"unverifiable,omitempty"`
+	// SourceChanged files changed in S3 since they were cached: the next
+	// resync fetches the new revision.
+	SourceChanged []string `json:"source_changed,omitempty"`
+}
+
+// FileSetChange is a change of the files under a model's source: objects
+// that went (deleted) or came. A listing with another file set is acted
+// upon only when the next listing (at the next attempt) agrees; until then
+// Confirmed is false and the cache keeps its former files.
+type FileSetChange struct {
+	Gone      []string  `json:"gone,omitempty"`
+	Came      []string  `json:"came,omitempty"`
+	Confirmed bool      `json:"confirmed"`
+	At        time.Time `json:"at"`
+}
+
+// DamagedFile is one file and what is wrong with it.
+type DamagedFile struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
 }
 
 // NodeCacheStatus is a cache's state on one fleet member.

@@ -25,6 +25,7 @@ func runCache(ctx context.Context, e *Env, args []string) error {
 		"ls":     runCacheList,
 		"status": runCacheStatus,
 		"rm":     runCacheRemove,
+		"verify": runCacheVerify,
 	})
 }
 
