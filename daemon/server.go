@@ -14,9 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/health"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
 )
@@ -24,13 +23,15 @@ import (
 // maxBodyBytes bounds an API request body; specs are small.
 const maxBodyBytes = 64 << 10
 
-// Handler is the daemon's HTTP API. token, when set, must be sent as a
-// bearer token on every request.
-func (d *Daemon) Handler(token string) http.Handler {
+// Handler is the daemon's HTTP API, ready when its state reads. token, when
+// set, must be sent as a bearer token on every request.
+func (d *Daemon) Handler(token string) http.Handler { return d.APIHandler(token, d.StateErr) }
+
+// APIHandler is the daemon's HTTP API with /readyz answering from ready, so
+// the API and the metrics listener (internal/health) report one readiness.
+func (d *Daemon) APIHandler(token string, ready func() error) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-	mux.HandleFunc("GET /readyz", d.handleReady)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
+	health.Mount(mux, d.metrics.reg, ready)
 	mux.HandleFunc("GET /v1/node", d.handleNode)
 	mux.HandleFunc("GET /v1/caches", d.handleCaches)
 	mux.HandleFunc("POST /v1/caches", d.handleAddCache)
@@ -58,12 +59,10 @@ func (d *Daemon) Handler(token string) http.Handler {
 	})
 }
 
-func (d *Daemon) handleReady(w http.ResponseWriter, _ *http.Request) {
-	if _, err := d.state.records(); err != nil {
-		writeError(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	_, _ = io.WriteString(w, "ok\n")
+// StateErr reports why the daemon's state cannot be read, or nil.
+func (d *Daemon) StateErr() error {
+	_, err := d.state.records()
+	return err
 }
 
 func (d *Daemon) handleNode(w http.ResponseWriter, _ *http.Request) {

@@ -17,6 +17,7 @@ import (
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
+	"github.com/warmfleet/warmfleet/internal/sdnotify"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/p2p"
 )
@@ -30,6 +31,7 @@ type daemonFlags struct {
 	dataDir         string
 	apiAddr         string
 	apiTokenFile    string
+	metricsListen   string
 	labels          listFlag
 	reserve         byteSize
 	reserveFraction float64
@@ -63,6 +65,7 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/warmfleet", "cache directory on the node's NVMe")
 	fs.StringVar(&f.apiAddr, "api", defaultAPI, "API address: unix:///path.sock or host:port")
 	fs.StringVar(&f.apiTokenFile, "api-token-file", "", "file holding the bearer token the API requires (needed for a non-loopback TCP address)")
+	fs.StringVar(&f.metricsListen, "metrics-listen", "", "read-only listener for /metrics, /healthz and /readyz without a token, e.g. :9464 (empty: off; the API serves them too)")
 	fs.Var(&f.labels, "label", "node label k=v (repeatable)")
 	f.reserve = 1 << 30
 	fs.Var(&f.reserve, "reserve", "space left free on the data dir's file system, e.g. 10GiB")
@@ -133,6 +136,15 @@ func runDaemon(ctx context.Context, e *Env, args []string) error {
 // the SDK's standard chain (the demo's embedded server); started, if not
 // nil, is called once the API listens.
 func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, addr api.Addr, token string, origin s3origin.Options, started func()) error {
+	// The swarm authenticates peers with the gossip keyring once gossip
+	// runs, so a fleet-wide key rotation reaches it too.
+	var fleetNode atomic.Pointer[gossip.Node]
+	probes := newDaemonProbes(f.join, &fleetNode)
+	stopMetrics, err := serveMetrics(ctx, log, f.metricsListen, probes, probes.ready.Err)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	var d *daemon.Daemon
 	origin.Concurrency, origin.PartSize = f.s3Concurrency, int64(f.partSize)
 	origin.Logger = log.With("component", "s3")
@@ -150,10 +162,8 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		return err
 	}
 	defer d.Close()
+	probes.daemon.Store(d)
 	var swarm *p2p.Node
-	// The swarm authenticates peers with the gossip keyring once gossip
-	// runs, so a fleet-wide key rotation reaches it too.
-	var fleetNode atomic.Pointer[gossip.Node]
 	if f.p2pAddr != "" {
 		ln, node, err := startSwarm(ctx, log, f, &fleetNode)
 		if err != nil {
@@ -203,9 +213,13 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	if err != nil {
 		return err
 	}
-	srv := apiServer(d.Handler(token))
+	srv := apiServer(d.APIHandler(token, probes.ready.Err))
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
+	probes.serving.Store(true)
+	// The watchdog is fed while the state reads: a daemon wedged on its
+	// store is restarted by systemd.
+	stopping := sdnotify.FromEnv(log).Serving(d.StateErr)
 	log.Info("warmfleet daemon started", "node", f.nodeName, "data_dir", f.dataDir, "api", addr.String(), "version", Version())
 	if started != nil {
 		started()
@@ -220,6 +234,8 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		err = fmt.Errorf("api server: %w", err)
 	case <-ctx.Done():
 	}
+	probes.serving.Store(false)
+	stopping()
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if serr := srv.Shutdown(shutdownCtx); serr != nil && !errors.Is(serr, http.ErrServerClosed) {

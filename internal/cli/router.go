@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/warmfleet/warmfleet/gossip"
+	"github.com/warmfleet/warmfleet/internal/sdnotify"
 	"github.com/warmfleet/warmfleet/router"
 	"github.com/warmfleet/warmfleet/router/balance"
 	"github.com/warmfleet/warmfleet/router/bench"
@@ -321,10 +322,12 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 			}
 		})
 	}
+	stopping := sdnotify.FromEnv(log).Serving(nil) // every address listens
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
+	stopping()
 	shutdown, stop := context.WithTimeout(context.Background(), 30*time.Second)
 	defer stop()
 	for _, srv := range servers {

@@ -1,0 +1,112 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/warmfleet/warmfleet/daemon"
+	"github.com/warmfleet/warmfleet/gossip"
+	"github.com/warmfleet/warmfleet/internal/health"
+)
+
+// daemonProbes is what the daemon's readiness is made of, filled in as
+// start-up goes: the daemon once its state is loaded, the fleet once gossip
+// runs, serving once the API answers.
+type daemonProbes struct {
+	ready   health.Readiness
+	daemon  atomic.Pointer[daemon.Daemon]
+	fleet   *atomic.Pointer[gossip.Node]
+	serving atomic.Bool
+}
+
+// newDaemonProbes lists the daemon's readiness conditions in start-up
+// order: state loaded, API serving, and with join set at least one other
+// fleet member alive.
+func newDaemonProbes(join []string, fleet *atomic.Pointer[gossip.Node]) *daemonProbes {
+	p := &daemonProbes{fleet: fleet}
+	p.ready.Add("state", func() error {
+		d := p.daemon.Load()
+		if d == nil {
+			return errors.New("not loaded yet")
+		}
+		return d.StateErr()
+	})
+	p.ready.Add("api", func() error {
+		if !p.serving.Load() {
+			return errors.New("not serving")
+		}
+		return nil
+	})
+	if len(join) > 0 {
+		p.ready.Add("fleet", func() error {
+			n := fleet.Load()
+			if n == nil {
+				return errors.New("gossip not started yet")
+			}
+			return joinedErr(n.Members(), join)
+		})
+	}
+	return p
+}
+
+// joinedErr reports that no member other than this node is alive.
+func joinedErr(members []gossip.Member, join []string) error {
+	for _, m := range members {
+		if !m.Self && m.State == gossip.MemberAlive {
+			return nil
+		}
+	}
+	return fmt.Errorf("no other member joined yet (joining %s)", strings.Join(join, ","))
+}
+
+// Gather serves the daemon's registry once the daemon is loaded; before,
+// a scrape fails and says why, so the scraper records the target as down
+// rather than as a node with no caches.
+func (p *daemonProbes) Gather() ([]*dto.MetricFamily, error) {
+	d := p.daemon.Load()
+	if d == nil {
+		return nil, errors.New("state not loaded yet")
+	}
+	return d.Registry().Gather()
+}
+
+var _ prometheus.Gatherer = (*daemonProbes)(nil)
+
+// serveMetrics opens the read-only metrics and probe listener on addr and
+// serves it until stop is called. An address that cannot be taken is an
+// error before anything else starts.
+func serveMetrics(ctx context.Context, log *slog.Logger, addr string, g prometheus.Gatherer, ready func() error) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := health.Listen(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	srv := health.Server(health.Handler(g, ready))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics listener", "err", err)
+		}
+	}()
+	log.Info("metrics listener", "addr", ln.Addr().String())
+	return func() {
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(shutdownCtx); err != nil {
+			srv.Close()
+		}
+		<-done
+	}, nil
+}
