@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/bearer"
 	"github.com/warmfleet/warmfleet/internal/health"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
@@ -46,16 +46,8 @@ func (d *Daemon) APIHandler(token string, ready func() error) http.Handler {
 	mux.HandleFunc("DELETE /v1/endpoints", d.handleRemoveEndpoint)
 	mux.HandleFunc("GET /v1/gossip/keys", d.handleListGossipKeys)
 	mux.HandleFunc("POST /v1/gossip/keys", d.handleGossipKeyOp)
-	if token == "" {
-		return mux
-	}
-	want := []byte("Bearer " + token)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			writeError(w, http.StatusUnauthorized, errors.New("missing or wrong bearer token"))
-			return
-		}
-		mux.ServeHTTP(w, r)
+	return bearer.Require(token, mux, func(w http.ResponseWriter) {
+		writeError(w, http.StatusUnauthorized, errors.New("missing or wrong bearer token"))
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/warmfleet/warmfleet/internal/bearer"
 	"github.com/warmfleet/warmfleet/router/balance"
 	"github.com/warmfleet/warmfleet/router/oai"
 )
@@ -62,8 +63,10 @@ func (rt *Router) Snapshot() State {
 
 // AdminHandler serves /metrics (from gatherer), GET /admin/state, PUT
 // /admin/strategy {"model":"","strategy":"random"} and, if reload is not
-// nil, POST /admin/reload. Serve it on a separate, private listener.
-func (rt *Router) AdminHandler(gatherer prometheus.Gatherer, reload func() error) http.Handler {
+// nil, POST /admin/reload. Serve it on a separate, private listener. With
+// a token, all but /healthz and /readyz (for orchestrators' probes) need
+// it as a bearer token.
+func (rt *Router) AdminHandler(gatherer prometheus.Gatherer, reload func() error, token string) http.Handler {
 	mux := http.NewServeMux()
 	if gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
@@ -98,5 +101,8 @@ func (rt *Router) AdminHandler(gatherer prometheus.Gatherer, reload func() error
 			w.WriteHeader(http.StatusNoContent)
 		})
 	}
-	return mux
+	return rt.ownPaths(bearer.Require(token, mux, func(w http.ResponseWriter) {
+		oai.WriteError(w, &oai.APIError{Status: http.StatusUnauthorized, Type: oai.TypeInvalidRequest, Code: "unauthorized",
+			Message: "missing or wrong bearer token"})
+	}))
 }

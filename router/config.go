@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,25 +38,44 @@ type Config struct {
 	KVCacheTokens    int     `yaml:"kv_cache_tokens"`   // default backend KV cache size
 	MaxInflight      int     `yaml:"max_inflight"`      // default backend concurrency limit (0: none)
 
-	MaxBodyBytes int64         `yaml:"max_body_bytes"`
-	BodyTimeout  time.Duration `yaml:"body_timeout"`  // to read a request body
-	QueueTimeout time.Duration `yaml:"queue_timeout"` // bounded wait when every backend is at its limit
-	MaxQueue     int           `yaml:"max_queue"`     // waiting requests beyond which 429 is immediate
-	MaxRetries   int           `yaml:"max_retries"`   // extra attempts for requests that could not be sent
+	MaxBodyBytes  int64         `yaml:"max_body_bytes"`
+	BodyTimeout   time.Duration `yaml:"body_timeout"`    // to read a whole request body, however it trickles in
+	MaxSlowBodies int           `yaml:"max_slow_bodies"` // bodies still arriving after SlowBodyAfter at once; more are refused (408)
+	QueueTimeout  time.Duration `yaml:"queue_timeout"`   // bounded wait when every backend is at its limit
+	MaxQueue      int           `yaml:"max_queue"`       // waiting requests beyond which 429 is immediate
+	MaxRetries    int           `yaml:"max_retries"`     // extra attempts for requests that could not be sent
 
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
-	ProbeInterval  time.Duration `yaml:"probe_interval"` // active health probes; negative disables
-	ProbePath      string        `yaml:"probe_path"`
-	ProbeTimeout   time.Duration `yaml:"probe_timeout"`
-	EjectBase      time.Duration `yaml:"eject_base"` // first passive ejection; doubles per failure
-	EjectMax       time.Duration `yaml:"eject_max"`
-	Eject5xx       int           `yaml:"eject_5xx"` // consecutive 5xx answers that eject a backend (0: never)
-	RampUp         time.Duration `yaml:"ramp_up"`   // a new endpoint reaches a full share after this
+	// FirstByteTimeout bounds the wait for a backend's first response body
+	// byte (after the request is sent) for streamed requests and other
+	// paths; a backend that misses it is ejected and the request retried
+	// on another, as nothing has reached the client yet.
+	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
+	// ResponseTimeout is the same bound for non-streamed completions, whose
+	// first byte comes with the whole answer.
+	ResponseTimeout time.Duration `yaml:"response_timeout"`
+	// IdleTimeout bounds the gap between two reads of an answer once it has
+	// begun; a backend that misses it broke the answer and is ejected.
+	IdleTimeout   time.Duration `yaml:"idle_timeout"`
+	ProbeInterval time.Duration `yaml:"probe_interval"` // active health probes; negative disables
+	ProbePath     string        `yaml:"probe_path"`
+	ProbeTimeout  time.Duration `yaml:"probe_timeout"`
+	EjectBase     time.Duration `yaml:"eject_base"` // first passive ejection; doubles per failure
+	EjectMax      time.Duration `yaml:"eject_max"`
+	Eject5xx      int           `yaml:"eject_5xx"` // consecutive 5xx answers that eject a backend (0: never)
+	RampUp        time.Duration `yaml:"ramp_up"`   // a new endpoint reaches a full share after this
 
 	SessionHeader string `yaml:"session_header"` // request header whose value is mixed into the hash
 	DebugHeader   bool   `yaml:"debug_header"`   // answer X-Warmfleet-Debug with X-Warmfleet-Route
 	HashKeyFile   string `yaml:"hash_key_file"`  // per-fleet secret keying the block hashes
+	// ForwardPaths are the path prefixes the public listener forwards to
+	// backends (a prefix matches itself and what lies below it); the
+	// router answers everything else itself, with 404.
+	ForwardPaths []string `yaml:"forward_paths"`
 }
+
+// DefaultForwardPaths are the OpenAI API paths forwarded by default.
+var DefaultForwardPaths = []string{"/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/embeddings"}
 
 // ModelConfig overrides settings for one model name.
 type ModelConfig struct {
@@ -90,10 +110,14 @@ func Defaults() Config {
 		KVCacheTokens:    262144,
 		MaxBodyBytes:     16 << 20,
 		BodyTimeout:      30 * time.Second,
+		MaxSlowBodies:    64,
 		QueueTimeout:     2 * time.Second,
 		MaxQueue:         1024,
 		MaxRetries:       2,
 		ConnectTimeout:   2 * time.Second,
+		FirstByteTimeout: 60 * time.Second,
+		ResponseTimeout:  10 * time.Minute,
+		IdleTimeout:      60 * time.Second,
 		ProbeInterval:    5 * time.Second,
 		ProbePath:        "/health",
 		ProbeTimeout:     2 * time.Second,
@@ -103,6 +127,7 @@ func Defaults() Config {
 		RampUp:           60 * time.Second,
 		SessionHeader:    "X-Session-Id",
 		DebugHeader:      true,
+		ForwardPaths:     slices.Clone(DefaultForwardPaths),
 	}
 }
 
@@ -176,6 +201,14 @@ func (c *Config) Validate() error {
 	if c.EjectBase <= 0 || c.EjectMax < c.EjectBase || c.ConnectTimeout <= 0 || c.ProbeTimeout <= 0 || c.BodyTimeout <= 0 {
 		errs = append(errs, errors.New("eject_base, connect_timeout, probe_timeout, body_timeout must be positive and eject_max >= eject_base"))
 	}
+	if c.FirstByteTimeout <= 0 || c.ResponseTimeout <= 0 || c.IdleTimeout <= 0 || c.MaxSlowBodies < 0 {
+		errs = append(errs, errors.New("first_byte_timeout, response_timeout, idle_timeout must be positive and max_slow_bodies >= 0"))
+	}
+	for _, p := range c.ForwardPaths {
+		if !strings.HasPrefix(p, "/") || strings.HasSuffix(p, "/") || slices.Contains(routerPaths, p) {
+			errs = append(errs, fmt.Errorf("forward_paths: %q must start with / and not end with one, and must not be one of the router's own paths %v", p, routerPaths))
+		}
+	}
 	if c.ProbeInterval > 0 && !strings.HasPrefix(c.ProbePath, "/") {
 		errs = append(errs, fmt.Errorf("probe_path %q must start with /", c.ProbePath))
 	}
@@ -219,4 +252,14 @@ func (c *Config) StrategyFor(model string) balance.Strategy {
 		return mc.Strategy
 	}
 	return c.Strategy
+}
+
+// Forwards reports whether the public listener forwards path to backends.
+func (c *Config) Forwards(path string) bool {
+	for _, p := range c.ForwardPaths {
+		if strings.HasPrefix(path, p) && (len(path) == len(p) || path[len(p)] == '/') {
+			return true
+		}
+	}
+	return false
 }

@@ -12,7 +12,8 @@ import (
 )
 
 // probeLoop checks every backend each ProbeInterval: a failing probe ejects
-// it with backoff, a passing one readmits it. Until a backend's KV cache size
+// it with backoff, a passing one readmits it, unless requests it failed
+// ejected it (then only its backoff readmits it). Until a backend's KV cache size
 // is known it also reads the size from its vLLM-style metrics.
 func (rt *Router) probeLoop(ctx context.Context) {
 	for {
@@ -59,11 +60,21 @@ func (rt *Router) ProbeOnce(ctx context.Context) {
 			defer rt.mu.Unlock()
 			if err != nil {
 				if rt.now().After(b.ejectedUntil) {
+					b.passive = false
 					rt.ejectLocked(b, "probe: "+err.Error())
 				}
 				return
 			}
-			rt.healthyLocked(b)
+			switch {
+			case !b.passive:
+				rt.healthyLocked(b)
+			case !rt.now().Before(b.ejectedUntil):
+				// Ejected for failing requests: a passing probe proves
+				// little (a stalled engine still answers /health), so the
+				// backend only gets traffic again once its backoff is over,
+				// and the backoff keeps growing until a request succeeds.
+				rt.metrics.healthy.WithLabelValues(b.url).Set(1)
+			}
 			if kv > 0 {
 				b.learnedKV = kv
 				rt.configureLocked(b)

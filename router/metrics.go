@@ -20,6 +20,7 @@ type metrics struct {
 	queueWait      prometheus.Histogram
 	rejected       *prometheus.CounterVec
 	ejections      *prometheus.CounterVec
+	failures       *prometheus.CounterVec
 	healthy        *prometheus.GaugeVec
 }
 
@@ -71,6 +72,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "warmfleet_router_backend_ejections_total",
 			Help: "Times a backend was ejected after a connect error, timeout, run of 5xx answers or failed probe.",
 		}, []string{"backend"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmfleet_router_backend_failures_total",
+			Help: "Requests a backend failed after accepting them, by kind (first_byte_timeout, idle_timeout, broken_stream, broken_before_answer).",
+		}, []string{"backend", "kind"}),
 		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "warmfleet_router_backend_healthy",
 			Help: "1 if the backend is eligible for traffic, 0 while ejected.",
@@ -78,7 +83,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.decisions, m.overflows, m.cachedFraction, m.inflight, m.ttfb, m.duration,
-			m.decisionTime, m.queueWait, m.rejected, m.ejections, m.healthy} {
+			m.decisionTime, m.queueWait, m.rejected, m.ejections, m.failures, m.healthy} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("router metrics: %w", err)
 			}

@@ -2,11 +2,13 @@ package router
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -42,6 +44,7 @@ type statusWriter struct {
 	http.ResponseWriter
 	status    int
 	firstByte time.Time
+	abort     bool // break the connection once the handler is done
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -63,7 +66,9 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// ServeHTTP implements http.Handler.
+// ServeHTTP implements http.Handler. The router answers its own paths
+// (/healthz, /readyz) and forwards only Config.ForwardPaths; anything else
+// is a 404 in the OpenAI error shape.
 func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
@@ -77,7 +82,21 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !sw.firstByte.IsZero() && strategy != "" {
 			rt.metrics.ttfb.WithLabelValues(strategy).Observe(sw.firstByte.Sub(start).Seconds())
 		}
+		if sw.abort {
+			// The answer broke after it began: the only honest end is to
+			// break the connection, so the client cannot take it as whole.
+			panic(http.ErrAbortHandler)
+		}
 	}()
+	if rt.serveOwn(sw, r) {
+		return
+	}
+	cfg := rt.Config()
+	if !cfg.Forwards(r.URL.Path) {
+		rt.fail(sw, &oai.APIError{Status: http.StatusNotFound, Type: oai.TypeNotFound, Code: "unknown_path",
+			Message: fmt.Sprintf("the router does not serve or forward %s (forwarded: %s)", r.URL.Path, strings.Join(cfg.ForwardPaths, ", "))})
+		return
+	}
 	switch r.URL.Path {
 	case "/v1/completions", "/v1/chat/completions":
 		if r.Method != http.MethodPost {
@@ -85,15 +104,15 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				Code: "method_not_allowed", Message: "use POST for " + r.URL.Path})
 			return
 		}
-		strategy = rt.inference(sw, r)
+		strategy = rt.inference(sw, r, &cfg)
 	case "/v1/models":
 		if r.Method == http.MethodGet {
 			rt.models(sw, r)
 			return
 		}
-		rt.passthrough(sw, r)
+		rt.passthrough(sw, r, &cfg)
 	default:
-		rt.passthrough(sw, r)
+		rt.passthrough(sw, r, &cfg)
 	}
 }
 
@@ -102,7 +121,10 @@ func (rt *Router) fail(w http.ResponseWriter, e *oai.APIError) {
 	oai.WriteError(w, e)
 }
 
-// readBody reads at most MaxBodyBytes within BodyTimeout.
+// readBody reads at most MaxBodyBytes within BodyTimeout, counted from the
+// first read however the bytes trickle in. A body still arriving after
+// SlowBodyAfter takes one of MaxSlowBodies slots, or is cut off at once
+// when none is free: slow senders can hold at most that many requests.
 //
 // The buffer is not pooled: the transport may still be writing a request
 // body after RoundTrip returns and only a Close says when it is done, but a
@@ -118,9 +140,12 @@ func (rt *Router) readBody(w http.ResponseWriter, r *http.Request, cfg *Config) 
 	if r.ContentLength > cfg.MaxBodyBytes {
 		return nil, tooLarge()
 	}
+	if r.ContentLength == 0 {
+		return nil, nil
+	}
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(cfg.BodyTimeout))
-	defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	slow := rt.slowBodies.watch(rc, cfg.MaxSlowBodies)
 	var body []byte
 	var err error
 	if r.ContentLength > 0 {
@@ -129,37 +154,52 @@ func (rt *Router) readBody(w http.ResponseWriter, r *http.Request, cfg *Config) 
 		if _, err = io.ReadFull(r.Body, body); err == nil {
 			var extra [1]byte
 			if n, _ := r.Body.Read(extra[:]); n > 0 {
+				slow.done()
 				return nil, tooLarge()
 			}
 		}
 	} else {
 		body, err = io.ReadAll(io.LimitReader(r.Body, cfg.MaxBodyBytes+1))
 	}
+	refused := slow.done()
 	if err != nil {
+		// The deadline stays: net/http would otherwise read what is left of
+		// the body, as slowly as it comes, before sending this answer.
+		if refused {
+			return nil, &oai.APIError{Status: http.StatusRequestTimeout, Type: oai.TypeInvalidRequest, Code: "body_too_slow",
+				Message: fmt.Sprintf("the request body is arriving too slowly and %d slow bodies are already being read", cfg.MaxSlowBodies)}
+		}
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			return nil, &oai.APIError{Status: http.StatusRequestTimeout, Type: oai.TypeInvalidRequest, Code: "body_timeout",
+				Message: fmt.Sprintf("the request body did not arrive within %v", cfg.BodyTimeout)}
+		}
 		return nil, &oai.APIError{Status: http.StatusBadRequest, Type: oai.TypeInvalidRequest, Code: "body_read_error",
 			Message: "could not read the request body: " + err.Error()}
 	}
+	_ = rc.SetReadDeadline(time.Time{})
 	if int64(len(body)) > cfg.MaxBodyBytes {
 		return nil, tooLarge()
 	}
 	return body, nil
 }
 
+// refuseBody answers a request whose body was not read in full. The rest
+// of the body is unread: the connection closes rather than drain it.
+func (rt *Router) refuseBody(w http.ResponseWriter, e *oai.APIError) {
+	w.Header().Set("Connection", "close")
+	rt.fail(w, e)
+}
+
 // inference routes a completions or chat completions request and returns
 // the strategy used ("" if the request was refused before routing).
-func (rt *Router) inference(w *statusWriter, r *http.Request) string {
-	cfg := rt.Config()
-	body, apiErr := rt.readBody(w, r, &cfg)
+func (rt *Router) inference(w *statusWriter, r *http.Request, cfg *Config) string {
+	body, apiErr := rt.readBody(w, r, cfg)
 	if apiErr != nil {
-		if apiErr.Status == http.StatusRequestEntityTooLarge {
-			// The rest of the body is unread: close rather than drain it.
-			w.Header().Set("Connection", "close")
-		}
-		rt.fail(w, apiErr)
+		rt.refuseBody(w, apiErr)
 		return ""
 	}
 	start := time.Now()
-	model, kp, err := rt.scanKeys(&cfg, body, r.Header.Get(cfg.SessionHeader))
+	model, kp, stream, err := rt.scanKeys(cfg, body, r.Header.Get(cfg.SessionHeader))
 	if err != nil {
 		msg := "invalid JSON body: " + err.Error()
 		if !oai.IsSyntax(err) {
@@ -175,20 +215,20 @@ func (rt *Router) inference(w *statusWriter, r *http.Request) string {
 	}
 	defer rt.putKeys(kp)
 	rr := &routeRequest{model: model, keys: *kp, strategy: cfg.StrategyFor(model), hashTime: time.Since(start)}
-	rt.forward(w, r, body, rr, &cfg)
+	firstByte := cfg.FirstByteTimeout
+	if !stream {
+		firstByte = cfg.ResponseTimeout
+	}
+	rt.forward(w, r, body, rr, cfg, firstByte)
 	return string(rr.strategy)
 }
 
 // passthrough proxies any other path to a backend chosen by load, restricted
 // to the model named in a JSON body if there is one.
-func (rt *Router) passthrough(w *statusWriter, r *http.Request) {
-	cfg := rt.Config()
-	body, apiErr := rt.readBody(w, r, &cfg)
+func (rt *Router) passthrough(w *statusWriter, r *http.Request, cfg *Config) {
+	body, apiErr := rt.readBody(w, r, cfg)
 	if apiErr != nil {
-		if apiErr.Status == http.StatusRequestEntityTooLarge {
-			w.Header().Set("Connection", "close")
-		}
-		rt.fail(w, apiErr)
+		rt.refuseBody(w, apiErr)
 		return
 	}
 	model := ""
@@ -198,12 +238,13 @@ func (rt *Router) passthrough(w *statusWriter, r *http.Request) {
 		}
 	}
 	rr := &routeRequest{model: model, strategy: balance.LeastOutstanding}
-	rt.forward(w, r, body, rr, &cfg)
+	rt.forward(w, r, body, rr, cfg, cfg.FirstByteTimeout)
 }
 
 // forward picks a backend, sends the original bytes, streams the answer
-// back, and retries on another backend when the request could not be sent.
-func (rt *Router) forward(w *statusWriter, r *http.Request, body []byte, rr *routeRequest, cfg *Config) {
+// back, and retries on another backend when the request could not be sent
+// or the backend missed firstByte (nothing has reached the client then).
+func (rt *Router) forward(w *statusWriter, r *http.Request, body []byte, rr *routeRequest, cfg *Config, firstByte time.Duration) {
 	debug := cfg.DebugHeader && r.Header.Get(DebugRequestHeader) != ""
 	for attempt := 1; ; attempt++ {
 		got, err := rt.acquire(r.Context(), rr)
@@ -219,15 +260,21 @@ func (rt *Router) forward(w *statusWriter, r *http.Request, body []byte, rr *rou
 		case err != nil: // the client went away while queued
 			return
 		}
-		sent, ferr := rt.send(w, r, body, &got, debug, attempt)
+		a := attemptSpec{body: body, debug: debug, attempt: attempt, firstByte: firstByte, idle: cfg.IdleTimeout}
+		sent, ferr := rt.send(w, r, &got, &a)
 		rt.release(&got)
 		if sent {
 			return
 		}
 		rr.tried = append(rr.tried, got.b)
 		if attempt > cfg.MaxRetries {
-			rt.fail(w, &oai.APIError{Status: http.StatusBadGateway, Type: oai.TypeServer, Code: "backend_unreachable",
-				Message: fmt.Sprintf("could not reach a backend after %d attempts", attempt), RetryAfter: rt.retryAfter()})
+			e := &oai.APIError{Status: http.StatusBadGateway, Type: oai.TypeServer, Code: "backend_unreachable",
+				Message: fmt.Sprintf("could not reach a backend after %d attempts", attempt), RetryAfter: rt.retryAfter()}
+			if errors.Is(ferr, errFirstByteTimeout) {
+				e.Status, e.Code = http.StatusGatewayTimeout, "backend_timeout"
+				e.Message = fmt.Sprintf("no backend began its answer within %v, after %d attempts", firstByte, attempt)
+			}
+			rt.fail(w, e)
 			return
 		}
 		rt.log.Debug("retrying on another backend", "backend", got.b.url, "err", ferr)
@@ -248,15 +295,39 @@ func (rt *Router) retryAfter() time.Duration {
 	return max(best, time.Second)
 }
 
+var (
+	errFirstByteTimeout = errors.New("no first byte within the first-byte timeout")
+	errIdleTimeout      = errors.New("no byte within the idle timeout")
+)
+
+// attemptSpec is what one attempt sends and how long it may wait.
+type attemptSpec struct {
+	body      []byte
+	debug     bool
+	attempt   int
+	firstByte time.Duration // from sending until the answer's first body byte
+	idle      time.Duration // between two reads of the answer after that
+}
+
 // send makes one attempt. It reports whether the request reached the
 // backend (then the response, or an error, has been written to w).
-func (rt *Router) send(w *statusWriter, r *http.Request, body []byte, got *routed, debug bool, attempt int) (bool, error) {
+//
+// The answer's first bytes are read before anything is written to the
+// client, so a backend that accepts the request and then stalls, or fails
+// before its first byte, can still be left for another. A failure after
+// that breaks the client's connection (w.abort), after an error event for
+// a stream, and counts against the backend.
+func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attemptSpec) (bool, error) {
 	b := got.b
 	target := b.url + r.URL.Path
 	if r.URL.RawQuery != "" {
 		target += "?" + r.URL.RawQuery
 	}
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, target, bytes.NewReader(body))
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	timer := time.AfterFunc(a.firstByte, func() { cancel(errFirstByteTimeout) })
+	defer timer.Stop()
+	out, err := http.NewRequestWithContext(ctx, r.Method, target, bytes.NewReader(a.body))
 	if err != nil {
 		rt.fail(w, &oai.APIError{Status: http.StatusBadRequest, Type: oai.TypeInvalidRequest, Code: "bad_path", Message: "cannot forward this path"})
 		return true, err
@@ -270,68 +341,122 @@ func (rt *Router) send(w *statusWriter, r *http.Request, body []byte, got *route
 		}
 		out.Header.Set("X-Forwarded-For", ip)
 	}
-	out.ContentLength = int64(len(body))
-	if len(body) == 0 && r.ContentLength <= 0 {
+	out.ContentLength = int64(len(a.body))
+	if len(a.body) == 0 && r.ContentLength <= 0 {
 		out.Body = http.NoBody
 	}
 	resp, err := rt.client.Do(out)
-	status := 0
+	var bp *[]byte
+	n, ended := 0, false
 	if err == nil {
-		status = resp.StatusCode
-	}
-	rt.markSent(b, status, err)
-	if err != nil {
-		var de *dialError
-		if errors.As(err, &de) {
-			return false, err
+		defer resp.Body.Close()
+		bp = rt.bufs.Get().(*[]byte)
+		defer rt.bufs.Put(bp)
+		n, err = readSome(resp.Body, *bp)
+		if errors.Is(err, io.EOF) {
+			ended, err = true, nil
 		}
+	}
+	if err != nil {
 		if r.Context().Err() != nil {
 			return true, err // the client left
 		}
-		rt.fail(w, &oai.APIError{Status: http.StatusBadGateway, Type: oai.TypeServer, Code: "backend_error",
-			Message: "the backend failed before answering"})
-		return true, err
+		var de *dialError
+		switch {
+		case errors.As(err, &de):
+			rt.markSent(b, 0, err)
+			return false, err
+		case errors.Is(context.Cause(ctx), errFirstByteTimeout):
+			rt.markFailed(b, "first_byte_timeout", fmt.Sprintf("no first byte within %v", a.firstByte))
+			return false, errFirstByteTimeout
+		}
+		rt.markFailed(b, "broken_before_answer", "failed before answering: "+err.Error())
+		return false, err
 	}
-	defer resp.Body.Close()
+	rt.markSent(b, resp.StatusCode, nil)
+	rt.prefilled(got)
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = v
 	}
 	removeHop(h)
-	if debug {
-		h.Set(RouteHeader, rt.explain(*got, attempt))
+	if a.debug {
+		h.Set(RouteHeader, rt.explain(*got, a.attempt))
 	}
 	w.WriteHeader(resp.StatusCode)
-	return true, rt.stream(w, resp.Body, func() { rt.prefilled(got) })
+	if ended {
+		_, err = w.Write((*bp)[:n])
+		return true, err
+	}
+	// The first-byte timer is spent: another bounds each wait for more.
+	timer.Stop()
+	timer = time.AfterFunc(a.idle, func() { cancel(errIdleTimeout) })
+	readErr, writeErr := rt.stream(w, resp.Body, (*bp)[:n], *bp, func() { timer.Reset(a.idle) })
+	switch {
+	case writeErr != nil || r.Context().Err() != nil:
+		return true, cmp.Or(writeErr, r.Context().Err()) // the client left
+	case readErr != nil:
+		if errors.Is(context.Cause(ctx), errIdleTimeout) {
+			readErr = errIdleTimeout
+		}
+		return true, rt.broken(w, b, resp, readErr)
+	}
+	return true, nil
 }
 
-// stream copies the response as it arrives: each read is written and
-// flushed at once, so SSE events reach the client byte for byte, unbuffered.
-// first is called once, at the first byte (the backend has prefilled).
-func (rt *Router) stream(w http.ResponseWriter, body io.Reader, first func()) error {
-	rc := http.NewResponseController(w)
-	bp := rt.bufs.Get().(*[]byte)
-	defer rt.bufs.Put(bp)
-	buf := *bp
+// readSome reads until it has at least one byte or an error.
+func readSome(r io.Reader, buf []byte) (int, error) {
 	for {
+		n, err := r.Read(buf)
+		if n > 0 || err != nil {
+			return n, err
+		}
+	}
+}
+
+// broken ends an answer that failed after it began: the backend counts a
+// failure, a stream gets an error event, and the connection is broken.
+func (rt *Router) broken(w *statusWriter, b *backend, resp *http.Response, err error) error {
+	kind := "broken_stream"
+	if errors.Is(err, errIdleTimeout) {
+		kind = "idle_timeout"
+	}
+	rt.markFailed(b, kind, "answer broken after it began: "+err.Error())
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		_, _ = w.Write(oai.ErrorEvent(&oai.APIError{Type: oai.TypeServer, Code: "backend_" + kind,
+			Message: "the backend failed in the middle of its answer; the answer is incomplete"}))
+		_ = http.NewResponseController(w).Flush()
+	}
+	w.abort = true
+	return err
+}
+
+// stream writes head, then copies the rest of the response as it arrives:
+// each read is written and flushed at once, so SSE events reach the client
+// byte for byte, unbuffered. more is called before each read.
+func (rt *Router) stream(w http.ResponseWriter, body io.Reader, head, buf []byte, more func()) (readErr, writeErr error) {
+	rc := http.NewResponseController(w)
+	chunk := head
+	for {
+		if len(chunk) > 0 {
+			if _, err := w.Write(chunk); err != nil {
+				return nil, err
+			}
+			if err := rc.Flush(); err != nil {
+				return nil, err
+			}
+		}
+		more()
 		n, err := body.Read(buf)
-		if n > 0 && first != nil {
-			first()
-			first = nil
-		}
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return werr
-			}
-			if ferr := rc.Flush(); ferr != nil {
-				return ferr
-			}
-		}
+		chunk = buf[:n]
 		if errors.Is(err, io.EOF) {
-			return nil
+			if _, werr := w.Write(chunk); werr != nil {
+				return nil, werr
+			}
+			return nil, rc.Flush()
 		}
 		if err != nil {
-			return err
+			return err, nil
 		}
 	}
 }

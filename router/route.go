@@ -20,7 +20,7 @@ type Route struct {
 // reserved slot is released at once. For benchmarks and dry runs.
 func (rt *Router) Route(ctx context.Context, body []byte, session string) (Route, error) {
 	cfg := rt.Config()
-	model, kp, err := rt.scanKeys(&cfg, body, session)
+	model, kp, _, err := rt.scanKeys(&cfg, body, session)
 	if err != nil {
 		return Route{}, err
 	}

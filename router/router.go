@@ -60,6 +60,8 @@ type Router struct {
 	keyBufs sync.Pool // *[]uint64 block hash buffers, one per request in flight
 	scans   sync.Pool // *oai.Scanner, so decoding prompts allocates nothing
 
+	slowBodies slowBodies
+
 	mu       sync.Mutex
 	cfg      Config
 	backends map[string]*backend // by URL
@@ -92,8 +94,11 @@ type backend struct {
 	prefilling   int // requests sent but not yet answered with a first byte
 	failures     int
 	ejectedUntil time.Time
-	serverErrors int              // consecutive 5xx answers
-	gauge        prometheus.Gauge // its in-flight series, looked up once
+	serverErrors int // consecutive 5xx answers
+	// passive: the last ejection came from requests the backend failed,
+	// not from its health probe, so a passing probe does not undo it.
+	passive bool
+	gauge   prometheus.Gauge // its in-flight series, looked up once
 
 	// recent is the traffic routed here, decayed per decision (half-life
 	// ShareHalfLife decisions), for the traffic-share bound.
@@ -334,19 +339,19 @@ func (rt *Router) wakeLocked() {
 // into a pooled buffer; the caller returns that with putKeys once the
 // request is done (the index keeps copies, not the slice). The error is
 // oai.Scan's; a body without a model gives "" and no keys.
-func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (string, *[]uint64, error) {
+func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (model string, keys *[]uint64, stream bool, err error) {
 	sc := rt.scanner()
 	defer rt.scans.Put(sc) // nothing of the request outlives this call
 	req, err := sc.Scan(body)
 	if err != nil || req.Model == "" {
-		return "", nil, err
+		return "", nil, false, err
 	}
 	kp, _ := rt.keyBufs.Get().(*[]uint64)
 	if kp == nil {
 		kp = new([]uint64)
 	}
 	*kp, _ = rt.hasher(cfg).Blocks((*kp)[:0], req.Model, &req, session)
-	return req.Model, kp, nil
+	return req.Model, kp, req.Stream, nil
 }
 
 // scanModel reads the model named in a body, "" if there is none.
@@ -404,6 +409,7 @@ func (rt *Router) healthyLocked(b *backend) {
 	}
 	b.failures = 0
 	b.ejectedUntil = time.Time{}
+	b.passive = false
 	rt.metrics.healthy.WithLabelValues(b.url).Set(1)
 }
 
@@ -639,6 +645,7 @@ func (rt *Router) markSent(b *backend, status int, err error) {
 		b.serverErrors++
 		if n := rt.cfg.Eject5xx; n > 0 && b.serverErrors >= n {
 			b.serverErrors = 0
+			b.passive = true
 			rt.ejectLocked(b, fmt.Sprintf("%d consecutive 5xx answers", n))
 		}
 	case err == nil:
@@ -647,10 +654,24 @@ func (rt *Router) markSent(b *backend, status int, err error) {
 			rt.healthyLocked(b)
 		}
 	case errors.As(err, &de):
+		b.passive = true
 		rt.ejectLocked(b, de.Error())
 	case errors.As(err, &ne) && ne.Timeout():
+		b.passive = true
 		rt.ejectLocked(b, "timeout")
 	}
+}
+
+// markFailed counts a request that the backend failed (kind: first-byte
+// timeout, idle timeout, broken answer) and ejects the backend: whatever
+// its health probe says, it does not answer requests.
+func (rt *Router) markFailed(b *backend, kind, why string) {
+	rt.metrics.failures.WithLabelValues(b.url, kind).Inc()
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	b.serverErrors = 0
+	b.passive = true
+	rt.ejectLocked(b, why)
 }
 
 // serverError reports whether an answer counts against the backend's

@@ -435,7 +435,7 @@ func TestHotPromptDoesNotPin(t *testing.T) {
 func TestStrategySwitchAndAdmin(t *testing.T) {
 	b := okBackend(t, "b", nil)
 	h := newHarness(t, Defaults(), Options{}, b.URL)
-	admin := httptest.NewServer(h.rt.AdminHandler(h.reg, nil))
+	admin := httptest.NewServer(h.rt.AdminHandler(h.reg, nil, ""))
 	defer admin.Close()
 	req, _ := http.NewRequest(http.MethodPut, admin.URL+"/admin/strategy", strings.NewReader(`{"model":"m2","strategy":"least-outstanding"}`))
 	resp, err := http.DefaultClient.Do(req)

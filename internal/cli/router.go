@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/sdnotify"
 	"github.com/warmfleet/warmfleet/router"
@@ -81,6 +82,14 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	fs := newFlagSet(e, "router")
 	listen := fs.String("listen", "127.0.0.1:8080", "address for the OpenAI-compatible API")
 	adminListen := fs.String("admin-listen", "127.0.0.1:9180", "private address for /metrics and /admin/* (empty: off)")
+	adminTokenFile := fs.String("admin-token-file", "", "file holding the bearer token the admin listener requires (needed for a non-loopback --admin-listen)")
+	var forward listFlag
+	fs.Var(&forward, "forward-path", "path prefix the API forwards to backends (repeatable, or comma-separated; replaces the default "+strings.Join(router.DefaultForwardPaths, ",")+"; config key forward_paths)")
+	firstByte := fs.Duration("first-byte-timeout", router.Defaults().FirstByteTimeout, "longest wait for a backend's first byte of a streamed answer (or another path's) before trying another backend")
+	responseTimeout := fs.Duration("response-timeout", router.Defaults().ResponseTimeout, "the same for a non-streamed completion, whose first byte comes with the whole answer")
+	idleTimeout := fs.Duration("idle-timeout", router.Defaults().IdleTimeout, "longest gap between two chunks of an answer; a backend that misses it has broken the answer")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logFormat := fs.String("log-format", "text", "text or json")
 	var backends urlList
 	fs.Var(&backends, "backend", "backend base URL (repeatable, or comma-separated); added to the config file's backends")
 	strategy := balance.PrefixAware
@@ -114,7 +123,17 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	log := slog.New(slog.NewTextHandler(e.Stderr, nil))
+	log, lerr := newLogger(e, *logLevel, *logFormat)
+	if lerr != nil {
+		return lerr
+	}
+	adminToken, terr := readToken(*adminTokenFile)
+	if terr != nil {
+		return usageError("--admin-token-file: %v", terr)
+	}
+	if *adminListen != "" && adminToken == "" && !(api.Addr{Network: "tcp", Address: *adminListen}).Loopback() {
+		return usageError("--admin-listen %s is reachable from other hosts: give a bearer token (--admin-token-file)", *adminListen)
+	}
 
 	// load builds the configuration: file, then flags given explicitly.
 	load := func() (router.Config, error) {
@@ -139,6 +158,18 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 		}
 		if set["hash-key-file"] {
 			cfg.HashKeyFile = *hashKeyFile
+		}
+		if set["forward-path"] {
+			cfg.ForwardPaths = slices.Clone([]string(forward))
+		}
+		if set["first-byte-timeout"] {
+			cfg.FirstByteTimeout = *firstByte
+		}
+		if set["response-timeout"] {
+			cfg.ResponseTimeout = *responseTimeout
+		}
+		if set["idle-timeout"] {
+			cfg.IdleTimeout = *idleTimeout
 		}
 		for _, b := range backends {
 			cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: b})
@@ -260,7 +291,7 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	api := &http.Server{Addr: *listen, Handler: rt, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	servers := []*http.Server{api}
 	if *adminListen != "" {
-		servers = append(servers, &http.Server{Addr: *adminListen, Handler: rt.AdminHandler(reg, reload), ReadHeaderTimeout: 10 * time.Second})
+		servers = append(servers, &http.Server{Addr: *adminListen, Handler: rt.AdminHandler(reg, reload, adminToken), ReadHeaderTimeout: 10 * time.Second})
 	}
 	if *peerListen != "" {
 		mux := http.NewServeMux()

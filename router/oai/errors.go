@@ -36,6 +36,14 @@ func WriteError(w http.ResponseWriter, e *APIError) {
 		secs := int((e.RetryAfter + time.Second - 1) / time.Second)
 		h.Set("Retry-After", strconv.Itoa(max(secs, 1)))
 	}
+	body := e.body()
+	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// body is e as the JSON object `{"error":{...}}`.
+func (e *APIError) body() []byte {
 	body, err := json.Marshal(struct {
 		Error *APIError `json:"error"`
 	}{e})
@@ -43,7 +51,12 @@ func WriteError(w http.ResponseWriter, e *APIError) {
 		// Only strings and nil are marshalled; cannot fail, but never send nothing.
 		body = []byte(`{"error":{"message":"internal error","type":"server_error","code":"internal_error","param":null}}`)
 	}
-	h.Set("Content-Length", strconv.Itoa(len(body)+1))
-	w.WriteHeader(e.Status)
-	_, _ = w.Write(append(body, '\n'))
+	return body
+}
+
+// ErrorEvent is e as a server-sent event, `data: {"error":{...}}`, the
+// way a stream that has begun reports a failure: OpenAI's clients raise
+// it as an error instead of taking the stream as complete.
+func ErrorEvent(e *APIError) []byte {
+	return append(append([]byte("data: "), e.body()...), "\n\n"...)
 }
