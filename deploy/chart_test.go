@@ -81,6 +81,10 @@ type podMonitor struct {
 				SourceLabels []string `json:"sourceLabels"`
 				TargetLabel  string   `json:"targetLabel"`
 			} `json:"relabelings"`
+			Authorization *struct {
+				Type        string                   `json:"type"`
+				Credentials corev1.SecretKeySelector `json:"credentials"`
+			} `json:"authorization"`
 		} `json:"podMetricsEndpoints"`
 	} `json:"spec"`
 }
@@ -406,7 +410,7 @@ func checkRouter(t *testing.T, r rendered) {
 		t.Errorf("router pod securityContext %+v, want a non-root user", sc)
 	}
 	c := &spec.Containers[0]
-	for _, f := range []string{"join", "peer-listen", "gossip", "cluster-key-file", "config", "config-poll"} {
+	for _, f := range []string{"join", "peer-listen", "gossip", "cluster-key-file", "config", "config-poll", "admin-token-file", "log-format"} {
 		if _, ok := flagValue(c.Args, f); !ok {
 			t.Errorf("router args %q lack --%s", c.Args, f)
 		}
@@ -422,6 +426,12 @@ func checkRouter(t *testing.T, r rendered) {
 	cfg := router.Defaults()
 	if err := router.ParseConfig([]byte(cm.Data[filepath.Base(cfgPath)]), &cfg); err != nil {
 		t.Errorf("router config in ConfigMap %s: %v", cm.Name, err)
+	}
+	// The admin listener requires the token, from a read-only Secret.
+	tokenPath, _ := flagValue(c.Args, "admin-token-file")
+	tm := mount(t, c, "admin-token")
+	if tv := volume(t, spec, "admin-token"); tv.Secret == nil || !tm.ReadOnly || filepath.Dir(tokenPath) != tm.MountPath {
+		t.Errorf("admin token volume %+v mounted %+v for --admin-token-file=%s", tv.VolumeSource, tm, tokenPath)
 	}
 	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
 		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.String() != "admin" {
@@ -505,7 +515,8 @@ func TestChartRejectsBadValues(t *testing.T) {
 	}{
 		{"no data dir", []string{"daemon.dataDir="}, "dataDir"},
 		{"relative data dir", []string{"daemon.dataDir=warmfleet"}, "dataDir"},
-		{"no key Secret", []string{"clusterKey.secretName="}, "secretName"},
+		{"no key Secret", []string{"clusterKey.secretName="}, "clusterKey"},
+		{"no admin token Secret", []string{"router.adminToken.secretName="}, "adminToken"},
 		{"negative memory limit", []string{"daemon.resources.limits.memory=-2Gi"}, "memory"},
 		{"negative cpu request", []string{"router.resources.requests.cpu=-1"}, "cpu"},
 		{"root router", []string{"router.runAsUser=0"}, "runAsUser"},
@@ -686,6 +697,12 @@ func checkMonitoring(t *testing.T, r rendered) {
 			continue
 		}
 		containerPort(t, &pod.Spec.Containers[0], port)
+		if port == "admin" {
+			auth := pm.Spec.PodMetricsEndpoints[0].Authorization
+			if auth == nil || auth.Type != "Bearer" || auth.Credentials.Name != volume(t, &pod.Spec, "admin-token").Secret.SecretName {
+				t.Errorf("router PodMonitor authorization %+v, want the admin token Secret", auth)
+			}
+		}
 	}
 	known := registeredMetrics(t)
 	alerts := map[string]bool{}

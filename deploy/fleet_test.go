@@ -37,11 +37,11 @@ type node struct {
 }
 
 // podFor plays the kubelet's part for container c of spec on host h:
-// hostPath volumes become directories under root, Secrets are written with
-// their defaultMode, downward API fields take the host's values, $(VAR) in
+// hostPath volumes become directories under root, Secrets and ConfigMaps
+// (objects, by "Kind/name") are written with their defaultMode, downward API fields take the host's values, $(VAR) in
 // arguments is expanded, and paths under a mount point are rewritten to
 // where that mount lives here (the lab's hosts share one file system).
-func podFor(t *testing.T, h *netlab.Host, root string, spec *corev1.PodSpec, c *corev1.Container, secrets map[string]map[string][]byte) *node {
+func podFor(t *testing.T, h *netlab.Host, root string, spec *corev1.PodSpec, c *corev1.Container, objects map[string]map[string][]byte) *node {
 	t.Helper()
 	n := &node{host: h, root: root, mounts: map[string]string{}, env: map[string]string{}}
 	vols := map[string]corev1.Volume{}
@@ -56,18 +56,10 @@ func podFor(t *testing.T, h *netlab.Host, root string, spec *corev1.PodSpec, c *
 			dir = filepath.Join(root, v.HostPath.Path)
 		case v.Secret != nil:
 			dir = filepath.Join(root, "secret-volumes", m.Name)
-			data, ok := secrets[v.Secret.SecretName]
-			if !ok {
-				t.Fatalf("volume %s: no Secret %s", m.Name, v.Secret.SecretName)
-			}
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			for _, it := range v.Secret.Items {
-				if err := os.WriteFile(filepath.Join(dir, it.Path), data[it.Key], os.FileMode(*v.Secret.DefaultMode)); err != nil {
-					t.Fatal(err)
-				}
-			}
+			writeVolume(t, dir, objects["Secret/"+v.Secret.SecretName], v.Secret.Items, v.Secret.DefaultMode)
+		case v.ConfigMap != nil:
+			dir = filepath.Join(root, "configmap-volumes", m.Name)
+			writeVolume(t, dir, objects["ConfigMap/"+v.ConfigMap.Name], v.ConfigMap.Items, v.ConfigMap.DefaultMode)
 		case v.EmptyDir != nil:
 			dir = filepath.Join(root, "empty-dirs", m.Name)
 		default:
@@ -89,7 +81,7 @@ func podFor(t *testing.T, h *netlab.Host, root string, spec *corev1.PodSpec, c *
 			case "status.hostIP", "status.podIP": // hostNetwork: the same
 				n.env[e.Name] = h.IP.String()
 			case "metadata.name":
-				n.env[e.Name] = "warmfleet-daemon-" + h.Name
+				n.env[e.Name] = "pod-on-" + h.Name
 			default:
 				t.Fatalf("env %s: field %s not emulated", e.Name, e.ValueFrom.FieldRef.FieldPath)
 			}
@@ -115,6 +107,36 @@ func podFor(t *testing.T, h *netlab.Host, root string, spec *corev1.PodSpec, c *
 		n.args = append(n.args, rewritePath(a, points, n.mounts))
 	}
 	return n
+}
+
+// writeVolume writes a Secret's or ConfigMap's data into dir: the listed
+// items, or every key, with mode (the API's default 0644 when nil).
+func writeVolume(t *testing.T, dir string, data map[string][]byte, items []corev1.KeyToPath, mode *int32) {
+	t.Helper()
+	if data == nil {
+		t.Fatalf("%s: the object is missing", dir)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	perm := os.FileMode(0o644)
+	if mode != nil {
+		perm = os.FileMode(*mode)
+	}
+	if len(items) == 0 {
+		for k := range data {
+			items = append(items, corev1.KeyToPath{Key: k, Path: k})
+		}
+	}
+	for _, it := range items {
+		v, ok := data[it.Key]
+		if !ok {
+			t.Fatalf("%s: no key %s", dir, it.Key)
+		}
+		if err := os.WriteFile(filepath.Join(dir, it.Path), v, perm); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // rewritePath maps a --flag=VALUE whose value (or unix:// socket path) lies
@@ -161,6 +183,11 @@ func (n *node) cli(ctx context.Context, bin string, args ...string) ([]byte, err
 
 // get fetches http://ADDR/path from inside the node's network namespace.
 func (n *node) get(ctx context.Context, addr, path string) (int, string, error) {
+	return n.getAuth(ctx, addr, path, "")
+}
+
+// getAuth is get with a bearer token, if not "".
+func (n *node) getAuth(ctx context.Context, addr, path, token string) (int, string, error) {
 	hc := &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
 		return n.host.NS.DialContext(ctx, network, a)
 	}}}
@@ -168,6 +195,9 @@ func (n *node) get(ctx context.Context, addr, path string) (int, string, error) 
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
 	if err != nil {
 		return 0, "", err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
@@ -223,7 +253,7 @@ type fleetMembers struct {
 // The join name lists a host with no daemon first: the others find each
 // other only if a join contacts every address of the name, not the first.
 func TestChartDaemonsFormAFleet(t *testing.T) {
-	lab := netlabtest.New(t, netlab.Options{Hosts: 3, Link: 500 * netlab.Mbit, S3: true})
+	lab := netlabtest.New(t, netlab.Options{Hosts: 4, Link: 500 * netlab.Mbit, S3: true})
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	bin, err := netlabtest.BuildWarmfleet(ctx, t.TempDir(), false)
@@ -257,9 +287,20 @@ func TestChartDaemonsFormAFleet(t *testing.T) {
 	}
 	key := []byte(gossip.EncodeKey(k) + "\n")
 	keyVol := volume(t, spec, "cluster-key").Secret
-	secrets := map[string]map[string][]byte{keyVol.SecretName: {keyVol.Items[0].Key: key}}
+	token := []byte("router-admin-token-for-the-test\n")
+	objects := map[string]map[string][]byte{"Secret/" + keyVol.SecretName: {keyVol.Items[0].Key: key}}
+	rd := &r.deployments[0]
+	rspec := &rd.Spec.Template.Spec
+	tokVol := volume(t, rspec, "admin-token").Secret
+	objects["Secret/"+tokVol.SecretName] = map[string][]byte{tokVol.Items[0].Key: token}
+	for _, cm := range r.configMaps {
+		objects["ConfigMap/"+cm.Name] = map[string][]byte{}
+		for k, v := range cm.Data {
+			objects["ConfigMap/"+cm.Name][k] = []byte(v)
+		}
+	}
 
-	hosts := lab.Hosts()
+	hosts := lab.Hosts()[:3] // the daemons' nodes; the fourth runs a router
 	join, _ := flagValue(c.Args, "join")
 	joinHost, _, err := net.SplitHostPort(join)
 	if err != nil {
@@ -269,11 +310,11 @@ func TestChartDaemonsFormAFleet(t *testing.T) {
 	for _, h := range hosts {
 		addrs = append(addrs, h.IP.String())
 	}
-	resolveInLab(t, hosts, joinHost, addrs)
+	resolveInLab(t, lab.Hosts(), joinHost, addrs)
 
 	nodes := make([]*node, len(hosts))
 	for i, h := range hosts {
-		nodes[i] = podFor(t, h, filepath.Join(lab.RunDir(), "n"+h.Name), spec, c, secrets)
+		nodes[i] = podFor(t, h, filepath.Join(lab.RunDir(), "n"+h.Name), spec, c, objects)
 	}
 	start := func(n *node) {
 		t.Helper()
@@ -365,4 +406,47 @@ func TestChartDaemonsFormAFleet(t *testing.T) {
 			t.Errorf("%s: /metrics on the metrics port lacks the ready model: %v", n.host.Name, err)
 		}
 	}
+
+	// A router replica with the Deployment's arguments joins the same name:
+	// it answers its probes without the token, /metrics only with it, and
+	// sees the three daemons and itself.
+	rh := lab.Hosts()[3]
+	rc := &rspec.Containers[0]
+	rn := podFor(t, rh, filepath.Join(lab.RunDir(), "n"+rh.Name), rspec, rc, objects)
+	if _, err := rh.Start(netlab.ProcSpec{Name: "router", Path: bin, Args: rn.args, Env: rn.environ()}); err != nil {
+		t.Fatal(err)
+	}
+	admin, _ := flagValue(rn.args, "admin-listen")
+	for _, p := range []*corev1.Probe{rc.StartupProbe, rc.LivenessProbe} {
+		wait.Err(t, "router "+p.HTTPGet.Path, func() error {
+			code, body, err := rn.get(ctx, admin, p.HTTPGet.Path)
+			if err == nil && code != http.StatusOK {
+				err = fmt.Errorf("%d %s", code, body)
+			}
+			return err
+		}, wait.Timeout(time.Minute))
+	}
+	if code, _, err := rn.get(ctx, admin, "/metrics"); err != nil || code != http.StatusUnauthorized {
+		t.Errorf("router /metrics without the token: %d %v, want 401", code, err)
+	}
+	wait.Err(t, "router sees the fleet", func() error {
+		_, body, err := rn.getAuth(ctx, admin, "/metrics", strings.TrimSpace(string(token)))
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(body, `warmfleet_gossip_members{state="alive"} 4`) {
+			return fmt.Errorf("gossip members: %s", grepLines(body, "warmfleet_gossip_members"))
+		}
+		return nil
+	}, wait.Timeout(time.Minute))
+}
+
+func grepLines(text, prefix string) []string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
