@@ -3,6 +3,7 @@ package deploy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/warmfleet/warmfleet/internal/testenv"
@@ -148,12 +150,27 @@ func decode(t *testing.T, manifest []byte) rendered {
 		default:
 			t.Fatalf("document %d: unexpected %s %s", i, meta.APIVersion, meta.Kind)
 		}
-		if err := yaml.UnmarshalStrict([]byte(doc), target); err != nil {
+		if err := strictDecode([]byte(doc), target); err != nil {
 			t.Fatalf("%s (document %d) does not decode strictly: %v\n%s", meta.Kind, i, err, doc)
 		}
 		r.kinds = append(r.kinds, meta.Kind)
 	}
 	return r
+}
+
+// strictDecode decodes YAML the way the API server reads JSON: field names
+// case-sensitive (encoding/json would take readonly for readOnly), unknown
+// and duplicate fields refused.
+func strictDecode(doc []byte, target any) error {
+	j, err := yaml.YAMLToJSONStrict(doc)
+	if err != nil {
+		return err
+	}
+	strict, err := kjson.UnmarshalStrict(j, target)
+	if err != nil {
+		return err
+	}
+	return errors.Join(strict...)
 }
 
 func (r rendered) daemonSet(t *testing.T) *appsv1.DaemonSet {
@@ -481,10 +498,11 @@ func TestChartValueSets(t *testing.T) {
 			}
 		}},
 		{"example inference", []string{"--set", "exampleInference.enabled=true", "--set", "exampleInference.waitForCache=true"}, func(t *testing.T, r rendered) {
-			if len(r.deployments) != 2 {
+			i := slices.IndexFunc(r.deployments, func(d appsv1.Deployment) bool { return strings.HasSuffix(d.Name, "-inference-example") })
+			if len(r.deployments) != 2 || i < 0 {
 				t.Fatalf("%d Deployments, want the router's and the example's", len(r.deployments))
 			}
-			ex := r.deployments[1].Spec.Template.Spec
+			ex := r.deployments[i].Spec.Template.Spec
 			pref := ex.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
 			if len(pref) != 1 || pref[0].Preference.MatchExpressions[0].Key != "cache.warmfleet.io/llama-3-70b" {
 				t.Errorf("example affinity %+v, want a preference for cache.warmfleet.io/<model>=ready", pref)

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/warmfleet/warmfleet/gossip"
@@ -289,7 +290,11 @@ func TestChartDaemonsFormAFleet(t *testing.T) {
 	keyVol := volume(t, spec, "cluster-key").Secret
 	token := []byte("router-admin-token-for-the-test\n")
 	objects := map[string]map[string][]byte{"Secret/" + keyVol.SecretName: {keyVol.Items[0].Key: key}}
-	rd := &r.deployments[0]
+	ri := slices.IndexFunc(r.deployments, func(d appsv1.Deployment) bool { return strings.HasSuffix(d.Name, "-router") })
+	if ri < 0 {
+		t.Fatal("no router Deployment")
+	}
+	rd := &r.deployments[ri]
 	rspec := &rd.Spec.Template.Spec
 	tokVol := volume(t, rspec, "admin-token").Secret
 	objects["Secret/"+tokVol.SecretName] = map[string][]byte{tokVol.Items[0].Key: token}
