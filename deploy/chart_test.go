@@ -127,26 +127,19 @@ func decode(t *testing.T, manifest []byte) rendered {
 		var target any
 		switch meta.APIVersion + " " + meta.Kind {
 		case "apps/v1 DaemonSet":
-			r.daemonSets = append(r.daemonSets, appsv1.DaemonSet{})
-			target = &r.daemonSets[len(r.daemonSets)-1]
+			target = add(&r.daemonSets)
 		case "apps/v1 Deployment":
-			r.deployments = append(r.deployments, appsv1.Deployment{})
-			target = &r.deployments[len(r.deployments)-1]
+			target = add(&r.deployments)
 		case "v1 Service":
-			r.services = append(r.services, corev1.Service{})
-			target = &r.services[len(r.services)-1]
+			target = add(&r.services)
 		case "v1 ConfigMap":
-			r.configMaps = append(r.configMaps, corev1.ConfigMap{})
-			target = &r.configMaps[len(r.configMaps)-1]
+			target = add(&r.configMaps)
 		case "v1 ServiceAccount":
-			r.serviceAccounts = append(r.serviceAccounts, corev1.ServiceAccount{})
-			target = &r.serviceAccounts[len(r.serviceAccounts)-1]
+			target = add(&r.serviceAccounts)
 		case monitoringV + " PodMonitor":
-			r.podMonitors = append(r.podMonitors, podMonitor{})
-			target = &r.podMonitors[len(r.podMonitors)-1]
+			target = add(&r.podMonitors)
 		case monitoringV + " PrometheusRule":
-			r.rules = append(r.rules, prometheusRule{})
-			target = &r.rules[len(r.rules)-1]
+			target = add(&r.rules)
 		default:
 			t.Fatalf("document %d: unexpected %s %s", i, meta.APIVersion, meta.Kind)
 		}
@@ -156,6 +149,12 @@ func decode(t *testing.T, manifest []byte) rendered {
 		r.kinds = append(r.kinds, meta.Kind)
 	}
 	return r
+}
+
+// add appends a zero T to *s and returns it, to decode into.
+func add[T any](s *[]T) *T {
+	*s = append(*s, *new(T))
+	return &(*s)[len(*s)-1]
 }
 
 // strictDecode decodes YAML the way the API server reads JSON: field names
