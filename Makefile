@@ -3,6 +3,8 @@ SHELL := /bin/bash
 GO ?= go
 BIN := $(CURDIR)/bin
 VERSITYGW_VERSION := v1.8.0
+# helm renders and lints the chart in deploy/helm (its tests skip without it).
+HELM_VERSION := v3.22.0
 # Debian packages the tests run for real: containerd + runc (image cache), a
 # registry and skopeo/umoci (test images), rclone (S3 baseline), iproute2
 # (network namespaces and tc for the multi-host harness).
@@ -21,7 +23,7 @@ build:
 
 # deps installs what the tests need and is missing: Debian packages when
 # root (skipped otherwise: the tests that need them skip, except in CI), and
-# versitygw into the project-local bin/.
+# versitygw and helm into the project-local bin/.
 deps:
 	@missing=""; for b in $(DEB_BINARIES); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then \
@@ -35,6 +37,10 @@ deps:
 	@if [ ! -x $(BIN)/versitygw ]; then \
 		echo "installing versitygw $(VERSITYGW_VERSION) into $(BIN)"; \
 		GOBIN=$(BIN) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION); \
+	fi
+	@if [ ! -x $(BIN)/helm ]; then \
+		echo "installing helm $(HELM_VERSION) into $(BIN)"; \
+		GOBIN=$(BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
 	fi
 
 # test runs every test with the race detector. The tests start the real

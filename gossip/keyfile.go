@@ -9,7 +9,24 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
+
+// keyFilePrivate reports whether a key file with permissions perm and group
+// fileGID may be used by a process whose effective group is procGID: no
+// access for others, no group write, and group read only when the group is
+// the process's own and not root's. That last case is how Kubernetes gives
+// a Secret to a non-root container: with an fsGroup, the kubelet makes the
+// Secret's files group-readable by that group whatever their defaultMode.
+func keyFilePrivate(perm os.FileMode, fileGID, procGID int) bool {
+	switch {
+	case perm&0o037 != 0:
+		return false
+	case perm&0o040 != 0:
+		return fileGID == procGID && procGID > 0
+	}
+	return true
+}
 
 // KeySize is the cluster key length: AES-256-GCM.
 const KeySize = 32
@@ -42,13 +59,17 @@ func ParseKey(s string) ([]byte, error) {
 // being the key used to encrypt, the others accepted for decryption (which is
 // how a rotation survives a restart: install the new key on every node, then
 // make it first, then remove the old line). Blank lines and lines starting
-// with '#' are ignored. The file must not be readable by group or others.
+// with '#' are ignored. The file must be private: see keyFilePrivate.
 func LoadKeyFile(path string) ([][]byte, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("cluster key file: %w", err)
 	}
-	if st.Mode().Perm()&0o077 != 0 {
+	fileGID := -1
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		fileGID = int(sys.Gid)
+	}
+	if !keyFilePrivate(st.Mode().Perm(), fileGID, os.Getegid()) {
 		return nil, fmt.Errorf("cluster key file %s has mode %v: it must be private (chmod 600)", path, st.Mode().Perm())
 	}
 	b, err := os.ReadFile(path)

@@ -253,3 +253,29 @@ func FuzzDecodeDigestAndKeyMessages(f *testing.F) {
 		}
 	})
 }
+
+// TestKeyFilePrivate: a key file is private when only its owner, or also
+// the process's own non-root group (a Kubernetes fsGroup), can read it.
+func TestKeyFilePrivate(t *testing.T) {
+	for _, tc := range []struct {
+		perm             os.FileMode
+		fileGID, procGID int
+		want             bool
+	}{
+		{0o600, 0, 0, true},
+		{0o400, 0, 0, true},
+		{0o440, 65532, 65532, true}, // kubelet's Secret with fsGroup 65532, runAsGroup 65532
+		{0o640, 1000, 1000, true},
+		{0o440, 0, 0, false}, // root's group is shared by too much
+		{0o440, 65532, 1000, false},
+		{0o440, -1, 1000, false}, // group unknown
+		{0o460, 65532, 65532, false},
+		{0o444, 65532, 65532, false},
+		{0o604, 0, 0, false},
+		{0o610, 0, 0, false},
+	} {
+		if got := keyFilePrivate(tc.perm, tc.fileGID, tc.procGID); got != tc.want {
+			t.Errorf("keyFilePrivate(%v, gid %d, process gid %d) = %v, want %v", tc.perm, tc.fileGID, tc.procGID, got, tc.want)
+		}
+	}
+}

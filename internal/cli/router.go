@@ -92,6 +92,7 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	strategy := balance.PrefixAware
 	fs.Var(strategyFlag{&strategy}, "strategy", "default strategy: prefix-aware, least-outstanding or random")
 	configFile := fs.String("config", "", "YAML config file (backends, per-model strategies, limits); re-read on SIGHUP")
+	configPoll := fs.Duration("config-poll", 0, "also re-read --config this often and reload it when its content changed, e.g. a mounted ConfigMap (0: off)")
 	hashKeyFile := fs.String("hash-key-file", "", "per-fleet secret keying prompt hashes (replicas must share it; default: random per process)")
 	loadFactor := fs.Float64("load-factor", router.Defaults().LoadFactor, "c: no backend above ceil(c x mean in-flight)")
 	maxInflight := fs.Int("max-inflight", 0, "default per-backend concurrency limit (0: none)")
@@ -113,6 +114,9 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	}
 	if fs.NArg() > 0 {
 		return usageError("unexpected arguments %q", fs.Args())
+	}
+	if *configPoll < 0 {
+		return usageError("--config-poll %v: want a duration >= 0 (0: off)", *configPoll)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -333,6 +337,9 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 			}
 		}
 	})
+	if *configFile != "" && *configPoll > 0 {
+		wg.Go(func() { watchConfigFile(ctx, *configFile, *configPoll, reload, log) })
+	}
 	errc := make(chan error, len(servers))
 	for i, srv := range servers {
 		l := listeners[i]
