@@ -395,7 +395,7 @@ func streamRequest(t *testing.T, url string, maxTokens int) *http.Request {
 // 200, and the router counts the backend's failure.
 func TestRouterBackendDiesMidStream(t *testing.T) {
 	bin := warmfleetBin(t)
-	sim, simAddr := startWarmfleet(t, bin, 1, "llmsim", "--listen", "127.0.0.1:0", "--decode-per-token", "20ms")
+	sim, simAddr := startWarmfleet(t, labBin(t), 1, "llmsim", "--listen", "127.0.0.1:0", "--decode-per-token", "20ms")
 	api, admin := startRouter(t, bin, "probe_interval: -1s\n", simAddr[0])
 
 	resp, err := http.DefaultClient.Do(streamRequest(t, api, 2000))
@@ -477,7 +477,7 @@ func startStaller(t *testing.T) *staller {
 // its first-byte timeout, and the stalled backend is ejected.
 func TestRouterStalledBackend(t *testing.T) {
 	bin := warmfleetBin(t)
-	_, simAddr := startWarmfleet(t, bin, 1, "llmsim", "--listen", "127.0.0.1:0")
+	_, simAddr := startWarmfleet(t, labBin(t), 1, "llmsim", "--listen", "127.0.0.1:0")
 	st := startStaller(t)
 	api, admin := startRouter(t, bin, "first_byte_timeout: 1s\nprobe_interval: 200ms\neject_base: 1m\neject_max: 1m\n", simAddr[0], st.url)
 	client := &http.Client{Timeout: 30 * time.Second} // a request hanging this long has failed
@@ -522,7 +522,7 @@ func TestRouterStalledBackend(t *testing.T) {
 // max_slow_bodies they are cut off as soon as they count as slow.
 func TestRouterSlowBodies(t *testing.T) {
 	bin := warmfleetBin(t)
-	_, simAddr := startWarmfleet(t, bin, 1, "llmsim", "--listen", "127.0.0.1:0")
+	_, simAddr := startWarmfleet(t, labBin(t), 1, "llmsim", "--listen", "127.0.0.1:0")
 	api, _ := startRouter(t, bin, "body_timeout: 4s\nmax_slow_bodies: 2\nprobe_interval: -1s\n", simAddr[0])
 	const clients = 5
 	codes := make(chan string, clients)
