@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -111,6 +112,76 @@ func TestStatusPageShowsFleetWarmingLive(t *testing.T) {
 
 	png := browser.Screenshot(t)
 	shot := filepath.Join(t.ArtifactDir(), "fleet-status.png")
+	if err := os.WriteFile(shot, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", shot, len(png))
+}
+
+// TestStatusPageShowsRouterBackends opens the router's /ui in headless
+// Chromium while requests go through it to two llmsim engines, and waits
+// for the page to show each backend's requests and first-byte percentiles.
+func TestStatusPageShowsRouterBackends(t *testing.T) {
+	browser := testenv.StartBrowser(t)
+	var sims []string
+	for range 2 {
+		addr := testenv.FreeAddr(t)
+		runInBackground(t, "llmsim", "--listen", addr, "--model", "sim")
+		sims = append(sims, "http://"+addr)
+	}
+	routerAddr, adminAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
+	runInBackground(t, "router", "--listen", routerAddr, "--admin-listen", adminAddr, "--backend", strings.Join(sims, ","))
+
+	browser.Open(t, "http://"+adminAddr+"/ui")
+	rows := func() [][]string {
+		var out [][]string
+		browser.Eval(t, `return [...document.querySelectorAll("tr[data-backend]")].map(r => [...r.cells].map(c => c.textContent))`, &out)
+		return out
+	}
+	wait.For(t, "the page to list both backends", func() bool { return len(rows()) == 2 })
+	complete := func(i int) error {
+		body := fmt.Sprintf(`{"model":"sim","max_tokens":2,"prompt":"%s question %d"}`, strings.Repeat("shared context ", 200), i)
+		resp, err := http.Post("http://"+routerAddr+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("completion %d: %s", i, resp.Status)
+		}
+		return nil
+	}
+	for i := range 8 {
+		if err := complete(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Columns: backend, node, models, state, in flight, prefilling, limit,
+	// requests, hit rate, TTFT p50, p90, p99, samples.
+	wait.For(t, "the page to show 8 requests with their hit rate and TTFT", func() bool {
+		total := 0
+		for _, r := range rows() {
+			var n int
+			if _, err := fmt.Sscan(r[7], &n); err != nil {
+				return false
+			}
+			if n > 0 && (r[9] == "–" || r[12] != r[7]) {
+				return false
+			}
+			total += n
+		}
+		return total == 8
+	})
+	var text string
+	browser.Eval(t, "return document.body.innerText", &text)
+	if !strings.Contains(text, "%") || !strings.Contains(text, " ms") {
+		t.Errorf("page shows no hit rate or latency:\n%s", text)
+	}
+	png := browser.Screenshot(t)
+	shot := filepath.Join(t.ArtifactDir(), "router-status.png")
 	if err := os.WriteFile(shot, png, 0o644); err != nil {
 		t.Fatal(err)
 	}
