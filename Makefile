@@ -7,9 +7,10 @@ VERSITYGW_VERSION := v1.8.0
 HELM_VERSION := v3.22.0
 # Debian packages the tests run for real: containerd + runc (image cache), a
 # registry and skopeo/umoci (test images), rclone (S3 baseline), iproute2
-# (network namespaces and tc for the multi-host harness).
-DEB_PACKAGES := containerd runc docker-registry skopeo umoci rclone iproute2
-DEB_BINARIES := containerd runc docker-registry skopeo umoci rclone ip tc
+# (network namespaces and tc for the multi-host harness), chromium and its
+# driver (the status page's end-to-end test).
+DEB_PACKAGES := containerd runc docker-registry skopeo umoci rclone iproute2 chromium chromium-driver
+DEB_BINARIES := containerd runc docker-registry skopeo umoci rclone ip tc chromium chromedriver
 TEST_TIMEOUT ?= 25m
 
 .PHONY: all build test deps lint fmt vet bench-s3 clean

@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
@@ -93,6 +94,8 @@ type Daemon struct {
 	store   *nvme.Store
 	origin  Origin
 	metrics *metrics
+	// s3Bytes is warmfleet_s3_bytes_total, kept readable for the inventory.
+	s3Bytes atomic.Int64
 	desired *gossip.DesiredState
 	kick    chan struct{}
 	// fleet is nil for a daemon without gossip; set once before Run.
@@ -518,4 +521,7 @@ func (d *Daemon) Node() (api.NodeInfo, error) {
 }
 
 // AddS3Bytes counts bytes read from S3 (the origin's OnBytes hook).
-func (d *Daemon) AddS3Bytes(n int) { d.metrics.s3Bytes.Add(float64(n)) }
+func (d *Daemon) AddS3Bytes(n int) {
+	d.s3Bytes.Add(int64(n))
+	d.metrics.s3Bytes.Add(float64(n))
+}

@@ -73,6 +73,11 @@ func (d *Daemon) inventory() (gossip.Inventory, error) {
 		inv.Endpoints = append(inv.Endpoints, gossip.Endpoint{Model: ep.Model, URL: ep.URL})
 	}
 	inv.Images = d.imageInventory()
+	inv.S3Bytes = d.s3Bytes.Load()
+	if d.swarm != nil {
+		st := d.swarm.p2p.Stats()
+		inv.PeerBytesIn, inv.PeerBytesOut = st.PeerBytesIn, st.PeerBytesOut
+	}
 	if sp, err := d.store.Space(); err == nil {
 		inv.DiskFreeBytes, inv.DiskTotalBytes = max(0, sp.Free-d.store.Reserve(sp)), sp.Total
 	}
@@ -149,6 +154,7 @@ func fillInventory(m *api.Member, inv *gossip.Inventory) {
 		return
 	}
 	m.FreeBytes, m.TotalBytes = inv.DiskFreeBytes, inv.DiskTotalBytes
+	m.S3Bytes, m.PeerBytesIn, m.PeerBytesOut = inv.S3Bytes, inv.PeerBytesIn, inv.PeerBytesOut
 	for name, mi := range inv.Models {
 		if m.Models == nil {
 			m.Models = map[string]api.MemberModel{}

@@ -64,6 +64,12 @@ type Inventory struct {
 	DiskTotalBytes int64                     `json:"c,omitempty"`
 	// Labels are the node's labels, matched by spec target selectors.
 	Labels map[string]string `json:"l,omitempty"`
+	// S3Bytes, PeerBytesIn and PeerBytesOut count the bytes this process
+	// read from S3 and received from and sent to peers since it started,
+	// so the fleet can see how much the swarm spared the origin.
+	S3Bytes      int64 `json:"s3,omitempty"`
+	PeerBytesIn  int64 `json:"pi,omitempty"`
+	PeerBytesOut int64 `json:"po,omitempty"`
 }
 
 // UnmarshalJSON decodes an inventory, refusing a map or list with more
@@ -78,12 +84,15 @@ func (inv *Inventory) UnmarshalJSON(b []byte) error {
 		DiskFreeBytes  int64                        `json:"f"`
 		DiskTotalBytes int64                        `json:"c"`
 		Labels         inventoryMap[string]         `json:"l"`
+		S3Bytes        int64                        `json:"s3"`
+		PeerBytesIn    int64                        `json:"pi"`
+		PeerBytesOut   int64                        `json:"po"`
 	}
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
 	*inv = Inventory{Models: w.Models, Images: w.Images, Endpoints: w.Endpoints, DiskFreeBytes: w.DiskFreeBytes,
-		DiskTotalBytes: w.DiskTotalBytes, Labels: w.Labels}
+		DiskTotalBytes: w.DiskTotalBytes, Labels: w.Labels, S3Bytes: w.S3Bytes, PeerBytesIn: w.PeerBytesIn, PeerBytesOut: w.PeerBytesOut}
 	return nil
 }
 
@@ -164,6 +173,8 @@ func (inv Inventory) Validate() error {
 		}
 	}
 	checkBytes("disk", inv.DiskFreeBytes, inv.DiskTotalBytes)
+	checkBytes("S3 bytes", inv.S3Bytes, 0)
+	checkBytes("peer bytes", inv.PeerBytesIn, inv.PeerBytesOut)
 	for _, k := range slices.Sorted(maps.Keys(inv.Labels)) {
 		if err := spec.ValidateLabel(k, inv.Labels[k]); err != nil {
 			errs = append(errs, err)

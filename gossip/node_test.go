@@ -397,6 +397,9 @@ func TestSetLocalInventoryRejectsInvalid(t *testing.T) {
 		{Models: map[string]ModelInventory{"m": {State: StateReady, BytesDone: -1}}},
 		{Endpoints: []Endpoint{{Model: "m"}}},
 		{Labels: map[string]string{"": "x"}},
+		{S3Bytes: -1},
+		{PeerBytesIn: -1},
+		{PeerBytesOut: -1},
 	} {
 		if err := a.SetLocalInventory(inv); err == nil {
 			t.Fatalf("accepted %+v", inv)

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/warmfleet/warmfleet/internal/bearer"
+	"github.com/warmfleet/warmfleet/internal/ui"
 	"github.com/warmfleet/warmfleet/router/balance"
 	"github.com/warmfleet/warmfleet/router/oai"
 )
@@ -33,6 +34,13 @@ type BackendState struct {
 	IndexCap     int       `json:"index_capacity"`
 	EjectedUntil time.Time `json:"ejected_until,omitzero"`
 	Failures     int       `json:"failures"`
+	// Requests, PromptBlocks and HitRate (the share of those blocks the
+	// backend was expected to hold cached) count since the router started;
+	// TTFT is the time to its first response byte over its latest requests.
+	Requests     uint64   `json:"requests"`
+	PromptBlocks uint64   `json:"prompt_blocks"`
+	HitRate      float64  `json:"hit_rate"`
+	TTFT         *Latency `json:"ttft,omitempty"`
 }
 
 // State is a snapshot for operators.
@@ -56,12 +64,14 @@ func (rt *Router) Snapshot() State {
 		st.Backends = append(st.Backends, BackendState{URL: b.url, Models: b.ep.Models, Node: b.ep.Node, Ready: b.ep.Ready,
 			HoldsWeights: b.ep.HoldsWeights, Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Inflight: b.inflight, Prefilling: b.prefilling,
 			PendingBlock: b.pending, PeerInflight: b.peers.inflight, PeerPending: b.peers.pending, Recent: b.recent, Limit: b.limit,
-			IndexBlocks: rt.index.Len(b.slot), IndexCap: b.kvSize, EjectedUntil: b.ejectedUntil, Failures: b.failures})
+			IndexBlocks: rt.index.Len(b.slot), IndexCap: b.kvSize, EjectedUntil: b.ejectedUntil, Failures: b.failures,
+			Requests: b.stats.requests, PromptBlocks: b.stats.promptBlocks, HitRate: b.stats.hitRate(), TTFT: latency(b.stats.ttft)})
 	}
 	return st
 }
 
-// AdminHandler serves /metrics (from gatherer), GET /admin/state, PUT
+// AdminHandler serves /metrics (from gatherer), GET /admin/state, the
+// status page (GET /ui, polling GET /ui/router.json: the same state), PUT
 // /admin/strategy {"model":"","strategy":"random"} and, if reload is not
 // nil, POST /admin/reload. Serve it on a separate, private listener. With
 // a token, all but /healthz and /readyz (for orchestrators' probes) need
@@ -75,6 +85,7 @@ func (rt *Router) AdminHandler(gatherer prometheus.Gatherer, reload func() error
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(rt.Snapshot())
 	})
+	ui.Mount(mux, "router", func() (any, error) { return rt.Snapshot(), nil })
 	mux.HandleFunc("PUT /admin/strategy", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			Model    string `json:"model"`

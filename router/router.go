@@ -111,6 +111,8 @@ type backend struct {
 	// in sum and by peer, so a peer that goes away can be forgotten.
 	peers     peerLoad
 	peerLoads map[string]*peerLoad
+
+	stats backendStats
 }
 
 // dialError marks a failure to connect: nothing was sent, so the request may
@@ -416,10 +418,14 @@ func (rt *Router) healthyLocked(b *backend) {
 	rt.metrics.healthy.WithLabelValues(b.url).Set(1)
 }
 
-// prefilled removes the request's blocks from its backend's pending prefill.
+// prefilled removes the request's blocks from its backend's pending
+// prefill, at the backend's first response byte.
 func (rt *Router) prefilled(r *routed) {
 	rt.mu.Lock()
 	changed := rt.prefilledLocked(r)
+	if changed {
+		r.b.stats.firstByte(rt.now().Sub(r.sent))
+	}
 	rt.mu.Unlock()
 	if changed {
 		rt.emit(Event{Kind: Prefilled, Backend: r.id, Blocks: r.pending.blocks})
@@ -474,6 +480,7 @@ type routeRequest struct {
 type routed struct {
 	b        *backend
 	id       uint64 // b's id when it was picked (b.id is rewritten under the lock when endpoints sync)
+	sent     time.Time
 	decision balance.Decision
 	blocks   int
 	common   int
@@ -557,11 +564,12 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	uncached := max(len(req.keys)-d.Matched, 0)
 	b.pending += uncached
 	b.prefilling++
+	b.stats.routed(len(req.keys), d.Matched)
 	b.gauge.Set(float64(b.inflight))
 	if len(req.keys) > 0 {
 		rt.index.Insert(b.slot, req.keys, d.Matched)
 	}
-	return routed{b: b, id: b.id, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
+	return routed{b: b, id: b.id, sent: now, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
 		pending: &pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched}, nil
 }
 

@@ -160,6 +160,11 @@ type Member struct {
 	Endpoints  []Endpoint             `json:"endpoints,omitempty"`
 	FreeBytes  int64                  `json:"free_bytes,omitempty"`
 	TotalBytes int64                  `json:"total_bytes,omitempty"`
+	// S3Bytes, PeerBytesIn and PeerBytesOut are the bytes the member's
+	// process read from S3 and received from and sent to peers.
+	S3Bytes      int64 `json:"s3_bytes,omitempty"`
+	PeerBytesIn  int64 `json:"peer_bytes_in,omitempty"`
+	PeerBytesOut int64 `json:"peer_bytes_out,omitempty"`
 	// InventoryVersion and LastUpdate say how fresh this view is.
 	InventoryVersion uint64    `json:"inventory_version,omitempty"`
 	LastUpdate       time.Time `json:"last_update,omitzero"`

@@ -65,7 +65,7 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/warmfleet", "cache directory on the node's NVMe")
 	fs.StringVar(&f.apiAddr, "api", defaultAPI, "API address: unix:///path.sock or host:port")
 	fs.StringVar(&f.apiTokenFile, "api-token-file", "", "file holding the bearer token the API requires (needed for a non-loopback TCP address)")
-	fs.StringVar(&f.metricsListen, "metrics-listen", "", "read-only listener for /metrics, /healthz and /readyz without a token, e.g. :9464 (empty: off; the API serves them too)")
+	fs.StringVar(&f.metricsListen, "metrics-listen", "", "read-only listener for /metrics, /healthz, /readyz and the /ui status page without a token, e.g. :9464 (empty: off; the API serves them too)")
 	fs.Var(&f.labels, "label", "node label k=v (repeatable)")
 	f.reserve = 1 << 30
 	fs.Var(&f.reserve, "reserve", "space left free on the data dir's file system, e.g. 10GiB")
@@ -143,7 +143,7 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	// runs, so a fleet-wide key rotation reaches it too.
 	var fleetNode atomic.Pointer[gossip.Node]
 	probes := newDaemonProbes(f.join, &fleetNode)
-	stopMetrics, err := serveMetrics(ctx, log, f.metricsListen, probes, probes.ready.Err)
+	stopMetrics, err := serveMetrics(ctx, log, f.metricsListen, probes.handler())
 	if err != nil {
 		return err
 	}

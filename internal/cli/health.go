@@ -16,6 +16,7 @@ import (
 	"github.com/warmfleet/warmfleet/daemon"
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/health"
+	"github.com/warmfleet/warmfleet/internal/ui"
 )
 
 //go:generate go test -run ^TestMetricsReference$ -update-metrics-doc .
@@ -83,10 +84,29 @@ func (p *daemonProbes) Gather() ([]*dto.MetricFamily, error) {
 
 var _ prometheus.Gatherer = (*daemonProbes)(nil)
 
+// fleetView is the status page's snapshot: the fleet as `warmfleet fleet`
+// shows it, once the daemon is loaded.
+func (p *daemonProbes) fleetView() (any, error) {
+	d := p.daemon.Load()
+	if d == nil {
+		return nil, errors.New("state not loaded yet")
+	}
+	return d.Fleet(), nil
+}
+
+// handler is what the metrics listener serves: probes, metrics and the
+// status page, all read-only, so the listener needs no token.
+func (p *daemonProbes) handler() http.Handler {
+	mux := http.NewServeMux()
+	health.Mount(mux, p, p.ready.Err)
+	ui.Mount(mux, "fleet", p.fleetView)
+	return mux
+}
+
 // serveMetrics opens the read-only metrics and probe listener on addr and
-// serves it until stop is called. An address that cannot be taken is an
-// error before anything else starts.
-func serveMetrics(ctx context.Context, log *slog.Logger, addr string, g prometheus.Gatherer, ready func() error) (stop func(), err error) {
+// serves h there until stop is called. An address that cannot be taken is
+// an error before anything else starts.
+func serveMetrics(ctx context.Context, log *slog.Logger, addr string, h http.Handler) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
 	}
@@ -94,7 +114,7 @@ func serveMetrics(ctx context.Context, log *slog.Logger, addr string, g promethe
 	if err != nil {
 		return nil, err
 	}
-	srv := health.Server(health.Handler(g, ready))
+	srv := health.Server(h)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

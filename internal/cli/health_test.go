@@ -91,6 +91,10 @@ func TestMetricsListenerProbes(t *testing.T) {
 	if code, _, err := get(t, "GET", metrics+"/healthz", ""); err != nil || code != http.StatusOK {
 		t.Fatalf("/healthz while loading: %d, %v", code, err)
 	}
+	if code, body, err := get(t, "GET", metrics+"/ui/fleet.json", ""); err != nil || code != http.StatusServiceUnavailable ||
+		!strings.Contains(body, "state not loaded yet") {
+		t.Fatalf("/ui/fleet.json while loading: %d %q, %v; want 503 saying why", code, body, err)
+	}
 	if err := held.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -112,6 +116,13 @@ func TestMetricsListenerProbes(t *testing.T) {
 	if err != nil || code != http.StatusOK || !strings.Contains(body, "warmfleet_cache_available_bytes") {
 		t.Fatalf("metrics listener /metrics without a token: %d, %v:\n%.500s", code, err, body)
 	}
+	code, body, err = get(t, "GET", metrics+"/ui/fleet.json", "")
+	if err != nil || code != http.StatusOK || !strings.Contains(body, `"name":"node-a"`) || !strings.Contains(body, `"clustered":true`) {
+		t.Fatalf("metrics listener /ui/fleet.json without a token: %d, %v:\n%.500s", code, err, body)
+	}
+	if code, body, err := get(t, "GET", metrics+"/ui", ""); err != nil || code != http.StatusOK || !strings.Contains(body, `content="ui/fleet.json"`) {
+		t.Fatalf("metrics listener /ui: %d, %v:\n%.300s", code, err, body)
+	}
 	for _, tc := range []struct {
 		method, path string
 		want         int
@@ -122,6 +133,10 @@ func TestMetricsListenerProbes(t *testing.T) {
 		{"POST", "/v1/caches", http.StatusNotFound},
 		{"GET", "/v1/node", http.StatusNotFound},
 		{"DELETE", "/v1/caches/x", http.StatusNotFound},
+		{"POST", "/ui", http.StatusMethodNotAllowed},
+		{"POST", "/ui/fleet.json", http.StatusMethodNotAllowed},
+		{"DELETE", "/ui/fleet.json", http.StatusMethodNotAllowed},
+		{"GET", "/ui/", http.StatusNotFound},
 	} {
 		if code, body, err := get(t, tc.method, metrics+tc.path, ""); err != nil || code != tc.want {
 			t.Errorf("%s %s on the metrics listener: %d %v %q; want %d", tc.method, tc.path, code, err, body, tc.want)

@@ -78,7 +78,7 @@ func runRouter(ctx context.Context, e *Env, args []string) error {
 func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.Addr)) error {
 	fs := newFlagSet(e, "router")
 	listen := fs.String("listen", "127.0.0.1:8080", "address for the OpenAI-compatible API")
-	adminListen := fs.String("admin-listen", "127.0.0.1:9180", "private address for /metrics and /admin/* (empty: off)")
+	adminListen := fs.String("admin-listen", "127.0.0.1:9180", "private address for /metrics, /admin/* and the /ui status page (empty: off)")
 	adminTokenFile := fs.String("admin-token-file", "", "file holding the bearer token the admin listener requires (needed for a non-loopback --admin-listen)")
 	var forward listFlag
 	fs.Var(&forward, "forward-path", "path prefix the API forwards to backends (repeatable, or comma-separated; replaces the default "+strings.Join(router.DefaultForwardPaths, ",")+"; config key forward_paths)")
