@@ -14,6 +14,7 @@ import (
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/synthmodel"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // BenchmarkDaemonCacheS3 runs the `warmfleet daemon` command in-process
@@ -76,12 +77,8 @@ func BenchmarkDaemonCacheS3(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := client.Node(ctx); err == nil {
-			break
-		} else if time.Since(start) > 30*time.Second {
-			b.Fatalf("daemon API: %v\n%s", err, logBuf.String())
-		}
+	if err := wait.Poll(b, func() error { _, err := client.Node(ctx); return err }); err != nil {
+		b.Fatalf("daemon API: %v\n%s", err, logBuf.String())
 	}
 
 	if path := os.Getenv("WARMFLEET_BENCH_CPUPROFILE"); path != "" {
