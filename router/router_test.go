@@ -628,6 +628,9 @@ func TestParseKVCacheTokens(t *testing.T) {
 		{"vllm:cache_config_info{block_size=\"-16\",num_gpu_blocks=\"5\"} 1\n", 0},
 		{"vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"5\"", 0},
 		{"", 0},
+		// Quoted commas and braces are part of a label value, not separators.
+		{"vllm:cache_config_info{num_gpu_blocks=\"10\",note=\"x,num_gpu_blocks=7\",block_size=\"16\"} 1\n", 160},
+		{"vllm:cache_config_info{note=\"}\",num_gpu_blocks=\"10\",block_size=\"16\"} 1\n", 160},
 	}
 	for _, tc := range tests {
 		if got := ParseKVCacheTokens(strings.NewReader(tc.in)); got != tc.want {
