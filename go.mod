@@ -21,6 +21,7 @@ require (
 	github.com/hashicorp/memberlist v0.7.0
 	github.com/johannesboyne/gofakes3 v1.2.0
 	github.com/minio/crc64nvme v1.1.1
+	github.com/moby/locker v1.0.1
 	github.com/opencontainers/go-digest v1.0.0
 	github.com/opencontainers/image-spec v1.1.1
 	github.com/prometheus/client_golang v1.25.0
@@ -93,7 +94,6 @@ require (
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/miekg/dns v1.1.73 // indirect
 	github.com/minio/sha256-simd v1.0.0 // indirect
-	github.com/moby/locker v1.0.1 // indirect
 	github.com/moby/sys/mountinfo v0.7.2 // indirect
 	github.com/moby/sys/signal v0.7.1 // indirect
 	github.com/moby/sys/user v0.4.1 // indirect
