@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/internal/synthmodel"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
@@ -31,7 +32,7 @@ import (
 func BenchmarkDaemonCacheS3(b *testing.B) {
 	size := int64(512 << 20)
 	if v := os.Getenv("WARMFLEET_BENCH_MODEL_SIZE"); v != "" {
-		n, err := parseBytes(v)
+		n, err := bytesize.Parse(v)
 		if err != nil {
 			b.Fatal(err)
 		}
