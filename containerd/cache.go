@@ -31,6 +31,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/platforms"
+	"github.com/moby/locker"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -712,36 +713,10 @@ func sortedKeys(m map[string]bool) []string {
 
 // refLocks serializes operations on one image name (label updates are
 // read-modify-write) while different names proceed in parallel.
-type refLocks struct {
-	mu    sync.Mutex
-	locks map[string]*refLock
-}
-
-type refLock struct {
-	mu      sync.Mutex
-	waiters int
-}
+type refLocks struct{ names locker.Locker }
 
 func (l *refLocks) lock(name string) (unlock func()) {
-	l.mu.Lock()
-	if l.locks == nil {
-		l.locks = map[string]*refLock{}
-	}
-	rl := l.locks[name]
-	if rl == nil {
-		rl = &refLock{}
-		l.locks[name] = rl
-	}
-	rl.waiters++
-	l.mu.Unlock()
-	rl.mu.Lock()
-	return func() {
-		rl.mu.Unlock()
-		l.mu.Lock()
-		rl.waiters--
-		if rl.waiters == 0 {
-			delete(l.locks, name)
-		}
-		l.mu.Unlock()
-	}
+	l.names.Lock(name)
+	// Unlock fails only for a name not locked, which this pairing rules out.
+	return func() { _ = l.names.Unlock(name) }
 }

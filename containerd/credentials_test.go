@@ -70,33 +70,6 @@ func TestCredentialsChain(t *testing.T) {
 	}
 }
 
-func TestRefLocksSerializeOneName(t *testing.T) {
-	var l refLocks
-	unlockA := l.lock("a")
-	unlockB := l.lock("b") // another name does not wait
-	got, released := make(chan struct{}), make(chan struct{})
-	go func() {
-		u := l.lock("a")
-		close(got)
-		u()
-		close(released)
-	}()
-	select {
-	case <-got:
-		t.Fatal("second lock of the same name did not wait")
-	case <-time.After(20 * time.Millisecond):
-	}
-	unlockA()
-	<-got
-	<-released
-	unlockB()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.locks) != 0 {
-		t.Fatalf("%d lock entries left", len(l.locks))
-	}
-}
-
 func TestMetricsRegisterOncePerRegisterer(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	if _, err := newMetrics(reg); err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 const testPartSize = 1 << 20
@@ -114,19 +115,6 @@ func run(t *testing.T, d *Daemon) func() {
 	return stop
 }
 
-// waitFor polls cond until it holds; the bound only keeps a broken build
-// from hanging CI, it measures nothing.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func status(t *testing.T, d *Daemon, name string) api.CacheStatus {
 	t.Helper()
 	st, _, err := d.Cache(name)
@@ -158,7 +146,7 @@ func TestCacheFromS3(t *testing.T) {
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
+	wait.For(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
 	st := status(t, d, "meta/llama")
 	if st.State != api.StateReady || st.BytesDone != st.BytesTotal || st.Files != 3 {
 		t.Fatalf("status %+v", st)
@@ -177,13 +165,13 @@ func TestCacheFromS3(t *testing.T) {
 
 	// A changed object gets a new revision; the old one is pruned.
 	fx.put(t, "llama/sub/config.json", []byte(`{"changed":true}`))
-	waitFor(t, "new revision", func() bool {
+	wait.For(t, "new revision", func() bool {
 		s := status(t, d, "meta/llama")
 		return s.Ready && s.RevisionID != st.RevisionID
 	})
 	st2 := status(t, d, "meta/llama")
 	checkFiles(t, st2.Path, fx.files)
-	waitFor(t, "old revision pruned", func() bool {
+	wait.For(t, "old revision pruned", func() bool {
 		_, err := os.Stat(st.Path)
 		return errors.Is(err, os.ErrNotExist)
 	})
@@ -192,7 +180,7 @@ func TestCacheFromS3(t *testing.T) {
 	if _, err := d.RemoveCache(t.Context(), "meta/llama"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "removal", func() bool {
+	wait.For(t, "removal", func() bool {
 		_, found, _ := d.Cache("meta/llama")
 		return !found
 	})
@@ -251,7 +239,7 @@ func TestRestartResumesWithoutRefetching(t *testing.T) {
 		t.Fatalf("partial download reported ready after restart: %+v", st)
 	}
 	run(t, d2)
-	waitFor(t, "ready after restart", func() bool { return status(t, d2, "meta/llama").Ready })
+	wait.For(t, "ready after restart", func() bool { return status(t, d2, "meta/llama").Ready })
 	checkFiles(t, status(t, d2, "meta/llama").Path, fx.files)
 	if got, max := second.Load(), int64(size-4*testPartSize); got > max {
 		t.Fatalf("after restart read %d bytes from S3, want at most %d (finished parts fetched again)", got, max)
@@ -271,7 +259,7 @@ func TestFailuresAreReportedNotReady(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"missing", "empty"} {
-		waitFor(t, name+" failed", func() bool { return status(t, d, name).State == api.StateFailed })
+		wait.For(t, name+" failed", func() bool { return status(t, d, name).State == api.StateFailed })
 		st := status(t, d, name)
 		if st.Ready || st.Error == "" || st.Path != "" {
 			t.Fatalf("%s: %+v", name, st)

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
@@ -248,7 +249,7 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if err := f.d.makeRoom(total - allocated); err != nil {
-		return "", fmt.Errorf("model %s (%s): %w", f.spec.Name, nvme.FormatBytes(total), err)
+		return "", fmt.Errorf("model %s (%s): %w", f.spec.Name, bytesize.Format(total), err)
 	}
 	f.log.Info("fetching", "revision", revision, "files", len(files), "bytes", total)
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // gossipFleet starts n encrypted gossip nodes on memberlist's in-memory
@@ -79,7 +80,7 @@ func gossipFleet(t *testing.T, n int) ([]*gossip.Node, []byte) {
 		close(stop)
 	})
 	for _, node := range nodes {
-		waitFor(t, node.LocalName()+" sees the fleet", func() bool {
+		wait.For(t, node.LocalName()+" sees the fleet", func() bool {
 			alive := 0
 			for _, m := range node.Members() {
 				if m.State == gossip.MemberAlive {

@@ -13,6 +13,7 @@ import (
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/internal/testimage"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 func TestPlanImages(t *testing.T) {
@@ -96,28 +97,28 @@ func TestImageCacheThroughDaemon(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "image ready with both owners", func() bool {
+	wait.For(t, "image ready with both owners", func() bool {
 		im := image()
 		return im.State == "ready" && im.Unpacked && im.Managed && slices.Equal(im.Owners, []string{"deploy-a", "deploy-b"})
 	})
 	if _, err := d.RemoveImage(t.Context(), ref, "deploy-a"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "one owner left", func() bool { return slices.Equal(image().Owners, []string{"deploy-b"}) })
+	wait.For(t, "one owner left", func() bool { return slices.Equal(image().Owners, []string{"deploy-b"}) })
 	if im := image(); im.State != "ready" {
 		t.Fatalf("image removed while an owner remains: %+v", im)
 	}
 	if _, err := d.RemoveImage(t.Context(), ref, "deploy-b"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "image removed", func() bool { return image().Ref == "" })
+	wait.For(t, "image removed", func() bool { return image().Ref == "" })
 
 	// A reference that does not exist fails clearly and is retried, never blocking.
 	missing := reg.Addr + "/nope/nope:1"
 	if err := d.AddImage(t.Context(), spec.Spec{Kind: spec.KindImage, Name: missing, Owner: "x"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "missing image failed", func() bool {
+	wait.For(t, "missing image failed", func() bool {
 		all, _ := d.Images(t.Context())
 		for _, im := range all {
 			if im.Ref == missing && im.State == "failed" && im.Error != "" {

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 	"github.com/warmfleet/warmfleet/nvme"
 )
 
@@ -98,7 +99,7 @@ func update(t *testing.T, d *Daemon, fx *fixture, clock *testClock, content stri
 	fx.put(t, "llama/config.json", []byte(content))
 	clock.advance(resync)
 	d.Kick()
-	waitFor(t, "new revision", func() bool {
+	wait.For(t, "new revision", func() bool {
 		s := status(t, d, "meta/llama")
 		return s.Ready && s.RevisionID != oldSt.RevisionID || s.Error != ""
 	})
@@ -124,7 +125,7 @@ func TestOldRevisionKeptForGrace(t *testing.T) {
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
+	wait.For(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
 
 	st, old, oldFiles := update(t, d, fx, clock, `{"v":2}`)
 	retiredAt := clock.now()
@@ -155,7 +156,7 @@ func TestOldRevisionKeptForGrace(t *testing.T) {
 	clock.set(retiredAt.Add(grace))
 	d.Kick()
 	// The directory goes first, then its record: wait for both.
-	waitFor(t, "old revision pruned", func() bool { return !exists(t, old.Path) && len(retiredOf(t, d)) == 0 })
+	wait.For(t, "old revision pruned", func() bool { return !exists(t, old.Path) && len(retiredOf(t, d)) == 0 })
 	checkFiles(t, st.Path, fx.files)
 	if s := status(t, d, "meta/llama"); !s.Ready || s.RevisionID != st.RevisionID {
 		t.Fatalf("after pruning: %+v", s)
@@ -176,7 +177,7 @@ func TestOldRevisionScheduleSurvivesRestart(t *testing.T) {
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
+	wait.For(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
 	st, old, oldFiles := update(t, d, fx, clock, `{"v":2}`)
 	retiredAt := clock.now()
 	stop()
@@ -191,12 +192,12 @@ func TestOldRevisionScheduleSurvivesRestart(t *testing.T) {
 	}
 	checkFiles(t, old.Path, oldFiles)
 	run(t, d2)
-	waitFor(t, "ready after restart", func() bool { return status(t, d2, "meta/llama").Ready })
+	wait.For(t, "ready after restart", func() bool { return status(t, d2, "meta/llama").Ready })
 	checkFiles(t, old.Path, oldFiles)
 
 	clock.set(retiredAt.Add(grace))
 	d2.Kick()
-	waitFor(t, "old revision pruned after restart", func() bool { return !exists(t, old.Path) })
+	wait.For(t, "old revision pruned after restart", func() bool { return !exists(t, old.Path) })
 	checkFiles(t, st.Path, fx.files)
 	if got := retiredOf(t, d2); len(got) != 0 {
 		t.Fatalf("retired after pruning = %+v", got)
@@ -214,9 +215,9 @@ func TestOldRevisionNoGrace(t *testing.T) {
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
+	wait.For(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
 	st, old, _ := update(t, d, fx, clock, `{"v":2}`)
-	waitFor(t, "old revision pruned", func() bool { return !exists(t, old.Path) })
+	wait.For(t, "old revision pruned", func() bool { return !exists(t, old.Path) })
 	checkFiles(t, st.Path, fx.files)
 	if got := retiredOf(t, d); len(got) != 0 {
 		t.Fatalf("retired = %+v", got)
@@ -269,7 +270,7 @@ func TestDownloadTakesOldRevisionSpace(t *testing.T) {
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
+	wait.For(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
 	stB, stA, filesA := update(t, d, fx, clock, `{"v":2}`)
 	checkFiles(t, stA.Path, filesA)
 
@@ -285,7 +286,7 @@ func TestDownloadTakesOldRevisionSpace(t *testing.T) {
 	if _, err := d.RemoveCache(t.Context(), "meta/llama"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "removal", func() bool { _, found, _ := d.Cache("meta/llama"); return !found })
+	wait.For(t, "removal", func() bool { _, found, _ := d.Cache("meta/llama"); return !found })
 	if exists(t, filepath.Join(dir, "models", "meta--llama")) {
 		t.Fatal("model dir still there after removal")
 	}
@@ -362,7 +363,7 @@ func TestRevertWithinGraceReusesOldRevision(t *testing.T) {
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
+	wait.For(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
 	stB, stA, filesA := update(t, d, fx, clock, `{"v":2}`)
 
 	before := s3Bytes.Load()
@@ -379,7 +380,7 @@ func TestRevertWithinGraceReusesOldRevision(t *testing.T) {
 	}
 	clock.advance(2 * time.Hour)
 	d.Kick()
-	waitFor(t, "the other revision pruned", func() bool { return !exists(t, stB.Path) })
+	wait.For(t, "the other revision pruned", func() bool { return !exists(t, stB.Path) })
 	checkFiles(t, st.Path, filesA)
 }
 

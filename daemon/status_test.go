@@ -12,6 +12,7 @@ import (
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // flakyList wraps a real origin so that listing fails while fail is set, as
@@ -50,11 +51,11 @@ func TestFailedResyncKeepsReady(t *testing.T) {
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
+	wait.For(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
 	ready := status(t, d, "meta/llama")
 
 	org.fail.Store(true)
-	waitFor(t, "failed re-check recorded", func() bool {
+	wait.For(t, "failed re-check recorded", func() bool {
 		st := status(t, d, "meta/llama")
 		return st.Error != "" || st.State != api.StateReady
 	})
@@ -73,7 +74,7 @@ func TestFailedResyncKeepsReady(t *testing.T) {
 
 	// Once S3 answers again the error clears.
 	org.fail.Store(false)
-	waitFor(t, "error cleared", func() bool { return status(t, d, "meta/llama").Error == "" })
+	wait.For(t, "error cleared", func() bool { return status(t, d, "meta/llama").Error == "" })
 	if st := status(t, d, "meta/llama"); !st.Ready || st.Attempts != 0 {
 		t.Fatalf("after recovery: %+v", st)
 	}
@@ -92,7 +93,7 @@ func TestChangedSourceNotReadyUntilFetched(t *testing.T) {
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
+	wait.For(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
 	old := status(t, d, "meta/llama")
 
 	changed := fx.spec()
@@ -104,7 +105,7 @@ func TestChangedSourceNotReadyUntilFetched(t *testing.T) {
 		t.Fatalf("right after the source changed: %+v, want %s not ready (old files at %s)", st, changed.Source, old.Path)
 	}
 	close(org.gate)
-	waitFor(t, "new source ready", func() bool { return status(t, d, "meta/llama").Ready })
+	wait.For(t, "new source ready", func() bool { return status(t, d, "meta/llama").Ready })
 	st := status(t, d, "meta/llama")
 	if st.RevisionID == old.RevisionID {
 		t.Fatalf("ready with the old revision %s", st.RevisionID)

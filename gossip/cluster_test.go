@@ -182,19 +182,6 @@ func (c *mockCluster) closeAll() {
 	c.mu.Unlock()
 }
 
-// eventually polls cond until it holds or the (generous) deadline passes.
-// It asserts convergence, not speed: the deadline only bounds a hang.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func aliveCount(n *Node) int {
 	c := 0
 	for _, m := range n.Members() {

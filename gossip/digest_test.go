@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 func TestPickDigest(t *testing.T) {
@@ -87,11 +89,11 @@ func TestMissedRumorCaughtUpByDigest(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, n := range nodes[:4] {
-			eventually(t, n.LocalName()+" has the change and stopped retransmitting", func() bool {
+			wait.For(t, n.LocalName()+" has the change and stopped retransmitting", func() bool {
 				return n == origin || has(n, attempt) && n.queue.NumQueued() == 0
 			})
 		}
-		eventually(t, "origin stopped retransmitting", func() bool { return origin.queue.NumQueued() == 0 })
+		wait.For(t, "origin stopped retransmitting", func() bool { return origin.queue.NumQueued() == 0 })
 		pullsBefore := testutil.ToFloat64(lagger.met.digestPulls)
 		lagger.mu.Lock()
 		rumorsBefore := rumors()
@@ -102,7 +104,7 @@ func TestMissedRumorCaughtUpByDigest(t *testing.T) {
 		if !missed {
 			t.Fatal("the lagger got the rumor: the test did not simulate a miss")
 		}
-		eventually(t, "lagger caught up", func() bool { return has(lagger, attempt) })
+		wait.For(t, "lagger caught up", func() bool { return has(lagger, attempt) })
 		if testutil.ToFloat64(lagger.met.digestPulls) > pullsBefore {
 			break
 		}

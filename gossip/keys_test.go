@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 func TestFingerprint(t *testing.T) {
@@ -124,7 +126,7 @@ func TestFleetKeyRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		eventually(t, n.LocalName()+" sees d's inventory", func() bool {
+		wait.For(t, n.LocalName()+" sees d's inventory", func() bool {
 			m, _ := member(n, "d")
 			return m.Inventory != nil && m.Inventory.DiskFreeBytes == 42 && aliveCount(n) == 4
 		})

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // On real UDP/TCP over loopback: a member restarts with its bbolt state,
@@ -53,25 +54,25 @@ func TestLoopbackRestartRejoins(t *testing.T) {
 	// b starts first, pointing at a seed that is not up yet.
 	b := start("b", "a")
 	a := start("a")
-	eventually(t, "b joins once a is up", func() bool { return aliveCount(a.n) == 2 && aliveCount(b.n) == 2 })
+	wait.For(t, "b joins once a is up", func() bool { return aliveCount(a.n) == 2 && aliveCount(b.n) == 2 })
 	c := start("c", "a")
-	eventually(t, "three members", func() bool { return aliveCount(a.n) == 3 && aliveCount(b.n) == 3 && aliveCount(c.n) == 3 })
+	wait.For(t, "three members", func() bool { return aliveCount(a.n) == 3 && aliveCount(b.n) == 3 && aliveCount(c.n) == 3 })
 
 	for _, n := range []string{"one", "two"} {
 		if err := a.d.Put(ctx, modelSpec(n)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "b has both specs", func() bool { return len(b.d.List()) == 2 })
+	wait.For(t, "b has both specs", func() bool { return len(b.d.List()) == 2 })
 
 	closeNode(b)
-	eventually(t, "a sees b leave", func() bool { m, _ := member(a.n, "b"); return m.State == MemberLeft })
+	wait.For(t, "a sees b leave", func() bool { m, _ := member(a.n, "b"); return m.State == MemberLeft })
 	if err := c.d.Delete(ctx, "model/one"); err != nil {
 		t.Fatal(err)
 	}
 
 	b = start("b", "a", "c") // Start joins before it returns: b may be synced already
-	eventually(t, "restarted b learns the delete it missed", func() bool {
+	wait.For(t, "restarted b learns the delete it missed", func() bool {
 		got := keys(b.d.List())
 		return len(got) == 1 && got[0] == "model/two"
 	})
@@ -79,7 +80,7 @@ func TestLoopbackRestartRejoins(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range []running{a, c} {
-		eventually(t, r.n.LocalName()+" sees b back with its inventory", func() bool {
+		wait.For(t, r.n.LocalName()+" sees b back with its inventory", func() bool {
 			m, _ := member(r.n, "b")
 			return m.State == MemberAlive && m.Inventory != nil && m.Inventory.Models["two"].State == StateReady && m.Labels["node"] == "b"
 		})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 func startCluster(t *testing.T, c *mockCluster, names []string, edit func(name string, cfg *Config)) []*Node {
@@ -26,7 +27,7 @@ func startCluster(t *testing.T, c *mockCluster, names []string, edit func(name s
 		}))
 	}
 	for _, n := range nodes {
-		eventually(t, n.LocalName()+" sees every member", func() bool { return aliveCount(n) == len(names) })
+		wait.For(t, n.LocalName()+" sees every member", func() bool { return aliveCount(n) == len(names) })
 	}
 	return nodes
 }
@@ -54,13 +55,13 @@ func TestClusterSpecsInventoryAndLeave(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range names {
-		eventually(t, name+" has the spec", func() bool { _, ok := desired[name].Get(s.Key()); return ok })
+		wait.For(t, name+" has the spec", func() bool { _, ok := desired[name].Get(s.Key()); return ok })
 	}
 	if err := desired["n4"].Delete(ctx, s.Key()); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range names {
-		eventually(t, name+" dropped the spec", func() bool { return len(desired[name].List()) == 0 })
+		wait.For(t, name+" dropped the spec", func() bool { return len(desired[name].List()) == 0 })
 	}
 
 	// A small inventory travels in a broadcast.
@@ -74,7 +75,7 @@ func TestClusterSpecsInventoryAndLeave(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		eventually(t, n.LocalName()+" sees n1's inventory", func() bool {
+		wait.For(t, n.LocalName()+" sees n1's inventory", func() bool {
 			m, _ := member(n, "n1")
 			return m.Inventory != nil && m.Inventory.Models["llama"].State == StateReady &&
 				m.Labels["gpu"] == "h100" && m.Inventory.Images["vllm/vllm:0.6"].BytesDone == 5
@@ -92,7 +93,7 @@ func TestClusterSpecsInventoryAndLeave(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		eventually(t, n.LocalName()+" sees n3's big inventory", func() bool {
+		wait.For(t, n.LocalName()+" sees n3's big inventory", func() bool {
 			m, _ := member(n, "n3")
 			return m.Inventory != nil && len(m.Inventory.Models) == 200
 		})
@@ -101,7 +102,7 @@ func TestClusterSpecsInventoryAndLeave(t *testing.T) {
 	// Targets agree everywhere, and skip the router.
 	target := modelSpec("x")
 	target.Targets.Nodes = 2
-	eventually(t, "every node agrees on 2 targets, no router", func() bool {
+	wait.For(t, "every node agrees on 2 targets, no router", func() bool {
 		want := Targets(target, nodes[0].Members())
 		if len(want) != 2 || slices.Contains(want, "n4") {
 			return false
@@ -129,7 +130,7 @@ func TestClusterSpecsInventoryAndLeave(t *testing.T) {
 	// A node that leaves disappears with its inventory.
 	c.stop("n1", true)
 	for _, n := range []*Node{nodes[0], nodes[2], nodes[3], nodes[4]} {
-		eventually(t, n.LocalName()+" sees n1 leave", func() bool {
+		wait.For(t, n.LocalName()+" sees n1 leave", func() bool {
 			m, ok := member(n, "n1")
 			return ok && m.State == MemberLeft && m.Inventory == nil
 		})
@@ -140,7 +141,7 @@ func TestClusterSpecsInventoryAndLeave(t *testing.T) {
 	// A node that crashes is found dead and dropped too.
 	c.stop("n3", false)
 	for _, n := range []*Node{nodes[0], nodes[2], nodes[4]} {
-		eventually(t, n.LocalName()+" finds n3 dead", func() bool {
+		wait.For(t, n.LocalName()+" finds n3 dead", func() bool {
 			m, ok := member(n, "n3")
 			return ok && m.State == MemberDead && m.Inventory == nil
 		})
@@ -165,12 +166,12 @@ func TestLateJoinerGetsStateByPushPull(t *testing.T) {
 		}
 	}
 	for _, name := range names[:3] {
-		eventually(t, name+" has 3 specs", func() bool { return len(desired[name].List()) == 3 })
+		wait.For(t, name+" has 3 specs", func() bool { return len(desired[name].List()) == 3 })
 	}
 	// Broadcasts are over by now: the newcomer learns by push/pull only.
 	late := c.start("late", func(cfg *Config) { cfg.Desired = desired["late"]; cfg.Join = []string{c.addr("b")} })
-	eventually(t, "late has every spec", func() bool { return len(desired["late"].List()) == 3 })
-	eventually(t, "late has every inventory", func() bool {
+	wait.For(t, "late has every spec", func() bool { return len(desired["late"].List()) == 3 })
+	wait.For(t, "late has every inventory", func() bool {
 		for _, m := range late.Members() {
 			if m.Inventory == nil || (!m.Self && m.Inventory.DiskFreeBytes == 0) {
 				return false
@@ -254,7 +255,7 @@ func TestKeyRotationWithoutDowntime(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range names[:3] {
-		eventually(t, name+" got the spec after rotation", func() bool { return len(desired[name].List()) == 1 })
+		wait.For(t, name+" got the spec after rotation", func() bool { return len(desired[name].List()) == 1 })
 	}
 	for _, n := range nodes {
 		if aliveCount(n) != 3 {
@@ -265,7 +266,7 @@ func TestKeyRotationWithoutDowntime(t *testing.T) {
 	if _, err := newcomer.Join(ctx, []string{c.addr("c")}); err != nil {
 		t.Fatalf("join with the new key: %v", err)
 	}
-	eventually(t, "newcomer has the spec", func() bool { return len(desired["new"].List()) == 1 })
+	wait.For(t, "newcomer has the spec", func() bool { return len(desired["new"].List()) == 1 })
 }
 
 func TestGarbageMessagesDroppedAndCounted(t *testing.T) {
@@ -302,7 +303,7 @@ func TestGarbageMessagesDroppedAndCounted(t *testing.T) {
 		}
 	}
 	want := float64(len(garbage) - 1)
-	eventually(t, "a counted every dropped message", func() bool {
+	wait.For(t, "a counted every dropped message", func() bool {
 		total := 0.0
 		for _, r := range []string{dropDecode, dropOversize, dropInvalid, dropUnexpected} {
 			total += testutil.ToFloat64(nodes[0].met.dropped.WithLabelValues(r))
@@ -361,7 +362,7 @@ func TestProgressUpdatesAreCoalesced(t *testing.T) {
 	if err := a.SetLocalInventory(inv); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "b sees the download start", func() bool {
+	wait.For(t, "b sees the download start", func() bool {
 		m, _ := member(b, "a")
 		return m.Inventory != nil && m.Inventory.Models["m"].State == StateDownloading
 	})
@@ -383,7 +384,7 @@ func TestProgressUpdatesAreCoalesced(t *testing.T) {
 	if err := a.SetLocalInventory(inv); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "b sees the model ready", func() bool {
+	wait.For(t, "b sees the model ready", func() bool {
 		m, _ := member(b, "a")
 		return m.Inventory != nil && m.Inventory.Models["m"].State == StateReady
 	})

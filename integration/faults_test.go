@@ -15,6 +15,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // TestCorruptingPeer serves a known stream on h1 through a proxy on h1 and
@@ -157,7 +158,7 @@ func TestProcessLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, func() bool { return strings.Contains(p.Log(), "started with hello") })
+	wait.For(t, "the process logs its start", func() bool { return strings.Contains(p.Log(), "started with hello") })
 
 	nsOf := func(path string) string {
 		t.Helper()
@@ -199,19 +200,8 @@ func TestProcessLifecycle(t *testing.T) {
 	if p.PID() == firstPID || !p.Running() {
 		t.Errorf("after Restart: pid %d (was %d), running %v", p.PID(), firstPID, p.Running())
 	}
-	waitFor(t, 10*time.Second, func() bool { return strings.Count(p.Log(), "started with hello") == 2 })
+	wait.For(t, "the restarted process logs its start", func() bool { return strings.Count(p.Log(), "started with hello") == 2 })
 	if err := p.Stop(5 * time.Second); err != nil {
 		t.Errorf("Stop: %v", err)
-	}
-}
-
-func waitFor(t *testing.T, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", d)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 func writeKey(t testing.TB, name string) string {
@@ -39,23 +40,6 @@ func fleetView(ctx context.Context, d *netlab.Daemon) (api.Fleet, error) {
 		return api.Fleet{}, fmt.Errorf("fleet JSON %q: %w", out, err)
 	}
 	return f, nil
-}
-
-// eventually polls cond until it holds; the bound only keeps a broken build
-// from hanging CI, it measures nothing.
-func eventually(t testing.TB, ctx context.Context, what string, cond func() error) {
-	t.Helper()
-	var last error
-	for {
-		if last = cond(); last == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: %v (last: %v)", what, ctx.Err(), last)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // TestFleetGossip runs five daemons, each on its own host, in one
@@ -100,7 +84,7 @@ func TestFleetGossip(t *testing.T) {
 	}
 	want := []string{"h0", "h1", "h2", "h3", "h4"}
 	for _, d := range daemons {
-		eventually(t, ctx, "five members alive", func() error {
+		wait.Err(t, "five members alive", func() error {
 			f, err := fleetView(ctx, d)
 			if err != nil {
 				return err
@@ -109,7 +93,7 @@ func TestFleetGossip(t *testing.T) {
 				return fmt.Errorf("alive members %v", got)
 			}
 			return nil
-		})
+		}, wait.Context(ctx))
 	}
 
 	// A spec added on h2 reaches every node, and every node caches it.
@@ -117,7 +101,7 @@ func TestFleetGossip(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, d := range daemons {
-		eventually(t, ctx, d.Host().Name+" ready", func() error {
+		wait.Err(t, d.Host().Name+" ready", func() error {
 			st, err := d.CacheStatus(ctx, "small")
 			if err != nil {
 				return err
@@ -126,10 +110,10 @@ func TestFleetGossip(t *testing.T) {
 				return fmt.Errorf("state %s %s", st.State, st.Error)
 			}
 			return model.Verify(st.Path)
-		})
+		}, wait.Context(ctx))
 	}
 	// Every node sees every node ready, through inventories.
-	eventually(t, ctx, "fleet-wide readiness seen from h0", func() error {
+	wait.Err(t, "fleet-wide readiness seen from h0", func() error {
 		f, err := fleetView(ctx, daemons[0])
 		if err != nil {
 			return err
@@ -140,13 +124,13 @@ func TestFleetGossip(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, wait.Context(ctx))
 
 	// A killed node drops out with its inventory.
 	if err := daemons[4].Kill(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, ctx, "h4 dead in h0's view", func() error {
+	wait.Err(t, "h4 dead in h0's view", func() error {
 		f, err := fleetView(ctx, daemons[0])
 		if err != nil {
 			return err
@@ -157,12 +141,12 @@ func TestFleetGossip(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, wait.Context(ctx))
 	// It rejoins after a restart, still ready.
 	if err := daemons[4].Restart(ctx, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, ctx, "h4 rejoined and ready", func() error {
+	wait.Err(t, "h4 rejoined and ready", func() error {
 		f, err := fleetView(ctx, daemons[1])
 		if err != nil {
 			return err
@@ -173,20 +157,20 @@ func TestFleetGossip(t *testing.T) {
 			}
 		}
 		return fmt.Errorf("h4 not back: %v", names(f, "alive"))
-	})
+	}, wait.Context(ctx))
 
 	// Removing the spec anywhere frees the space everywhere.
 	if _, err := daemons[3].CLI(ctx, "cache", "rm", "small"); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range daemons {
-		eventually(t, ctx, d.Host().Name+" removed", func() error {
+		wait.Err(t, d.Host().Name+" removed", func() error {
 			st, err := d.CacheStatus(ctx, "small")
 			if err == nil {
 				return fmt.Errorf("still there: %s", st.State)
 			}
 			return nil
-		})
+		}, wait.Context(ctx))
 	}
 
 	// A node with another key cannot join: it stays alone and unseen.

@@ -153,7 +153,7 @@ func TestRouterAcrossHosts(t *testing.T) {
 	peerClient := &http.Client{Transport: &http.Transport{DialContext: peerHost.NS.DialContext}, Timeout: 30 * time.Second}
 
 	// Every endpoint known, none ready: refused, not sent to a cold node.
-	eventually(t, ctx, "three endpoints known, none ready", func() error {
+	wait.Err(t, "three endpoints known, none ready", func() error {
 		st, err := routerState(ctx, client, adminURL)
 		if err != nil {
 			return err
@@ -167,7 +167,7 @@ func TestRouterAcrossHosts(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, wait.Context(ctx))
 	if r, err := askRouter(ctx, client, routerURL, 0, 0); err != nil || r.status != http.StatusServiceUnavailable ||
 		!strings.Contains(r.body, "no_backend") {
 		t.Fatalf("before any cache: %+v, %v (want 503 no_backend)", r, err)
@@ -178,7 +178,7 @@ func TestRouterAcrossHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	warm := map[string]bool{endpoint[nodes[0].Name]: true, endpoint[nodes[1].Name]: true}
-	eventually(t, ctx, "the two warm endpoints ready in the router", func() error {
+	wait.Err(t, "the two warm endpoints ready in the router", func() error {
 		st, err := routerState(ctx, client, adminURL)
 		if err != nil {
 			return err
@@ -189,7 +189,7 @@ func TestRouterAcrossHosts(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, wait.Context(ctx))
 
 	// Eight long prefixes, four questions each, interleaved; the rounds
 	// alternate between the two replicas, each waiting until the other's
@@ -213,14 +213,14 @@ func TestRouterAcrossHosts(t *testing.T) {
 	for q := range rounds {
 		at := replicas[q%2]
 		if q > 0 {
-			eventually(t, ctx, fmt.Sprintf("round %d's placements at the other replica", q-1), func() error {
+			wait.Err(t, fmt.Sprintf("round %d's placements at the other replica", q-1), func() error {
 				here, err := indexed(q % 2)
 				there, err2 := indexed(1 - q%2)
 				if err != nil || err2 != nil || here != there {
 					return fmt.Errorf("%d blocks indexed here, %d there (%v, %v)", here, there, err, err2)
 				}
 				return nil
-			})
+			}, wait.Context(ctx))
 		}
 		for doc := range docs {
 			r, err := askRouter(ctx, at.client, at.api, doc, q)
@@ -262,7 +262,7 @@ func TestRouterAcrossHosts(t *testing.T) {
 			t.Fatalf("doc %d after node 0 died: %+v, %v", doc, r, err)
 		}
 	}
-	eventually(t, ctx, "the dead node's endpoint gone", func() error {
+	wait.Err(t, "the dead node's endpoint gone", func() error {
 		st, err := routerState(ctx, client, adminURL)
 		if err != nil {
 			return err
@@ -273,7 +273,7 @@ func TestRouterAcrossHosts(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, wait.Context(ctx))
 }
 
 // proc is a warmfleet process started by a test, on loopback.

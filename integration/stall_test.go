@@ -13,6 +13,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // stallDialers is the attacker's threads dialing at once.
@@ -132,12 +133,12 @@ func (sl *stallLab) remove(tb testing.TB, ctx context.Context, name string) {
 		tb.Fatal(err)
 	}
 	for _, d := range sl.fleet {
-		eventually(tb, ctx, d.Host().Name+" removed "+name, func() error {
+		wait.Err(tb, d.Host().Name+" removed "+name, func() error {
 			if st, err := d.CacheStatus(ctx, name); err == nil {
 				return fmt.Errorf("still there: %s", st.State)
 			}
 			return nil
-		})
+		}, wait.Context(ctx))
 	}
 }
 
@@ -152,12 +153,12 @@ func TestSwarmCompletesUnderStalledHandshakes(t *testing.T) {
 	sl := newStallLab(t, ctx, 48<<20)
 	opened, stop := stalledHandshakes(sl.attacker, sl.peers, 300, 100*time.Millisecond)
 	defer stop()
-	eventually(t, ctx, "the attack in place", func() error {
+	wait.Err(t, "the attack in place", func() error {
 		if n := opened(); n < 3*300 {
 			return fmt.Errorf("%d connections opened", n)
 		}
 		return nil
-	})
+	}, wait.Context(ctx))
 	took := sl.warm(t, ctx, "stalled")
 	var s3Total float64
 	for _, d := range sl.fleet {
@@ -194,12 +195,12 @@ func BenchmarkSwarmUnderStalledHandshakes(b *testing.B) {
 		calm = append(calm, sl.warm(b, ctx, name).Seconds())
 		sl.remove(b, ctx, name)
 		opened, stop := stalledHandshakes(sl.attacker, sl.peers, 300, 0)
-		eventually(b, ctx, "the attack in place", func() error {
+		wait.Err(b, "the attack in place", func() error {
 			if n := opened(); n < 3*300 {
 				return fmt.Errorf("%d connections opened", n)
 			}
 			return nil
-		})
+		}, wait.Context(ctx))
 		name = fmt.Sprintf("stalled%d", k)
 		stalled = append(stalled, sl.warm(b, ctx, name).Seconds())
 		stop()

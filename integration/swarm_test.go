@@ -8,6 +8,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // TestSwarmPullsOnceFromS3 runs a cold fleet of three daemons with the
@@ -105,7 +106,7 @@ func TestSwarmSurvivesOriginDeath(t *testing.T) {
 	}
 	// Kill the node that is furthest into its S3 reads: it is an origin.
 	var victim *netlab.Daemon
-	eventually(t, ctx, "an origin at work", func() error {
+	wait.Err(t, "an origin at work", func() error {
 		for _, d := range daemons {
 			if s3, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total"); err == nil && s3 >= 8<<20 {
 				victim = d
@@ -113,7 +114,7 @@ func TestSwarmSurvivesOriginDeath(t *testing.T) {
 			}
 		}
 		return fmt.Errorf("no node has read 8 MiB from S3 yet")
-	})
+	}, wait.Context(ctx))
 	if err := victim.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +221,7 @@ func startSwarmDaemon(t testing.TB, ctx context.Context, lab *netlab.Lab, h *net
 // waitMembers waits until d sees n members.
 func waitMembers(t testing.TB, ctx context.Context, d *netlab.Daemon, n int) {
 	t.Helper()
-	eventually(t, ctx, fmt.Sprintf("%d members", n), func() error {
+	wait.Err(t, fmt.Sprintf("%d members", n), func() error {
 		f, err := fleetView(ctx, d)
 		if err != nil {
 			return err
@@ -229,13 +230,13 @@ func waitMembers(t testing.TB, ctx context.Context, d *netlab.Daemon, n int) {
 			return fmt.Errorf("%d members", len(f.Members))
 		}
 		return nil
-	})
+	}, wait.Context(ctx))
 }
 
 // waitReady waits until d has cache name ready with model's exact bytes.
 func waitReady(t testing.TB, ctx context.Context, d *netlab.Daemon, name string, model netlab.Model) {
 	t.Helper()
-	eventually(t, ctx, d.Host().Name+" ready", func() error {
+	wait.Err(t, d.Host().Name+" ready", func() error {
 		st, err := d.CacheStatus(ctx, name)
 		if err != nil {
 			return err
@@ -244,5 +245,5 @@ func waitReady(t testing.TB, ctx context.Context, d *netlab.Daemon, name string,
 			return fmt.Errorf("state %s %s", st.State, st.Error)
 		}
 		return model.Verify(st.Path)
-	})
+	}, wait.Context(ctx))
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // TestSwarmTwinModels caches three models from identical files (same
@@ -66,12 +67,12 @@ func TestSwarmTwinModels(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, d := range fleet {
-		eventually(t, ctx, d.Host().Name+" removed tw1", func() error {
+		wait.Err(t, d.Host().Name+" removed tw1", func() error {
 			if st, err := d.CacheStatus(ctx, "tw1"); err == nil {
 				return fmt.Errorf("still there: %s", st.State)
 			}
 			return nil
-		})
+		}, wait.Context(ctx))
 	}
 	late := startSwarmDaemon(t, ctx, lab, hosts[3], bin, key, seed)
 	for _, d := range append(fleet, late) {

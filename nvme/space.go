@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warmfleet/warmfleet/internal/bytesize"
 )
 
 // Space is a file system's size and free space, in bytes.
@@ -53,21 +55,7 @@ func (s *Store) CheckFits(need int64) error {
 func Fits(need int64, sp Space, reserve int64) error {
 	if avail := sp.Free - reserve; need > avail {
 		return fmt.Errorf("%w: need %s, %s free with %s kept in reserve", ErrNoSpace,
-			FormatBytes(need), FormatBytes(sp.Free), FormatBytes(reserve))
+			bytesize.Format(need), bytesize.Format(sp.Free), bytesize.Format(reserve))
 	}
 	return nil
-}
-
-// FormatBytes prints a byte count in binary units.
-func FormatBytes(n int64) string {
-	const unit = 1024
-	if n < unit && n > -unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit || m <= -unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

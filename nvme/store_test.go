@@ -280,14 +280,6 @@ func TestFullDiskFailsAtPreallocation(t *testing.T) {
 	}
 }
 
-func TestFormatBytes(t *testing.T) {
-	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 3 << 30: "3.0 GiB"} {
-		if got := FormatBytes(n); got != want {
-			t.Errorf("FormatBytes(%d) = %q, want %q", n, got, want)
-		}
-	}
-}
-
 func TestOpenRejectsBadReserve(t *testing.T) {
 	for _, opts := range []Options{{ReserveBytes: -1}, {ReserveFraction: -0.1}, {ReserveFraction: 1}, {ReserveFraction: math.NaN()}} {
 		if s, err := Open(t.TempDir(), opts); err == nil {

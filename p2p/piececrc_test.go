@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // failingReader returns err once it has given n bytes.
@@ -151,8 +153,8 @@ func TestHelperReadsTheTailOnce(t *testing.T) {
 	}()
 	// The origin is held at the half: the helper takes pieces 15 down to
 	// 8+helpGap, leaving those nearer the origin's run to the origin.
-	waitFor(t, func() bool { return s.Have().Count() == 8+16-(8+helpGap) })
-	waitFor(t, func() bool { return origin.Stats().PeersConnected >= 2 }) // it sees what the helper holds
+	wait.For(t, "the follower holds all but the gap", func() bool { return s.Have().Count() == 8+16-(8+helpGap) })
+	wait.For(t, "the origin connected to both peers", func() bool { return origin.Stats().PeersConnected >= 2 }) // it sees what the helper holds
 	close(open)
 	if err := <-built; err != nil {
 		t.Fatal(err)

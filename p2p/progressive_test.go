@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // gatedSource serves data like an origin but holds every read at or past
@@ -52,7 +54,7 @@ func TestFollowerGetsPiecesWhileOriginBuilds(t *testing.T) {
 		originShard = s
 		built <- err
 	}()
-	waitFor(t, func() bool {
+	wait.For(t, "the origin serving its manifest in progress", func() bool {
 		_, err := origin.FetchManifest(context.Background(), origin.addr, spec.ShardID)
 		return errors.Is(err, ErrInProgress)
 	})
@@ -69,7 +71,7 @@ func TestFollowerGetsPiecesWhileOriginBuilds(t *testing.T) {
 		fetched <- err
 	}()
 	// The origin is stuck at the half: the follower must still get that half.
-	waitFor(t, func() bool { return s.Have().Count() == 8 })
+	wait.For(t, "all 8 pieces held", func() bool { return s.Have().Count() == 8 })
 	if s.Complete() {
 		t.Fatal("complete before the origin read the second half")
 	}
@@ -110,7 +112,7 @@ func TestBuildResumesAfterInterruption(t *testing.T) {
 		_, err := n.Build(ctx, spec)
 		done <- err
 	}()
-	waitFor(t, func() bool { return n.Stats().PiecesVerified == 8 })
+	wait.For(t, "8 pieces verified", func() bool { return n.Stats().PiecesVerified == 8 })
 	cancel()
 	if err := <-done; err == nil {
 		t.Fatal("build finished with its source held")
@@ -183,7 +185,7 @@ func TestPartialShardResumesAcrossReopen(t *testing.T) {
 		_, err := s.Fetch(ctx, FetchOptions{Peers: peers(seed.addr), PeerRefresh: 20 * time.Millisecond})
 		done <- err
 	}()
-	waitFor(t, func() bool { return s.Have().Count() >= 2 })
+	wait.For(t, "2 pieces held", func() bool { return s.Have().Count() >= 2 })
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
@@ -231,17 +233,6 @@ func FuzzLearnBitfield(f *testing.F) {
 			}
 		}
 	})
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // ReadsStarted fires once, while the last reads are still streaming: the

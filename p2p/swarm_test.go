@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 const testPiece = 64 << 10
@@ -284,9 +286,14 @@ func TestSwarmResumeFetchesOnlyMissingPieces(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		for s.Have().Count() < m.NumPieces()/3 {
-			time.Sleep(5 * time.Millisecond)
-		}
+		// Poll, not For: it may not end the test from this goroutine; the
+		// fetch's own error reports a wait that ended early.
+		_ = wait.Poll(t, func() error {
+			if s.Have().Count() < m.NumPieces()/3 {
+				return errors.New("a third not yet fetched")
+			}
+			return nil
+		})
 		cancel()
 	}()
 	if _, err := s.Fetch(ctx, FetchOptions{Peers: peers(seed.addr)}); !errors.Is(err, context.Canceled) {
@@ -306,11 +313,7 @@ func TestSwarmResumeFetchesOnlyMissingPieces(t *testing.T) {
 		t.Fatalf("after restart %d of %d pieces kept", kept, m.NumPieces())
 	}
 	// The seed may still be finishing the upload the first fetch abandoned.
-	for deadline := time.Now().Add(5 * time.Second); seed.Stats().PeersConnected != 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("seed still connected to the stopped fetch")
-		}
-	}
+	wait.For(t, "the seed to drop the stopped fetch", func() bool { return seed.Stats().PeersConnected == 0 })
 	outBefore := seed.Stats().PeerBytesOut
 	res, err := s.Fetch(context.Background(), FetchOptions{Peers: peers(seed.addr)})
 	if err != nil {

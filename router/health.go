@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"net/http"
@@ -9,6 +8,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // probeLoop checks every backend each ProbeInterval: a failing probe ejects
@@ -121,44 +123,42 @@ func (rt *Router) learnKV(ctx context.Context, base string) int {
 	if resp.StatusCode != http.StatusOK {
 		return 0
 	}
-	return ParseKVCacheTokens(io.LimitReader(resp.Body, 4<<20))
+	return ParseKVCacheTokens(resp.Body)
 }
 
-// ParseKVCacheTokens finds vllm:cache_config_info in Prometheus text and
-// returns num_gpu_blocks x block_size, or 0 if absent or malformed.
+// maxMetricsBytes bounds what ParseKVCacheTokens reads of a backend's
+// metrics page: the parser keeps the whole page's families in memory.
+const maxMetricsBytes = 4 << 20
+
+// ParseKVCacheTokens finds vllm:cache_config_info in Prometheus text (read
+// with expfmt, at most maxMetricsBytes) and returns num_gpu_blocks x
+// block_size of its first sample, or 0 if the page is malformed or the
+// metric is absent or implausible.
 func ParseKVCacheTokens(r io.Reader) int {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "vllm:cache_config_info{") {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(io.LimitReader(r, maxMetricsBytes))
+	if err != nil {
+		return 0
+	}
+	ms := fams["vllm:cache_config_info"].GetMetric()
+	if len(ms) == 0 {
+		return 0
+	}
+	blocks, size := 0, 0
+	for _, l := range ms[0].GetLabel() {
+		n, err := strconv.Atoi(strings.TrimSpace(l.GetValue()))
+		if err != nil || n <= 0 || n > 1<<30 {
 			continue
 		}
-		labels, _, ok := strings.Cut(strings.TrimPrefix(line, "vllm:cache_config_info{"), "}")
-		if !ok {
-			return 0
+		switch l.GetName() {
+		case "num_gpu_blocks":
+			blocks = n
+		case "block_size":
+			size = n
 		}
-		blocks, size := 0, 0
-		for _, kv := range strings.Split(labels, ",") {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok {
-				continue
-			}
-			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(v), `"`))
-			if err != nil || n <= 0 || n > 1<<30 {
-				continue
-			}
-			switch strings.TrimSpace(k) {
-			case "num_gpu_blocks":
-				blocks = n
-			case "block_size":
-				size = n
-			}
-		}
-		if blocks > 0 && size > 0 && blocks <= (1<<40)/size {
-			return blocks * size
-		}
-		return 0
+	}
+	if blocks > 0 && size > 0 && blocks <= (1<<40)/size {
+		return blocks * size
 	}
 	return 0
 }

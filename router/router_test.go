@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 	"github.com/warmfleet/warmfleet/router/balance"
 	"github.com/warmfleet/warmfleet/router/prefix"
 )
@@ -265,13 +266,7 @@ func TestQueueThen429(t *testing.T) {
 
 func waitQueued(t *testing.T, rt *Router, n int) {
 	t.Helper()
-	for range 5000 {
-		if rt.Snapshot().Queued == n {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatalf("queue never reached %d", n)
+	wait.For(t, fmt.Sprintf("%d requests queued", n), func() bool { return rt.Snapshot().Queued == n })
 }
 
 func TestBadInput(t *testing.T) {
@@ -561,16 +556,18 @@ func TestRampUp(t *testing.T) {
 	eps, _ := h.src.Endpoints()
 	h.src.Set(append(eps, Endpoint{URL: b.URL, Ready: true, HoldsWeights: true}))
 	weightOf := func(u string) float64 {
-		for range 1000 {
+		var w float64
+		// The follower applies the change asynchronously.
+		wait.For(t, "backend "+u+" listed", func() bool {
 			for _, s := range h.rt.Snapshot().Backends {
 				if s.URL == u {
-					return s.Weight
+					w = s.Weight
+					return true
 				}
 			}
-			time.Sleep(time.Millisecond) // the follower applies the change asynchronously
-		}
-		t.Fatalf("backend %s never appeared", u)
-		return 0
+			return false
+		})
+		return w
 	}
 	if w := weightOf(b.URL); w != 0.05 {
 		t.Fatalf("new endpoint weight %v, want the 0.05 floor", w)
@@ -631,6 +628,9 @@ func TestParseKVCacheTokens(t *testing.T) {
 		{"vllm:cache_config_info{block_size=\"-16\",num_gpu_blocks=\"5\"} 1\n", 0},
 		{"vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"5\"", 0},
 		{"", 0},
+		// Quoted commas and braces are part of a label value, not separators.
+		{"vllm:cache_config_info{num_gpu_blocks=\"10\",note=\"x,num_gpu_blocks=7\",block_size=\"16\"} 1\n", 160},
+		{"vllm:cache_config_info{note=\"}\",num_gpu_blocks=\"10\",block_size=\"16\"} 1\n", 160},
 	}
 	for _, tc := range tests {
 		if got := ParseKVCacheTokens(strings.NewReader(tc.in)); got != tc.want {
@@ -728,7 +728,7 @@ func TestLoadSignals(t *testing.T) {
 		}
 		done <- resp
 	}()
-	waitFor(t, func() bool { return h.rt.Snapshot().Backends[0].Inflight == 1 })
+	wait.For(t, "one request in flight", func() bool { return h.rt.Snapshot().Backends[0].Inflight == 1 })
 	st := h.rt.Snapshot().Backends[0]
 	if st.Prefilling != 1 || st.PendingBlock != 4 || st.Recent != 1 {
 		t.Fatalf("before the first byte: %+v, want 1 prefilling, 4 pending blocks, recent 1", st)
@@ -745,18 +745,7 @@ func TestLoadSignals(t *testing.T) {
 	}
 	close(first)
 	resp.Body.Close()
-	waitFor(t, func() bool { return h.rt.Snapshot().Backends[0].Inflight == 0 })
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	wait.For(t, "no request in flight", func() bool { return h.rt.Snapshot().Backends[0].Inflight == 0 })
 }
 
 // TestConcurrentBodiesIntact sends many distinct bodies of several sizes

@@ -3,61 +3,64 @@ package netlab
 import (
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // MetricSum adds up every sample of the metric called name in Prometheus
-// text exposition format. Samples of other metrics, including name's
-// _bucket/_sum/_count relatives, are ignored. found is false when no sample
-// of name exists.
+// text exposition format, parsed by expfmt (the parser Prometheus itself
+// uses). Samples of other metrics are ignored; a histogram's or summary's
+// name_sum and name_count are its sample sums and counts, and the bare
+// family name of one has no samples. NaN samples are skipped. found is
+// false when no sample of name exists.
 func MetricSum(text, name string) (sum float64, found bool, err error) {
-	for i, line := range strings.Split(text, "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || line[0] == '#' {
-			continue
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		return 0, false, fmt.Errorf("metrics: %w", err)
+	}
+	add := func(v float64) {
+		if !math.IsNaN(v) {
+			sum += v
+			found = true
 		}
-		rest, ok := strings.CutPrefix(line, name)
-		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ' && rest[0] != '\t') {
-			continue
+	}
+	for _, m := range fams[name].GetMetric() {
+		switch {
+		case m.Counter != nil:
+			add(m.Counter.GetValue())
+		case m.Gauge != nil:
+			add(m.Gauge.GetValue())
+		case m.Untyped != nil:
+			add(m.Untyped.GetValue())
 		}
-		if rest[0] == '{' {
-			end, err := labelsEnd(rest)
-			if err != nil {
-				return 0, false, fmt.Errorf("metrics line %d: %w", i+1, err)
+	}
+	for _, suffix := range []string{"_sum", "_count"} {
+		if base, ok := strings.CutSuffix(name, suffix); ok {
+			for _, m := range fams[base].GetMetric() {
+				if v, ok := sumOrCount(m, suffix == "_sum"); ok {
+					add(v)
+				}
 			}
-			rest = rest[end:]
 		}
-		f := strings.Fields(rest)
-		if len(f) < 1 || len(f) > 2 {
-			return 0, false, fmt.Errorf("metrics line %d: want a value and an optional timestamp: %q", i+1, line)
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			return 0, false, fmt.Errorf("metrics line %d: value %q: %w", i+1, f[0], err)
-		}
-		if math.IsNaN(v) {
-			continue
-		}
-		sum += v
-		found = true
 	}
 	return sum, found, nil
 }
 
-// labelsEnd returns the index just past the '}' closing the label set that
-// s starts with, honouring quoted values with escapes.
-func labelsEnd(s string) (int, error) {
-	inQuote := false
-	for i := 1; i < len(s); i++ {
-		switch c := s[i]; {
-		case inQuote && c == '\\':
-			i++
-		case c == '"':
-			inQuote = !inQuote
-		case !inQuote && c == '}':
-			return i + 1, nil
-		}
+// sumOrCount is a histogram's or summary's sample sum (or count).
+func sumOrCount(m *dto.Metric, wantSum bool) (float64, bool) {
+	switch {
+	case m.Histogram != nil && wantSum:
+		return m.Histogram.GetSampleSum(), true
+	case m.Histogram != nil:
+		return float64(m.Histogram.GetSampleCount()), true
+	case m.Summary != nil && wantSum:
+		return m.Summary.GetSampleSum(), true
+	case m.Summary != nil:
+		return float64(m.Summary.GetSampleCount()), true
 	}
-	return 0, fmt.Errorf("unterminated label set %q", s)
+	return 0, false
 }

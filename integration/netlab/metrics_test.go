@@ -43,6 +43,7 @@ func TestMetricSumBad(t *testing.T) {
 		`m abc`,
 		`m 1 2 3`,
 		`m{a="\"} 1`,
+		`m 1 abc`,
 	} {
 		if _, _, err := MetricSum(text, "m"); err == nil || !strings.Contains(err.Error(), "line 1") {
 			t.Errorf("MetricSum(%q) err = %v, want an error naming line 1", text, err)

@@ -15,8 +15,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/internal/spec"
-	"github.com/warmfleet/warmfleet/nvme"
 )
 
 func runCache(ctx context.Context, e *Env, args []string) error {
@@ -224,7 +224,7 @@ func standing(st api.CacheStatus) string {
 		pct = 100 * float64(st.BytesDone) / float64(st.BytesTotal)
 	}
 	return fmt.Sprintf("state %s, %s of %s (%.0f%%), last error: %s", st.State,
-		nvme.FormatBytes(st.BytesDone), nvme.FormatBytes(st.BytesTotal), pct, orNone(st.Error))
+		bytesize.Format(st.BytesDone), bytesize.Format(st.BytesTotal), pct, orNone(st.Error))
 }
 
 // targetsText renders a spec's targets as the flags that set them.
@@ -295,7 +295,7 @@ func (p *progress) stop() {
 
 func (p *progress) done(st api.CacheStatus) {
 	p.stop()
-	fmt.Fprintf(p.w, "%s ready: %s (%s) at %s in %s\n", st.Name, st.RevisionID, nvme.FormatBytes(st.BytesTotal),
+	fmt.Fprintf(p.w, "%s ready: %s (%s) at %s in %s\n", st.Name, st.RevisionID, bytesize.Format(st.BytesTotal),
 		st.Path, time.Since(p.start).Round(100*time.Millisecond))
 }
 
@@ -312,7 +312,7 @@ func progressLine(st api.CacheStatus, rate float64, width int) string {
 		bar = "[" + strings.Repeat("=", filled) + strings.Repeat(" ", width-filled) + "] "
 	}
 	return fmt.Sprintf("%s %s%3.0f%% %s/%s %s/s %s", st.Name, bar, frac*100,
-		nvme.FormatBytes(st.BytesDone), nvme.FormatBytes(st.BytesTotal), nvme.FormatBytes(int64(rate)), st.State)
+		bytesize.Format(st.BytesDone), bytesize.Format(st.BytesTotal), bytesize.Format(int64(rate)), st.State)
 }
 
 func runCacheList(ctx context.Context, e *Env, args []string) error {
@@ -400,7 +400,7 @@ func printTable(w io.Writer, all []api.CacheStatus) error {
 			pct = 100 * float64(st.BytesDone) / float64(st.BytesTotal)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%t\t%.0f%%\t%s\t%s\t%s\t%s\n", st.Name, st.State, st.Ready, pct,
-			nvme.FormatBytes(st.BytesTotal), st.RevisionID, st.Path, st.Error)
+			bytesize.Format(st.BytesTotal), st.RevisionID, st.Path, st.Error)
 	}
 	return tw.Flush()
 }

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/internal/synthmodel"
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // BenchmarkDaemonCacheS3 runs the `warmfleet daemon` command in-process
@@ -30,7 +32,7 @@ import (
 func BenchmarkDaemonCacheS3(b *testing.B) {
 	size := int64(512 << 20)
 	if v := os.Getenv("WARMFLEET_BENCH_MODEL_SIZE"); v != "" {
-		n, err := parseBytes(v)
+		n, err := bytesize.Parse(v)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -76,12 +78,8 @@ func BenchmarkDaemonCacheS3(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := client.Node(ctx); err == nil {
-			break
-		} else if time.Since(start) > 30*time.Second {
-			b.Fatalf("daemon API: %v\n%s", err, logBuf.String())
-		}
+	if err := wait.Poll(b, func() error { _, err := client.Node(ctx); return err }); err != nil {
+		b.Fatalf("daemon API: %v\n%s", err, logBuf.String())
 	}
 
 	if path := os.Getenv("WARMFLEET_BENCH_CPUPROFILE"); path != "" {

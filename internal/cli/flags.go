@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/warmfleet/warmfleet/internal/bytesize"
 )
 
 // listFlag collects a repeatable flag; a value may also hold several items
@@ -30,39 +32,12 @@ type byteSize int64
 func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
 
 func (b *byteSize) Set(v string) error {
-	n, err := parseBytes(v)
+	n, err := bytesize.Parse(v)
 	if err != nil {
 		return err
 	}
 	*b = byteSize(n)
 	return nil
-}
-
-var byteUnits = []struct {
-	suffix string
-	mult   int64
-}{
-	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1},
-}
-
-// parseBytes parses a non-negative byte count with an optional unit.
-func parseBytes(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	mult := int64(1)
-	num := s
-	for _, u := range byteUnits {
-		if strings.HasSuffix(s, u.suffix) {
-			num, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || !(f >= 0 && f*float64(mult) <= 1<<62) { // also rejects NaN
-		return 0, fmt.Errorf("size %q: want a non-negative number with an optional unit (KiB, MiB, GiB, TiB, KB, MB, GB, TB)", s)
-	}
-	return int64(f * float64(mult)), nil
 }
 
 // loadConfigFile reads a YAML file of flag names to values (lists allowed).

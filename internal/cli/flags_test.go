@@ -7,45 +7,6 @@ import (
 	"testing"
 )
 
-func TestParseBytes(t *testing.T) {
-	tests := []struct {
-		in   string
-		want int64
-		ok   bool
-	}{
-		{"0", 0, true},
-		{"1048576", 1 << 20, true},
-		{"16MiB", 16 << 20, true},
-		{"1.5GiB", 3 << 29, true},
-		{"10GB", 10e9, true},
-		{"512K", 512 << 10, true},
-		{" 2 TiB ", 2 << 40, true},
-		{"-1", 0, false},
-		{"abc", 0, false},
-		{"1e30", 0, false},
-		{"MiB", 0, false},
-		{"", 0, false},
-	}
-	for _, tt := range tests {
-		got, err := parseBytes(tt.in)
-		if (err == nil) != tt.ok || (tt.ok && got != tt.want) {
-			t.Errorf("parseBytes(%q) = %d, %v; want %d ok=%v", tt.in, got, err, tt.want, tt.ok)
-		}
-	}
-}
-
-func FuzzParseBytes(f *testing.F) {
-	for _, s := range []string{"16MiB", "1.5GiB", "-3", "NaN", "Inf"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		n, err := parseBytes(s)
-		if err == nil && n < 0 {
-			t.Fatalf("parseBytes(%q) = %d", s, n)
-		}
-	})
-}
-
 func TestParseConfig(t *testing.T) {
 	got, err := parseConfig([]byte("data-dir: /nvme\nlabel:\n  - gpu=h100\n  - zone=a\nreserve: 10GiB\nresync-interval: 5m\n"))
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/internal/bytesize"
 )
 
 func runFleet(ctx context.Context, e *Env, args []string) error {
@@ -42,7 +42,7 @@ func printFleet(w io.Writer, f api.Fleet) error {
 			name += " *"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", name, m.State, m.Role, orDash(m.Addr),
-			nvme.FormatBytes(m.FreeBytes), orDash(strings.Join(ready, ",")), orDash(strings.Join(busy, ",")), len(m.Endpoints))
+			bytesize.Format(m.FreeBytes), orDash(strings.Join(ready, ",")), orDash(strings.Join(busy, ",")), len(m.Endpoints))
 	}
 	return tw.Flush()
 }

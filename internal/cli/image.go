@@ -8,8 +8,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/internal/spec"
-	"github.com/warmfleet/warmfleet/nvme"
 )
 
 // defaultImageOwner is the owner of images added without --owner.
@@ -75,7 +75,7 @@ func printImages(w io.Writer, all []api.ImageStatus) error {
 		if len(digest) > 19 {
 			digest = digest[:19]
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\n", im.Ref, im.State, progress, nvme.FormatBytes(im.Size), im.Managed,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\n", im.Ref, im.State, progress, bytesize.Format(im.Size), im.Managed,
 			orDash(strings.Join(im.Owners, ",")), orDash(digest), im.Error)
 	}
 	return tw.Flush()

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // runInBackground runs a long-running command until the test ends.
@@ -55,13 +57,12 @@ func TestRouterLearnsWarmEndpointsFromFleet(t *testing.T) {
 
 	waitUntil := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s; router log:\n%s", what, routerLog.String())
+		wait.Err(t, what, func() error {
+			if cond() {
+				return nil
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return fmt.Errorf("not yet; router log:\n%s", routerLog.String())
+		})
 	}
 	cli := func(args ...string) int {
 		var out bytes.Buffer

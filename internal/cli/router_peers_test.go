@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 	"github.com/warmfleet/warmfleet/router"
 )
 
@@ -44,13 +45,12 @@ func TestRouterPeers(t *testing.T) {
 
 	waitUntil := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s; replica a's log:\n%s", what, logA.String())
+		wait.Err(t, what, func() error {
+			if cond() {
+				return nil
 			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return fmt.Errorf("not yet; replica a's log:\n%s", logA.String())
+		})
 	}
 	ask := func(api string, doc, q int) map[string]string { return askDoc(t, api, doc, q) }
 	indexed := indexedBlocks
@@ -114,13 +114,12 @@ func TestRouterPeersFoundThroughGossip(t *testing.T) {
 	}
 	logA := start("ra", apiA, adminA, gossipA, gossipA) // the first joins itself
 	logB := start("rb", apiB, adminB, gossipB, gossipA)
-	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(logA.String(), "peer stream open") || !strings.Contains(logB.String(), "peer stream open") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the routers never streamed to each other; a:\n%s\nb:\n%s", logA.String(), logB.String())
+	wait.Err(t, "the routers to stream to each other", func() error {
+		if strings.Contains(logA.String(), "peer stream open") && strings.Contains(logB.String(), "peer stream open") {
+			return nil
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("not yet; a:\n%s\nb:\n%s", logA.String(), logB.String())
+	})
 	routeOf := func(api string, doc, q int) map[string]string { return askDoc(t, api, doc, q) }
 	placed := map[int]string{}
 	for doc := range 6 {
@@ -128,12 +127,12 @@ func TestRouterPeersFoundThroughGossip(t *testing.T) {
 	}
 	// b has the placements once its index holds as many blocks as a's.
 	indexed := indexedBlocks
-	for deadline := time.Now().Add(10 * time.Second); indexed(adminB) != indexed(adminA); {
-		if time.Now().After(deadline) {
-			t.Fatalf("replica b never learned a's placements: %d blocks indexed, a has %d", indexed(adminB), indexed(adminA))
+	wait.Err(t, "replica b to learn a's placements", func() error {
+		if b, a := indexed(adminB), indexed(adminA); b != a {
+			return fmt.Errorf("%d blocks indexed, a has %d", b, a)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	for doc := range 6 {
 		if r := routeOf(apiB, doc, 1); r["backend"] != placed[doc] || r["reason"] != "hit" {
 			t.Errorf("doc %d: replica b routes it to %s (%s); a placed it on %s", doc, r["backend"], r["reason"], placed[doc])

@@ -13,6 +13,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
+	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/internal/cli"
 	"github.com/warmfleet/warmfleet/internal/s3embed"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
@@ -69,7 +70,7 @@ func runDemo(ctx context.Context, e *cli.Env, args []string) error {
 	}); err != nil {
 		return err
 	}
-	say("wrote a synthetic model to s3://models/demo-llama/: %d files, %s", len(model.Files()), nvme.FormatBytes(model.TotalSize()))
+	say("wrote a synthetic model to s3://models/demo-llama/: %d files, %s", len(model.Files()), bytesize.Format(model.TotalSize()))
 
 	// A fleet of one, on loopback, so the router can join it.
 	key, err := gossip.GenerateKey()
@@ -130,11 +131,11 @@ func runDemo(ctx context.Context, e *cli.Env, args []string) error {
 		return fmt.Errorf("router: %w", err)
 	}
 	fmt.Fprintf(e.Stdout, "\nsummary\n")
-	fmt.Fprintf(e.Stdout, "  model          demo/llama, %d files, %s\n", st.Files, nvme.FormatBytes(st.BytesTotal))
+	fmt.Fprintf(e.Stdout, "  model          demo/llama, %d files, %s\n", st.Files, bytesize.Format(st.BytesTotal))
 	fmt.Fprintf(e.Stdout, "  revision       %s\n", st.RevisionID)
 	fmt.Fprintf(e.Stdout, "  ready at       %s\n", st.Path)
 	fmt.Fprintf(e.Stdout, "  current link   %s\n", filepath.Join(filepath.Dir(st.Path), nvme.CurrentLink))
-	fmt.Fprintf(e.Stdout, "  time to ready  %s (%s/s)\n", elapsed.Round(time.Millisecond), nvme.FormatBytes(int64(float64(st.BytesTotal)/elapsed.Seconds())))
+	fmt.Fprintf(e.Stdout, "  time to ready  %s (%s/s)\n", elapsed.Round(time.Millisecond), bytesize.Format(int64(float64(st.BytesTotal)/elapsed.Seconds())))
 	fmt.Fprintf(e.Stdout, "  bytes from S3  %s (warmfleet_s3_bytes_total; the model is %d bytes)\n", s3Bytes, st.BytesTotal)
 	affinity := "each document's questions stayed on one server"
 	if !rr.stayed {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 	"github.com/warmfleet/warmfleet/router"
 	"github.com/warmfleet/warmfleet/router/prefix"
 )
@@ -200,7 +201,7 @@ func TestNewerStreamKeepsLoad(t *testing.T) {
 	if _, err := oldW.Write(appendEvent(nil, router.Event{Kind: router.Released, Backend: 1})); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { n, _ := rec.state(); return n == 1 })
+	wait.For(t, "one event received", func() bool { n, _ := rec.state(); return n == 1 })
 	newR, newW := io.Pipe()
 	newDone := make(chan struct{})
 	go func() {
@@ -212,7 +213,7 @@ func TestNewerStreamKeepsLoad(t *testing.T) {
 	if _, err := newW.Write(appendEvent(nil, router.Event{Kind: router.Released, Backend: 1})); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { n, _ := rec.state(); return n == 2 })
+	wait.For(t, "two events received", func() bool { n, _ := rec.state(); return n == 2 })
 	oldW.Close()
 	<-oldDone
 	if _, forgets := rec.state(); len(forgets) != 0 {
@@ -222,18 +223,6 @@ func TestNewerStreamKeepsLoad(t *testing.T) {
 	<-newDone
 	if _, forgets := rec.state(); len(forgets) != 1 {
 		t.Fatalf("forgets %v after the newest stream ended, want one", forgets)
-	}
-}
-
-// waitFor polls cond: the streams cross real sockets.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -315,7 +304,7 @@ func TestLinkSharesPlacements(t *testing.T) {
 	defer cancel()
 	wg.Go(func() { a.link.Run(ctx, a.rt.LoadEvents) })
 	wg.Go(func() { b.link.Run(ctx, b.rt.LoadEvents) })
-	waitFor(t, func() bool { return a.link.Stats()[0].Up && b.link.Stats()[0].Up })
+	wait.For(t, "both links up", func() bool { return a.link.Stats()[0].Up && b.link.Stats()[0].Up })
 
 	send := func(r *replica, body string, hdr ...string) *http.Response {
 		req, _ := http.NewRequest(http.MethodPost, r.api.URL+"/v1/completions", strings.NewReader(body))
@@ -340,7 +329,7 @@ func TestLinkSharesPlacements(t *testing.T) {
 	}
 	// b has heard of all 12 once its handler applied 36 request events
 	// (placed, prefilled, released each) besides a's load snapshots.
-	waitFor(t, func() bool { return b.observed.Load() >= 36 })
+	wait.For(t, "b applied 36 request events", func() bool { return b.observed.Load() >= 36 })
 	for d := range 12 {
 		resp := send(b, doc(d, 1))
 		if got, route := resp.Header.Get("X-Backend"), resp.Header.Get(router.RouteHeader); got != placed[d] || !strings.Contains(route, "reason=hit") {
@@ -357,10 +346,10 @@ func TestLinkSharesPlacements(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, func() bool { return peerInflight() == 1 })
+	wait.For(t, "one request in flight at the peer", func() bool { return peerInflight() == 1 })
 	close(release)
 	<-held
-	waitFor(t, func() bool { return peerInflight() == 0 })
+	wait.For(t, "no request in flight at the peer", func() bool { return peerInflight() == 0 })
 }
 
 // nopObserver applies nothing and counts what it is told.
@@ -424,12 +413,12 @@ func TestLinkSetPeers(t *testing.T) {
 	snapshot := func() []router.Event { return []router.Event{{Kind: router.Load, Backend: 1, Inflight: 2}} }
 	go func() { l.Run(ctx, snapshot); close(done) }()
 	defer func() { cancel(); <-done }()
-	waitFor(t, func() bool { n, _ := recA.state(); return n >= 1 })
+	wait.For(t, "a received an event", func() bool { n, _ := recA.state(); return n >= 1 })
 	l.SetPeers([]string{srvB.URL, srvB.URL})
-	waitFor(t, func() bool { n, _ := recB.state(); return n >= 1 })
-	waitFor(t, func() bool { _, f := recA.state(); return len(f) == 1 })
+	wait.For(t, "b received an event", func() bool { n, _ := recB.state(); return n >= 1 })
+	wait.For(t, "a's full-state received", func() bool { _, f := recA.state(); return len(f) == 1 })
 	l.Send(router.Event{Kind: router.Released, Backend: 1})
-	waitFor(t, func() bool {
+	wait.For(t, "b saw the release", func() bool {
 		recB.mu.Lock()
 		defer recB.mu.Unlock()
 		for _, e := range recB.events["me"] {
@@ -492,7 +481,7 @@ func TestHandlerCloseEndsStreams(t *testing.T) {
 	if _, err := pw.Write(appendEvent(nil, router.Event{Kind: router.Released, Backend: 1})); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { n, _ := rec.state(); return n == 1 })
+	wait.For(t, "one event received", func() bool { n, _ := rec.state(); return n == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := srv.Config.Shutdown(ctx); err != nil {
@@ -586,11 +575,11 @@ func TestLinkReconnects(t *testing.T) {
 	}
 	go func() { l.Run(ctx, snapshot); close(done) }()
 	defer func() { cancel(); <-done }()
-	waitFor(t, func() bool { n, _ := rec.state(); return n >= 1 })
+	wait.For(t, "an event received", func() bool { n, _ := rec.state(); return n >= 1 })
 	srv.CloseClientConnections()
-	waitFor(t, func() bool { _, f := rec.state(); return len(f) == 1 })
+	wait.For(t, "one full-state received", func() bool { _, f := rec.state(); return len(f) == 1 })
 	before, _ := rec.state()
-	waitFor(t, func() bool { n, _ := rec.state(); return n > before && l.Stats()[0].Up })
+	wait.For(t, "a reconnect and a fresh event", func() bool { n, _ := rec.state(); return n > before && l.Stats()[0].Up })
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if got := rec.events["me"][before]; got.Kind != router.Load {

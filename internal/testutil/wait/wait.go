@@ -9,6 +9,7 @@
 package wait
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -24,10 +25,15 @@ type Option func(*config)
 type config struct {
 	timeout  time.Duration
 	maxDelay time.Duration
+	ctx      context.Context
 }
 
 // Timeout bounds the wait at d instead of DefaultTimeout.
 func Timeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+
+// Context ends the wait when ctx ends as well as at the timeout: a test
+// whose phases share one overall deadline passes that deadline's context.
+func Context(ctx context.Context) Option { return func(c *config) { c.ctx = ctx } }
 
 // MaxInterval caps the delay between two polls (default 200ms); polls start
 // at 1ms and double, so a condition that holds soon is seen soon.
@@ -63,6 +69,12 @@ func Poll(tb testing.TB, cond func() error, opts ...Option) error {
 		o(&c)
 	}
 	ctx := tb.Context()
+	if c.ctx != nil {
+		var stop context.CancelFunc
+		ctx, stop = context.WithCancel(ctx)
+		defer stop()
+		defer context.AfterFunc(c.ctx, stop)()
+	}
 	deadline := time.NewTimer(c.timeout)
 	defer deadline.Stop()
 	delay := time.Millisecond
@@ -79,6 +91,9 @@ func Poll(tb testing.TB, cond func() error, opts ...Option) error {
 			return fmt.Errorf("timed out after %v (last: %w)", c.timeout, last)
 		case <-ctx.Done():
 			t.Stop()
+			if c.ctx != nil && c.ctx.Err() != nil {
+				return fmt.Errorf("%w (last: %w)", c.ctx.Err(), last)
+			}
 			return fmt.Errorf("test ended (last: %w)", last)
 		}
 		if delay *= 2; delay > c.maxDelay {

@@ -1,6 +1,7 @@
 package wait
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -38,5 +39,14 @@ func TestErrReportsTheLastError(t *testing.T) {
 func TestPollReturnsNilOnceTrue(t *testing.T) {
 	if err := Poll(t, func() error { return nil }); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestContextEndsTheWait(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := Poll(t, func() error { return errors.New("never") }, Context(ctx))
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "never") {
+		t.Fatalf("Poll = %v, want the context's error and the last one", err)
 	}
 }

@@ -34,6 +34,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/p2p"
 	bolt "go.etcd.io/bbolt"
 )
@@ -70,17 +71,6 @@ func exit(err error) {
 	os.Exit(0)
 }
 
-func parseSize(s string) (int64, error) {
-	mult := int64(1)
-	for suf, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
-		if strings.HasSuffix(s, suf) {
-			s, mult = strings.TrimSuffix(s, suf), m
-		}
-	}
-	v, err := strconv.ParseFloat(s, 64)
-	return int64(v * float64(mult)), err
-}
-
 func orchestrate() error {
 	sizeS := flag.String("size", "1GiB", "bytes to move")
 	pieceS := flag.String("piece", "8MiB", "piece length")
@@ -91,11 +81,11 @@ func orchestrate() error {
 	pause := flag.Duration("pause", time.Second, "pause after deleting output")
 	syncEvery := flag.Duration("sync", 0, "receiver's FetchOptions.SyncInterval (0: the default)")
 	flag.Parse()
-	size, err := parseSize(*sizeS)
+	size, err := bytesize.Parse(*sizeS)
 	if err != nil {
 		return err
 	}
-	piece, err := parseSize(*pieceS)
+	piece, err := bytesize.Parse(*pieceS)
 	if err != nil {
 		return err
 	}
