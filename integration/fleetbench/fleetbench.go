@@ -2,8 +2,21 @@
 // warm: it builds a netlab topology (N hosts and an S3 host on shaped
 // links), seeds a model into S3, starts a daemon per host, caches the model
 // on every host at once and reports per-host and fleet figures against the
-// link-rate lower bound. The naive mode (every host from S3) runs in the
-// same run as the baseline. It backs `warmfleet-lab bench fleet` and needs root.
+// link-rate lower bound. It backs `warmfleet-lab bench fleet` and needs root.
+//
+// Two modes run in the same run, each from empty disks:
+//
+//   - swarm (Options.SwarmArgs: gossip, a shared cluster key and --p2p):
+//     the product. Each shard leaves S3 once, fetched by one origin host,
+//     and the others fill from peers, so the fleet's S3 egress is about one
+//     model and every host reports the bytes it got from peers. Its figures
+//     are the Result's top-level ones; with ScaleOut, a last host also
+//     joins the warm others.
+//   - naive (Options.NaiveArgs): every host reads the whole model from S3,
+//     the baseline the swarm's speedup is measured against.
+//
+// Leaving SwarmArgs nil measures the naive mode alone and reports the swarm
+// as not measured; SkipNaive measures the swarm alone.
 package fleetbench
 
 import (
@@ -38,8 +51,9 @@ type Options struct {
 	Versitygw string
 	// DaemonArgs go to every daemon in every mode.
 	DaemonArgs []string
-	// SwarmArgs turn the daemon's peer-to-peer swarm on. Nil means the
-	// daemon has no swarm yet: the swarm mode is reported as unavailable.
+	// SwarmArgs turn the daemon's peer-to-peer swarm on (gossip, the
+	// cluster key and --p2p). Nil leaves the swarm mode out: it is reported
+	// as not measured.
 	SwarmArgs []string
 	// NaiveArgs make the daemon fetch from S3 only (the baseline).
 	NaiveArgs []string
@@ -53,7 +67,8 @@ type Options struct {
 	// need per-host addresses and a shared key.
 	ClusterKeyFile string
 	// PeerBytesMetric is the daemon's counter of bytes received from peers;
-	// default warmfleet_peer_bytes_total. A daemon without it reports null.
+	// default warmfleet_peer_bytes_total{direction="in"}. A daemon without
+	// it reports null.
 	PeerBytesMetric string
 	// RunTimeout bounds one warm-up; default scales with the naive lower
 	// bound.
@@ -331,7 +346,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		}
 	}
 	if opts.SwarmArgs == nil {
-		res.Modes = append(res.Modes, ModeResult{Mode: modeSwarm, Reason: "the daemon has no peer-to-peer swarm yet; only the naive baseline was measured", LowerBoundSeconds: swarmLB.Seconds()})
+		res.Modes = append(res.Modes, ModeResult{Mode: modeSwarm, Reason: "not measured (no swarm arguments given); only the naive baseline was measured", LowerBoundSeconds: swarmLB.Seconds()})
 	}
 	for _, m := range modes {
 		mr := summarize(m.name, runs[m.name], m.lb, model.Size())
@@ -387,7 +402,7 @@ func (o *Options) defaults() error {
 		return errors.New("bench fleet: no warmfleet binary given")
 	}
 	if o.PeerBytesMetric == "" {
-		o.PeerBytesMetric = "warmfleet_peer_bytes_total"
+		o.PeerBytesMetric = `warmfleet_peer_bytes_total{direction="in"}`
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
