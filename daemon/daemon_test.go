@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -321,6 +322,56 @@ func TestAPI(t *testing.T) {
 				t.Fatalf("%s %s = %d %q, want %d containing %q", tt.method, tt.path, code, body, tt.code, tt.contains)
 			}
 		})
+	}
+}
+
+// TestStateMigratesPieces opens a state file from before the pieces bucket
+// was a migration (schema 3, which p2p.NewBoltCompletion filled in only when
+// the swarm started) and checks that opening brings it to the current schema
+// with the bucket in place, and the older buckets' records kept.
+func TestStateMigratesPieces(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucket(bucketMeta)
+		if err != nil {
+			return err
+		}
+		for _, m := range migrations[:3] {
+			if err := m(tx); err != nil {
+				return err
+			}
+		}
+		if err := tx.Bucket(bucketCaches).Put([]byte("m"), []byte(`{"state":"ready"}`)); err != nil {
+			return err
+		}
+		return meta.Put(keySchema, []byte{0, 0, 0, 0, 0, 0, 0, 3})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	st, err := openState(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	if err := st.db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket([]byte(bucketPieces)) == nil {
+			return errors.New("no pieces bucket after migration")
+		}
+		if v := tx.Bucket(bucketMeta).Get(keySchema); !bytes.Equal(v, []byte{0, 0, 0, 0, 0, 0, 0, 4}) || SchemaVersion() != 4 {
+			return fmt.Errorf("schema = %x, SchemaVersion() = %d, want 4", v, SchemaVersion())
+		}
+		if tx.Bucket(bucketCaches).Get([]byte("m")) == nil {
+			return errors.New("cache record lost in migration")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

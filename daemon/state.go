@@ -15,21 +15,28 @@ import (
 	"github.com/warmfleet/warmfleet/internal/spec"
 )
 
-// State schema (bbolt, file <data-dir>/state.db), version 1:
+// State schema (bbolt, file <data-dir>/state.db). Every bucket, and the
+// version that brought it:
 //
-//	meta      "schema" -> uint64 big-endian schema version
-//	desired   the fleet's desired state, owned by gossip.BoltStore (LWW records)
-//	caches    model name -> JSON cacheRecord          (what this node has or is fetching;
-//	          fields are added with omitempty, so older records read as before)
-//	endpoints URL -> JSON api.Endpoint                (inference endpoints on this node)
+//	meta      "schema" -> uint64 big-endian schema version (created by migrate itself)
 //
-// Version 2 adds:
+//	v1  caches    model name -> JSON cacheRecord        (what this node has or is fetching;
+//	              fields are added with omitempty, so older records read as before)
+//	    parts     name \x00 revision \x00 file path -> bitmap of the file's completed
+//	              download parts (bit i = part i of partSize bytes), so a restart
+//	              resumes without fetching finished ranges again
+//	    endpoints URL -> JSON api.Endpoint              (inference endpoints on this node)
+//	v2  manifests swarm shard ID (revision/path#index) -> encoded p2p.Manifest
+//	v3  retired   name \x00 revision -> JSON retiredRecord (revisions no longer current,
+//	              kept on disk until their grace runs out)
+//	v4  pieces    manifest ID (hex SHA-256) -> piece bitfield, owned by
+//	              p2p.BoltCompletion (which pieces of a shard are durably on disk)
 //
-//	manifests swarm shard ID (revision/path#index) -> encoded p2p.Manifest
-//	pieces    p2p completion records, owned by p2p.BoltCompletion
-//	parts    name \x00 revision \x00 file path -> bitmap of the file's completed
-//	         download parts (bit i = part i of partSize bytes), so a restart
-//	         resumes without fetching finished ranges again
+// One bucket has no migration, as its owner creates it and its layout:
+//
+//	desired   the fleet's desired state, owned by gossip.BoltStore:
+//	          nested bucket "records" (record key -> JSON gossip.Record, LWW)
+//	          and key "last-sync" -> uint64 big-endian Unix milliseconds
 //
 // Migrations run in order at open; each upgrades the schema by one version in
 // a single transaction, so a crash mid-migration leaves the old version.
@@ -41,6 +48,7 @@ var (
 	bucketManifests = []byte("manifests")
 	bucketParts     = []byte("parts")
 	bucketRetired   = []byte("retired")
+	bucketPieces    = "pieces"
 	keySchema       = []byte("schema")
 )
 
@@ -60,6 +68,10 @@ var migrations = []func(tx *bolt.Tx) error{
 	},
 	func(tx *bolt.Tx) error { // 2 -> 3: retired revisions
 		_, err := tx.CreateBucketIfNotExists(bucketRetired)
+		return err
+	},
+	func(tx *bolt.Tx) error { // 3 -> 4: swarm piece completion, created by p2p.NewBoltCompletion before
+		_, err := tx.CreateBucketIfNotExists([]byte(bucketPieces))
 		return err
 	},
 }

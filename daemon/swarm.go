@@ -89,7 +89,7 @@ type swarm struct {
 // each shard is pulled from S3 once, by one origin node, and the others fill
 // from peers. Needs a fleet (SetFleet). Call it before Run.
 func (d *Daemon) SetSwarm(s Swarm) error {
-	comp, err := p2p.NewBoltCompletion(d.state.db, "pieces")
+	comp, err := p2p.NewBoltCompletion(d.state.db, bucketPieces)
 	if err != nil {
 		return err
 	}

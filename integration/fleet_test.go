@@ -139,17 +139,21 @@ func TestFleetNaiveCache(t *testing.T) {
 		len(daemons), warm.Round(time.Millisecond), len(daemons), lower.Round(time.Millisecond))
 }
 
-// TestFleetBenchSmall runs the fleet benchmark end to end on a tiny fleet
-// and checks the shape of its result, not its timings.
+// TestFleetBenchSmall runs the fleet benchmark end to end on a small fleet,
+// both modes, and checks the shape and the byte counts of its result, not
+// its timings: the swarm takes about one model from S3 and the rest from
+// peers; naive takes one model per host from S3.
 func TestFleetBenchSmall(t *testing.T) {
 	testenv.RequireRoot(t)
 	bin := warmfleetBin(t)
-	const hosts, size = 2, 4 << 20
+	const hosts, size = 3, 4 << 20
 	res, err := fleetbench.Run(t.Context(), fleetbench.Options{
 		Hosts: hosts, Link: 200 * netlab.Mbit, ModelSize: size, Files: 2, Runs: 1,
 		Bin: bin, Versitygw: testenv.Bin(t, "versitygw"), Dir: t.TempDir(),
-		DaemonArgs:  []string{"--reserve", "0", "--reserve-fraction", "0"},
-		SampleEvery: 100 * time.Millisecond,
+		DaemonArgs:     []string{"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off"},
+		SwarmArgs:      []string{"--gossip", "{ip}:7946", "--join", "{seed}:7946", "--cluster-key-file", "{keyfile}", "--p2p", "{ip}:7947"},
+		ClusterKeyFile: writeKey(t, "cluster.key"),
+		SampleEvery:    100 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -163,8 +167,28 @@ func TestFleetBenchSmall(t *testing.T) {
 	if err := res.WriteSVG(&svg); err != nil {
 		t.Errorf("timeline plot: %v", err)
 	}
-	if res.WarmSeconds != nil || res.Modes[0].Available {
-		t.Errorf("swarm reported as measured (%v) though the daemon has none", res.WarmSeconds)
+	swarm := res.Modes[0]
+	if swarm.Mode != "swarm" || !swarm.Available || res.WarmSeconds == nil || *res.WarmSeconds <= 0 || res.SwarmSpeedup == nil {
+		t.Fatalf("swarm mode %+v, warm %v, speedup %v; want it measured", swarm, res.WarmSeconds, res.SwarmSpeedup)
+	}
+	// Swarm: the model leaves S3 about once, and every host gets what it did
+	// not read from S3 from its peers.
+	if r := *res.S3EgressRatio; r < 1 || r > 1.5 {
+		t.Errorf("swarm S3 egress ratio %.2f, want about 1", r)
+	}
+	var s3, peer int64
+	for _, h := range swarm.Hosts {
+		if h.PeerBytes == nil {
+			t.Fatalf("swarm host %s reports no peer bytes (metric not found)", h.Host)
+		}
+		s3, peer = s3+h.S3Bytes, peer+*h.PeerBytes
+	}
+	if len(swarm.Hosts) != hosts || peer <= 0 || s3+peer < hosts*size {
+		t.Errorf("swarm: %d hosts read %d bytes from S3 and %d from peers, want %d hosts, peer bytes, and %d bytes in all",
+			len(swarm.Hosts), s3, peer, hosts, hosts*size)
+	}
+	if swarm.PeakRSSBytes <= 0 {
+		t.Errorf("swarm peak RSS %d, want positive", swarm.PeakRSSBytes)
 	}
 	if res.NaiveWarmSeconds <= 0 || res.NaiveLowerBoundSeconds <= 0 {
 		t.Errorf("naive warm %v s, lower bound %v s; want both positive", res.NaiveWarmSeconds, res.NaiveLowerBoundSeconds)

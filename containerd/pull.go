@@ -1,0 +1,250 @@
+package imagecache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/moby/locker"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/remotes"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+)
+
+// Ensure makes ref present and unpacked in containerd and records owner
+// for it. It blocks for the whole pull: callers run it in their own
+// goroutine and retry failures with backoff; List shows the progress
+// meanwhile. An image that was there before warmfleet was asked for it is
+// recorded as present but never marked managed. When a tag has moved, the
+// new digest is pulled first and the old one released afterwards (removed
+// only if warmfleet pulled it and no container uses it).
+func (c *Cache) Ensure(ctx context.Context, ref, owner string) (Status, error) {
+	if err := ValidateOwner(owner); err != nil {
+		return Status{}, err
+	}
+	name, err := NormalizeRef(ref)
+	if err != nil {
+		return Status{}, err
+	}
+	unlock := c.locks.lock(name)
+	defer unlock()
+	ctx = c.scope(ctx)
+	is := c.client.ImageService()
+
+	var existing *images.Image
+	if img, err := is.Get(ctx, name); err == nil {
+		existing = &img
+	} else if !errdefs.IsNotFound(err) {
+		return Status{}, fmt.Errorf("image %s: %w", name, err)
+	}
+
+	resolver := newResolver(ctx, c.hostsDir, c.credentials)
+	if existing != nil {
+		upToDate, warn := true, ""
+		if !isDigestRef(name) {
+			d, err := resolveDigest(ctx, resolver, name)
+			switch {
+			case err != nil:
+				// The image is here; not knowing whether the tag moved
+				// must not make it unusable.
+				warn = fmt.Sprintf("could not check the registry for a newer digest: %v", classify(err))
+			default:
+				upToDate = d == existing.Target.Digest.String()
+			}
+		}
+		unpacked, err := client.NewImageWithPlatform(c.client, *existing, c.platform).IsUnpacked(ctx, c.snapshotter)
+		if err != nil {
+			c.log.Debug("unpack check failed; pulling again", "ref", name, "err", err)
+		}
+		if upToDate && unpacked {
+			img, err := c.claim(ctx, *existing, owner)
+			if err != nil {
+				return Status{}, err
+			}
+			c.clearFailure(name)
+			c.metrics.pulls.WithLabelValues("present").Inc()
+			st := c.status(ctx, img)
+			st.Error = warn
+			return st, nil
+		}
+	}
+
+	// Hold the old target while the new one is pulled, so the decision
+	// about it is taken after the switch, not by a GC run in between.
+	var hold *leases.Lease
+	if existing != nil {
+		l, err := c.holdContent(ctx, *existing)
+		if err != nil {
+			return Status{}, err
+		}
+		hold = &l
+	}
+	existingLabels := map[string]string(nil)
+	if existing != nil {
+		existingLabels = existing.Labels
+	}
+	labels := pullLabels(existingLabels, existing != nil, owner, c.now().UTC().Format(time.RFC3339))
+	img, err := c.pull(ctx, name, owner, labels, resolver)
+	if err != nil {
+		if hold != nil {
+			c.releaseHold(ctx, *hold, false)
+		}
+		return c.failed(name, owner, err), err
+	}
+	if existing != nil && existing.Target.Digest != img.Target.Digest {
+		c.releaseOld(ctx, *existing, *hold)
+	} else if hold != nil {
+		c.releaseHold(ctx, *hold, false)
+	}
+	c.clearFailure(name)
+	return c.status(ctx, img), nil
+}
+
+// scope puts the namespace and the bridged client logger into ctx.
+func (c *Cache) scope(ctx context.Context) context.Context {
+	return log.WithLogger(namespaces.WithNamespace(ctx, c.ns), c.clog)
+}
+
+// pull runs client.Pull with progress tracking and metrics.
+func (c *Cache) pull(ctx context.Context, name, owner string, labels map[string]string, resolver remotes.Resolver) (images.Image, error) {
+	ps := &pullState{since: c.now(), owner: owner}
+	c.mu.Lock()
+	c.pulls[name] = ps
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.pulls, name)
+		c.mu.Unlock()
+	}()
+	c.metrics.inFlight.Inc()
+	defer c.metrics.inFlight.Dec()
+
+	// client.Pull would lease the download itself but release the lease
+	// with the caller's context, which fails once that is canceled and
+	// leaves partial content held for a day. Our own lease is released
+	// regardless.
+	ctx, done, err := c.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(24*time.Hour))
+	if err != nil {
+		return images.Image{}, fmt.Errorf("pull %s: lease: %w", name, err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := done(ctx); err != nil {
+			c.log.Warn("could not release the pull's lease", "ref", name, "err", err)
+		}
+	}()
+
+	start := time.Now()
+	c.log.Info("pulling image", "ref", name, "owner", owner)
+	img, err := c.client.Pull(ctx, name,
+		client.WithPullUnpack,
+		client.WithPullSnapshotter(c.snapshotter),
+		client.WithPlatformMatcher(c.platform),
+		client.WithResolver(countingResolver{Resolver: resolver, p: &ps.progress, count: func(n int64) { c.metrics.bytes.Add(float64(n)) }}),
+		client.WithImageHandlerWrapper(totalFromManifest(&ps.progress)),
+		client.WithPullLabels(labels),
+	)
+	elapsed := time.Since(start)
+	c.metrics.duration.Observe(elapsed.Seconds())
+	if err != nil {
+		// A canceled pull can fail with whatever broke first (a commit
+		// that read EOF); the cancellation is the cause to report.
+		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+			err = fmt.Errorf("%w: %w", ctxErr, err)
+		}
+		err = classify(err)
+		c.metrics.pulls.WithLabelValues("failed").Inc()
+		c.metrics.failures.WithLabelValues(errorReason(err)).Inc()
+		c.log.Warn("image pull failed", "ref", name, "owner", owner, "err", err, "duration", elapsed)
+		return images.Image{}, fmt.Errorf("pull %s: %w", name, err)
+	}
+	c.metrics.pulls.WithLabelValues("pulled").Inc()
+	c.log.Info("pulled image", "ref", name, "digest", img.Target().Digest, "bytes_fetched", ps.done.Load(), "duration", elapsed)
+	return img.Metadata(), nil
+}
+
+// claim records owner on an image record that is already current.
+func (c *Cache) claim(ctx context.Context, img images.Image, owner string) (images.Image, error) {
+	key := OwnerLabel(owner)
+	if _, ok := img.Labels[key]; ok {
+		return img, nil
+	}
+	upd := images.Image{Name: img.Name, Labels: map[string]string{key: c.now().UTC().Format(time.RFC3339)}}
+	out, err := c.client.ImageService().Update(ctx, upd, "labels."+key)
+	if err != nil {
+		return images.Image{}, fmt.Errorf("record owner %s on %s: %w", owner, img.Name, err)
+	}
+	return out, nil
+}
+
+// holdContent leases an image's target so that neither a GC run nor a
+// concurrent delete removes it while the cache decides about it.
+func (c *Cache) holdContent(ctx context.Context, img images.Image) (leases.Lease, error) {
+	lm := c.client.LeasesService()
+	l, err := lm.Create(ctx, leases.WithRandomID(), leases.WithExpiration(24*time.Hour),
+		leases.WithLabel("warmfleet.io/hold", img.Name))
+	if err != nil {
+		return leases.Lease{}, fmt.Errorf("lease for %s: %w", img.Name, err)
+	}
+	if err := lm.AddResource(ctx, l, leases.Resource{ID: img.Target.Digest.String(), Type: "content"}); err != nil {
+		_ = lm.Delete(ctx, l)
+		return leases.Lease{}, fmt.Errorf("lease for %s: %w", img.Name, err)
+	}
+	return l, nil
+}
+
+// releaseHold drops a lease; with collect, it waits for the garbage
+// collection that removes whatever the lease alone was keeping.
+func (c *Cache) releaseHold(ctx context.Context, l leases.Lease, collect bool) {
+	var opts []leases.DeleteOpt
+	if collect {
+		opts = append(opts, leases.SynchronousDelete)
+	}
+	// The caller's context may be canceled (a failed pull); the lease
+	// must go regardless or it keeps content for a day.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := c.client.LeasesService().Delete(ctx, l, opts...); err != nil {
+		c.log.Warn("could not delete lease", "lease", l.ID, "err", err)
+	}
+}
+
+// credentials answers the registry authorizer: docker config.json first
+// (an explicit entry wins), then ECR tokens for ECR hosts.
+func (c *Cache) credentials(ctx context.Context, host string) (Credential, error) {
+	if c.dockerCfg != "" {
+		cfg, err := LoadDockerConfig(c.dockerCfg)
+		if err != nil {
+			return Credential{}, err
+		}
+		cred, found, helper, err := cfg.Lookup(host)
+		if err != nil || found {
+			return cred, err
+		}
+		_, _, isECR := ParseECRHost(host)
+		if helper != "" && !(isECR && helper == "ecr-login" && c.ecr != nil) {
+			return Credential{}, fmt.Errorf("credentials for %s: docker credential helper %q is not supported; put the credentials under \"auths\" in %s", host, helper, c.dockerCfg)
+		}
+	}
+	if _, _, ok := ParseECRHost(host); ok && c.ecr != nil {
+		return c.ecr.credential(ctx, host)
+	}
+	return Credential{}, nil
+}
+
+// refLocks serializes operations on one image name (label updates are
+// read-modify-write) while different names proceed in parallel.
+type refLocks struct{ names locker.Locker }
+
+func (l *refLocks) lock(name string) (unlock func()) {
+	l.names.Lock(name)
+	// Unlock fails only for a name not locked, which this pairing rules out.
+	return func() { _ = l.names.Unlock(name) }
+}

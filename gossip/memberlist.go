@@ -1,0 +1,147 @@
+package gossip
+
+import (
+	"context"
+	"log"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// delegate and events adapt Node to memberlist's callback interfaces
+// without exporting the callbacks on Node.
+type (
+	delegate Node
+	events   Node
+)
+
+func (d *delegate) NodeMeta(limit int) []byte {
+	if len(d.meta) > limit {
+		return nil
+	}
+	return d.meta
+}
+func (d *delegate) NotifyMsg(b []byte) { (*Node)(d).handleMessage(b) }
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	if d.onBroadcastRoom != nil && d.queue.NumQueued() > 0 {
+		d.onBroadcastRoom(limit)
+	}
+	return d.queue.GetBroadcasts(overhead, limit)
+}
+func (d *delegate) LocalState(bool) []byte              { return (*Node)(d).localState() }
+func (d *delegate) MergeRemoteState(buf []byte, _ bool) { (*Node)(d).mergeState(buf) }
+
+// Event callbacks run under memberlist's node lock: they must not call back
+// into memberlist, and they hand stream work to the workers.
+func (e *events) NotifyJoin(mn *memberlist.Node) {
+	n := (*Node)(e)
+	n.alive.Add(1)
+	n.mu.Lock()
+	p := n.peers[mn.Name]
+	if p == nil {
+		p = &peer{}
+		n.peers[mn.Name] = p
+	}
+	rejoined := p.state == MemberDead || p.state == MemberLeft
+	p.state, p.departed, p.leaving = MemberAlive, time.Time{}, false
+	p.setAddr(mn)
+	n.setMetaLocked(p, mn)
+	n.mu.Unlock()
+	n.log.Debug("gossip: member joined", "member", mn.Name, "rejoined", rejoined)
+	if rejoined && mn.Name != n.cfg.NodeName {
+		n.enqueue(job{to: mn.Name, want: []string{mn.Name}})
+	}
+	n.notifyChange()
+}
+
+func (e *events) NotifyLeave(mn *memberlist.Node) {
+	n := (*Node)(e)
+	n.alive.Add(-1)
+	n.mu.Lock()
+	p := n.peers[mn.Name]
+	if p == nil {
+		p = &peer{}
+		n.peers[mn.Name] = p
+	}
+	// memberlist does not tell a leave from a death (Node.State is never
+	// set); a leaving node says goodbye first.
+	p.state = MemberDead
+	if p.leaving {
+		p.state = MemberLeft
+	}
+	p.rec, p.announced, p.departed = nil, 0, n.now()
+	p.setAddr(mn)
+	delete(n.wants, mn.Name)
+	state := p.state
+	n.mu.Unlock()
+	n.log.Info("gossip: member gone", "member", mn.Name, "state", state)
+	n.notifyChange()
+}
+
+func (e *events) NotifyUpdate(mn *memberlist.Node) {
+	n := (*Node)(e)
+	n.mu.Lock()
+	if p := n.peers[mn.Name]; p != nil {
+		p.setAddr(mn)
+		n.setMetaLocked(p, mn)
+	}
+	n.mu.Unlock()
+	n.notifyChange()
+}
+
+func (p *peer) setAddr(mn *memberlist.Node) {
+	p.ip, p.port = slices.Clone(mn.Addr), mn.Port
+	p.addr = net.JoinHostPort(p.ip.String(), strconv.Itoa(int(p.port)))
+}
+
+func (n *Node) setMetaLocked(p *peer, mn *memberlist.Node) {
+	role, meta, err := decodeMeta(mn.Meta)
+	if err != nil {
+		// Keep the member (memberlist admitted it) but never target it.
+		n.met.drop(dropInvalid)
+		n.log.Warn("gossip: member has unreadable metadata", "member", mn.Name, "err", err)
+		p.role, p.meta = "", Meta{}
+		return
+	}
+	p.role, p.meta = role, meta
+}
+
+// broadcast is one queued message; a newer one with the same name replaces
+// it in the queue.
+type broadcast struct {
+	name string
+	msg  []byte
+}
+
+func (b *broadcast) Invalidates(o memberlist.Broadcast) bool {
+	ob, ok := o.(*broadcast)
+	return ok && ob.name == b.name
+}
+func (b *broadcast) Name() string    { return b.name }
+func (b *broadcast) Message() []byte { return b.msg }
+func (b *broadcast) Finished()       {}
+
+// memberlistLogger routes memberlist's log lines to slog by their prefix.
+type memberlistLogger struct{ log *slog.Logger }
+
+func newMemberlistLogger(l *slog.Logger) *log.Logger {
+	return log.New(memberlistLogger{l}, "", 0)
+}
+
+func (w memberlistLogger) Write(p []byte) (int, error) {
+	msg := strings.TrimSpace(string(p))
+	level := slog.LevelInfo
+	for prefix, l := range map[string]slog.Level{"[DEBUG]": slog.LevelDebug, "[INFO]": slog.LevelInfo, "[WARN]": slog.LevelWarn, "[ERR]": slog.LevelWarn, "[ERROR]": slog.LevelWarn} {
+		if rest, ok := strings.CutPrefix(msg, prefix); ok {
+			msg, level = strings.TrimSpace(rest), l
+			break
+		}
+	}
+	w.log.Log(context.Background(), level, msg)
+	return len(p), nil
+}
