@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 // On real UDP/TCP over loopback: a member restarts with its bbolt state,

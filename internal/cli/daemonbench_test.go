@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/synthmodel"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/synthmodel"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 // BenchmarkDaemonCacheS3 runs the `warmfleet daemon` command in-process
