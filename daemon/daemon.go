@@ -21,7 +21,6 @@ import (
 
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"maps"
 	"path/filepath"
@@ -29,8 +28,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/gossip"
+	"github.com/warmfleet/warmfleet/desired"
 	"github.com/warmfleet/warmfleet/internal/health"
 	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
@@ -93,7 +94,7 @@ type Daemon struct {
 	store   *nvme.Store
 	origin  Origin
 	metrics *metrics
-	desired *gossip.DesiredState
+	desired *desired.State
 	kick    chan struct{}
 	// fleet is nil for a daemon without gossip; set once before Run.
 	fleet Fleet
@@ -177,9 +178,9 @@ func New(cfg Config, org Origin) (*Daemon, error) {
 		}, []string{"model"}),
 	}
 	d.metrics.reg.MustRegister(d.oldBytes)
-	desiredStore, err := gossip.NewBoltStore(st.db, bucketDesired)
+	desiredStore, err := desired.NewBoltStore(st.db, bucketDesired)
 	if err == nil {
-		d.desired, err = gossip.NewDesiredState(context.Background(), desiredStore, gossip.DesiredOptions{
+		d.desired, err = desired.New(context.Background(), desiredStore, desired.Options{
 			NodeName: cfg.NodeName, Now: cfg.Clock, Logger: cfg.Logger.With("component", "desired"),
 		})
 	}
@@ -213,7 +214,7 @@ func (d *Daemon) restoreMetrics() error {
 }
 
 // Desired is the fleet's desired state, for the gossip layer to share.
-func (d *Daemon) Desired() *gossip.DesiredState { return d.desired }
+func (d *Daemon) Desired() *desired.State { return d.desired }
 
 // Registry is the daemon's Prometheus registry, for other parts to add to.
 func (d *Daemon) Registry() *health.Registry { return d.metrics.reg }
@@ -398,7 +399,7 @@ func (d *Daemon) AddCache(ctx context.Context, s spec.Spec) error {
 // loop frees its space.
 func (d *Daemon) RemoveCache(ctx context.Context, name string) (bool, error) {
 	err := d.desired.Delete(ctx, spec.Spec{Kind: spec.KindModel, Name: name}.Key())
-	if errors.Is(err, gossip.ErrNotFound) {
+	if errors.Is(err, desired.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	imagecache "github.com/warmfleet/warmfleet/containerd"
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/desired"
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/spec"
 )
@@ -299,7 +300,7 @@ func (d *Daemon) RemoveImage(ctx context.Context, ref, owner string) (bool, erro
 	var found bool
 	for _, key := range keys {
 		err := d.desired.Delete(ctx, key)
-		if errors.Is(err, gossip.ErrNotFound) {
+		if errors.Is(err, desired.ErrNotFound) {
 			continue
 		}
 		if err != nil {

@@ -18,7 +18,7 @@ import (
 // State schema (bbolt, file <data-dir>/state.db), version 1:
 //
 //	meta      "schema" -> uint64 big-endian schema version
-//	desired   the fleet's desired state, owned by gossip.BoltStore (LWW records)
+//	desired   the fleet's desired state, owned by desired.BoltStore (LWW records)
 //	caches    model name -> JSON cacheRecord          (what this node has or is fetching;
 //	          fields are added with omitempty, so older records read as before)
 //	endpoints URL -> JSON api.Endpoint                (inference endpoints on this node)

@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmfleet/warmfleet/desired"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
+	"go.etcd.io/bbolt"
 )
 
 // On real UDP/TCP over loopback: a member restarts with its bbolt state,
@@ -18,8 +20,9 @@ func TestLoopbackRestartRejoins(t *testing.T) {
 	dir := t.TempDir()
 	addrs := map[string]string{"a": testenv.FreeAddr(t), "b": testenv.FreeAddr(t), "c": testenv.FreeAddr(t)}
 	type running struct {
-		n *Node
-		d *DesiredState
+		n  *Node
+		d  *desired.State
+		db *bbolt.DB
 	}
 	start := func(name string, join ...string) running {
 		t.Helper()
@@ -39,7 +42,7 @@ func TestLoopbackRestartRejoins(t *testing.T) {
 			defer cancel()
 			_ = n.Close(cctx)
 		})
-		return running{n, d}
+		return running{n, d, db}
 	}
 	closeNode := func(r running) {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -47,7 +50,7 @@ func TestLoopbackRestartRejoins(t *testing.T) {
 		if err := r.n.Close(cctx); err != nil {
 			t.Fatal(err)
 		}
-		_ = r.d.store.(*BoltStore).db.Close()
+		_ = r.db.Close()
 	}
 
 	// b starts first, pointing at a seed that is not up yet.

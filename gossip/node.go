@@ -19,6 +19,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmfleet/warmfleet/desired"
 )
 
 // MemberState is a member's health as this node sees it.
@@ -157,7 +158,7 @@ type Config struct {
 	Meta   Meta
 	// Desired is the desired state to share; nil for a member that keeps
 	// none (a router).
-	Desired *DesiredState
+	Desired *desired.State
 	Logger  *slog.Logger
 	// Now is the wall clock used for inventory versions; time.Now if nil.
 	Now    func() time.Time
@@ -176,7 +177,7 @@ type Node struct {
 	now     func() time.Time
 	ml      *memberlist.Memberlist
 	keyring *memberlist.Keyring
-	desired *DesiredState
+	desired *desired.State
 	queue   *memberlist.TransmitLimitedQueue
 	tr      *countingTransport
 	met     *nodeMetrics
@@ -368,7 +369,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.ml = ml
 	if n.desired != nil {
-		n.desired.setOnLocal(n.queueSpec)
+		n.desired.SetOnLocal(n.queueSpec)
 	}
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(n.met); err != nil {
@@ -424,7 +425,7 @@ func (n *Node) Close(ctx context.Context) error {
 		return nil
 	}
 	if n.desired != nil {
-		n.desired.setOnLocal(nil)
+		n.desired.SetOnLocal(nil)
 	}
 	timeout := 5 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
@@ -573,9 +574,9 @@ func (n *Node) broadcastSelfLocked(full []byte) {
 }
 
 // queueSpec broadcasts a desired-state record (called under the
-// DesiredState lock, in write order).
-func (n *Node) queueSpec(r Record) {
-	msg, err := encodeMsg(msgSpecs, specsMsg{Records: []Record{r}})
+// desired.State lock, in write order).
+func (n *Node) queueSpec(r desired.Record) {
+	msg, err := encodeMsg(msgSpecs, specsMsg{Records: []desired.Record{r}})
 	if err != nil {
 		n.log.Error("gossip: encode spec record", "key", r.Key, "err", err)
 		return
@@ -672,7 +673,7 @@ func (n *Node) handleMessage(raw []byte) {
 		if n.desired == nil {
 			return
 		}
-		applied, bad, err := n.desired.merge(context.Background(), m.Records)
+		applied, bad, err := n.desired.Merge(context.Background(), m.Records)
 		n.met.dropped.WithLabelValues(dropInvalid).Add(float64(bad))
 		if err != nil {
 			n.log.Error("gossip: save desired state", "err", err)
@@ -980,7 +981,7 @@ func (n *Node) housekeeping() {
 func (n *Node) localState() []byte {
 	st := stateMsg{From: n.cfg.NodeName}
 	if n.desired != nil {
-		fs, err := n.desired.snapshot(context.Background())
+		fs, err := n.desired.Snapshot(context.Background())
 		if err != nil {
 			n.log.Error("gossip: desired state snapshot", "err", err)
 		} else {
@@ -1022,7 +1023,7 @@ func (n *Node) mergeState(buf []byte) {
 	}
 	n.met.received.WithLabelValues(msgState.String()).Inc()
 	if n.desired != nil && st.Desired {
-		_, bad, err := n.desired.mergeFull(context.Background(), fullState{Records: st.Records, Stale: st.Stale, Synced: st.Synced})
+		_, bad, err := n.desired.MergeFull(context.Background(), desired.FullState{Records: st.Records, Stale: st.Stale, Synced: st.Synced})
 		n.met.dropped.WithLabelValues(dropInvalid).Add(float64(bad))
 		if err != nil {
 			n.log.Error("gossip: save desired state", "err", err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/warmfleet/warmfleet/desired"
 	"github.com/warmfleet/warmfleet/internal/spec"
 )
 
@@ -35,7 +36,7 @@ func TestClusterSpecsInventoryAndLeave(t *testing.T) {
 	ctx := context.Background()
 	names := []string{"n0", "n1", "n2", "n3", "n4"}
 	c := newMockCluster(t, names...)
-	desired := map[string]*DesiredState{}
+	desired := map[string]*desired.State{}
 	regs := map[string]*promRegistry{}
 	nodes := startCluster(t, c, names, func(name string, cfg *Config) {
 		desired[name] = newDesired(t, openDB(t), name, nil)
@@ -151,7 +152,7 @@ func TestLateJoinerGetsStateByPushPull(t *testing.T) {
 	ctx := context.Background()
 	names := []string{"a", "b", "c", "late"}
 	c := newMockCluster(t, names...)
-	desired := map[string]*DesiredState{}
+	desired := map[string]*desired.State{}
 	for _, name := range names {
 		desired[name] = newDesired(t, openDB(t), name, nil)
 	}
@@ -226,7 +227,7 @@ func TestKeyRotationWithoutDowntime(t *testing.T) {
 	ctx := context.Background()
 	names := []string{"a", "b", "c", "new"}
 	c := newMockCluster(t, names...)
-	desired := map[string]*DesiredState{}
+	desired := map[string]*desired.State{}
 	for _, name := range names {
 		desired[name] = newDesired(t, openDB(t), name, nil)
 	}
