@@ -33,8 +33,8 @@ import (
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/desired"
 	"github.com/warmfleet/warmfleet/internal/health"
-	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // Config is a daemon's configuration, validated by New.

@@ -14,7 +14,7 @@ import (
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/desired"
 	"github.com/warmfleet/warmfleet/gossip"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // ImageCache is what the daemon needs from the containerd image cache.

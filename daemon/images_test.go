@@ -10,9 +10,9 @@ import (
 
 	imagecache "github.com/warmfleet/warmfleet/containerd"
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/testimage"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 func TestPlanImages(t *testing.T) {

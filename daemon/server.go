@@ -16,8 +16,8 @@ import (
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/bearer"
 	"github.com/warmfleet/warmfleet/internal/health"
-	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // maxBodyBytes bounds an API request body; specs are small.

@@ -12,7 +12,7 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // State schema (bbolt, file <data-dir>/state.db), version 1:

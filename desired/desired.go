@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // ErrNotFound is returned by Delete when the key holds no live spec.

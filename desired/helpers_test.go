@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 	"go.etcd.io/bbolt"
 )
 

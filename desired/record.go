@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"maps"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // Record is one entry of the desired state: the latest write to a spec key.

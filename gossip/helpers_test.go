@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/desired"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 	"go.etcd.io/bbolt"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/warmfleet/warmfleet/desired"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 func startCluster(t *testing.T, c *mockCluster, names []string, edit func(name string, cfg *Config)) []*Node {

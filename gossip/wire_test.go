@@ -12,7 +12,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/warmfleet/warmfleet/desired"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 func TestFrameRoundTripAndLimits(t *testing.T) {

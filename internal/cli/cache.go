@@ -15,8 +15,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 func runCache(ctx context.Context, e *Env, args []string) error {

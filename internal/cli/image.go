@@ -8,8 +8,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // defaultImageOwner is the owner of images added without --owner.

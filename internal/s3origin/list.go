@@ -12,7 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // Object is one file of a model in S3.

@@ -20,8 +20,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/credentials"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // These tests run against a real S3 server (versitygw) on loopback.
