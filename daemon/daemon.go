@@ -32,7 +32,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/desired"
-	"github.com/warmfleet/warmfleet/internal/health"
+	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/nvme"
 	"github.com/warmfleet/warmfleet/spec"
 )

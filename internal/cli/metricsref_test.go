@@ -17,7 +17,7 @@ import (
 	"github.com/warmfleet/warmfleet/daemon"
 	"github.com/warmfleet/warmfleet/desired"
 	"github.com/warmfleet/warmfleet/gossip"
-	"github.com/warmfleet/warmfleet/internal/health"
+	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/internal/testutil/metricsdoc"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/p2p"
