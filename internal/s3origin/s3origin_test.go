@@ -34,16 +34,16 @@ func randomBytes(seed byte, n int) []byte {
 	return b
 }
 
-// origin is a Client for endpoint with the gateway's keys, fast retries and
+// testOrigin is a Client for endpoint with the gateway's keys, fast retries and
 // a byte counter.
-type origin struct {
+type testOrigin struct {
 	*Client
 	bytes atomic.Int64
 }
 
-func newOrigin(t *testing.T, s *testenv.S3, endpoint string, opts Options) *origin {
+func newOrigin(t *testing.T, s *testenv.S3, endpoint string, opts Options) *testOrigin {
 	t.Helper()
-	o := &origin{}
+	o := &testOrigin{}
 	opts.Endpoint = endpoint
 	if opts.Credentials == nil {
 		opts.Credentials = credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, "")
