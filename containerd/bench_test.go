@@ -20,8 +20,8 @@ import (
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
 
-	"github.com/warmfleet/warmfleet/internal/testenv"
-	"github.com/warmfleet/warmfleet/internal/testimage"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testimage"
 )
 
 // BenchmarkPrePull compares Ensure with `ctr images pull` of the same image

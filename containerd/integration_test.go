@@ -20,8 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/warmfleet/warmfleet/internal/testenv"
-	"github.com/warmfleet/warmfleet/internal/testimage"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testimage"
 )
 
 // testNS is the namespace the tests pull into: the production default,

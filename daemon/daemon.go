@@ -21,7 +21,6 @@ import (
 
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"maps"
 	"path/filepath"
@@ -30,11 +29,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/gossip"
-	"github.com/warmfleet/warmfleet/internal/health"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/desired"
+	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // Config is a daemon's configuration, validated by New.
@@ -96,7 +97,7 @@ type Daemon struct {
 	metrics *metrics
 	// s3Bytes is warmfleet_s3_bytes_total, kept readable for the inventory.
 	s3Bytes atomic.Int64
-	desired *gossip.DesiredState
+	desired *desired.State
 	kick    chan struct{}
 	// fleet is nil for a daemon without gossip; set once before Run.
 	fleet Fleet
@@ -180,9 +181,9 @@ func New(cfg Config, org Origin) (*Daemon, error) {
 		}, []string{"model"}),
 	}
 	d.metrics.reg.MustRegister(d.oldBytes)
-	desiredStore, err := gossip.NewBoltStore(st.db, bucketDesired)
+	desiredStore, err := desired.NewBoltStore(st.db, bucketDesired)
 	if err == nil {
-		d.desired, err = gossip.NewDesiredState(context.Background(), desiredStore, gossip.DesiredOptions{
+		d.desired, err = desired.New(context.Background(), desiredStore, desired.Options{
 			NodeName: cfg.NodeName, Now: cfg.Clock, Logger: cfg.Logger.With("component", "desired"),
 		})
 	}
@@ -216,7 +217,7 @@ func (d *Daemon) restoreMetrics() error {
 }
 
 // Desired is the fleet's desired state, for the gossip layer to share.
-func (d *Daemon) Desired() *gossip.DesiredState { return d.desired }
+func (d *Daemon) Desired() *desired.State { return d.desired }
 
 // Registry is the daemon's Prometheus registry, for other parts to add to.
 func (d *Daemon) Registry() *health.Registry { return d.metrics.reg }
@@ -401,7 +402,7 @@ func (d *Daemon) AddCache(ctx context.Context, s spec.Spec) error {
 // loop frees its space.
 func (d *Daemon) RemoveCache(ctx context.Context, name string) (bool, error) {
 	err := d.desired.Delete(ctx, spec.Spec{Kind: spec.KindModel, Name: name}.Key())
-	if errors.Is(err, gossip.ErrNotFound) {
+	if errors.Is(err, desired.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {

@@ -23,9 +23,9 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
-	"github.com/warmfleet/warmfleet/internal/spec"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 const testPartSize = 1 << 20

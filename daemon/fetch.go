@@ -19,8 +19,8 @@ import (
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
-	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // Origin is what the daemon needs from where a model's files come from.

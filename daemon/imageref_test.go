@@ -3,7 +3,7 @@ package daemon
 import (
 	"testing"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // TestImageClaimsByAnySpelling: an image claim is one claim however its

@@ -12,8 +12,9 @@ import (
 
 	imagecache "github.com/warmfleet/warmfleet/containerd"
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/desired"
 	"github.com/warmfleet/warmfleet/gossip"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // ImageCache is what the daemon needs from the containerd image cache.
@@ -299,7 +300,7 @@ func (d *Daemon) RemoveImage(ctx context.Context, ref, owner string) (bool, erro
 	var found bool
 	for _, key := range keys {
 		err := d.desired.Delete(ctx, key)
-		if errors.Is(err, gossip.ErrNotFound) {
+		if errors.Is(err, desired.ErrNotFound) {
 			continue
 		}
 		if err != nil {

@@ -10,10 +10,10 @@ import (
 
 	imagecache "github.com/warmfleet/warmfleet/containerd"
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/spec"
-	"github.com/warmfleet/warmfleet/internal/testenv"
-	"github.com/warmfleet/warmfleet/internal/testimage"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testimage"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 func TestPlanImages(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/health"
+	"github.com/warmfleet/warmfleet/health"
 )
 
 // metrics are the daemon's Prometheus series, registered on its own registry

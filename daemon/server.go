@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/internal/bearer"
-	"github.com/warmfleet/warmfleet/internal/health"
-	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // maxBodyBytes bounds an API request body; specs are small.
@@ -28,7 +28,7 @@ const maxBodyBytes = 64 << 10
 func (d *Daemon) Handler(token string) http.Handler { return d.APIHandler(token, d.StateErr) }
 
 // APIHandler is the daemon's HTTP API with /readyz answering from ready, so
-// the API and the metrics listener (internal/health) report one readiness.
+// the API and the metrics listener (package health) report one readiness.
 func (d *Daemon) APIHandler(token string, ready func() error) http.Handler {
 	mux := http.NewServeMux()
 	health.Mount(mux, d.metrics.reg, ready)

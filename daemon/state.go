@@ -12,7 +12,7 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // State schema (bbolt, file <data-dir>/state.db). Every bucket, and the
@@ -34,8 +34,8 @@ import (
 //
 // One bucket has no migration, as its owner creates it and its layout:
 //
-//	desired   the fleet's desired state, owned by gossip.BoltStore:
-//	          nested bucket "records" (record key -> JSON gossip.Record, LWW)
+//	desired   the fleet's desired state, owned by desired.BoltStore:
+//	          nested bucket "records" (record key -> JSON desired.Record, LWW)
 //	          and key "last-sync" -> uint64 big-endian Unix milliseconds
 //
 // Migrations run in order at open; each upgrades the schema by one version in

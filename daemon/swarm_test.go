@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/p2p"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 func TestPollWait(t *testing.T) {

@@ -1,11 +1,12 @@
 // Package gossip keeps the fleet's shared view without a central server:
-// membership (hashicorp/memberlist), each node's cache inventory, and the
-// fleet-wide desired state (cache specs).
+// membership (hashicorp/memberlist), each node's cache inventory, and it
+// carries the fleet-wide desired state (cache specs).
 //
-// Desired state is a last-writer-wins map keyed by spec key, ordered by a
-// hybrid logical clock; deletes are tombstones that expire after a TTL. It
-// works on its own (a single daemon without gossip keeps its specs in bbolt)
-// and, when a Node is started with it, travels in broadcasts and push/pull.
+// The desired state is package desired's: a last-writer-wins map keyed by
+// spec key, ordered by a hybrid logical clock; deletes are tombstones that
+// expire after a TTL. It works on its own (a single daemon without gossip
+// keeps its specs in bbolt) and, when a Node is started with it
+// (Config.Desired), travels in broadcasts and push/pull.
 //
 // Inventory is owned by each node and versioned by that node alone, so merges
 // keep the highest version per node. Small records ride memberlist broadcasts;

@@ -8,11 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/desired"
+	"github.com/warmfleet/warmfleet/spec"
 	"go.etcd.io/bbolt"
 )
-
-type bboltTx = bbolt.Tx
 
 // testClock is a settable wall clock.
 type testClock struct {
@@ -52,13 +51,13 @@ func openDBAt(t testing.TB, path string) *bbolt.DB {
 	return db
 }
 
-func newDesired(t testing.TB, db *bbolt.DB, name string, now func() time.Time) *DesiredState {
+func newDesired(t testing.TB, db *bbolt.DB, name string, now func() time.Time) *desired.State {
 	t.Helper()
-	st, err := NewBoltStore(db, "desired")
+	st, err := desired.NewBoltStore(db, "desired")
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := NewDesiredState(context.Background(), st, DesiredOptions{NodeName: name, Now: now})
+	d, err := desired.New(context.Background(), st, desired.Options{NodeName: name, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +76,7 @@ func keys(specs []spec.Spec) []string {
 	return out
 }
 
-func fmtRecords(rs []Record) string {
+func fmtRecords(rs []desired.Record) string {
 	s := ""
 	for _, r := range rs {
 		state := "live"

@@ -7,7 +7,7 @@ import (
 	"maps"
 	"slices"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // State is the progress of one cached item on one node.

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 const keyFileHelperEnv = "WARMFLEET_TEST_LOAD_KEY_FILE"

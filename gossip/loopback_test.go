@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/desired"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+	"go.etcd.io/bbolt"
 )
 
 // On real UDP/TCP over loopback: a member restarts with its bbolt state,
@@ -19,8 +21,9 @@ func TestLoopbackRestartRejoins(t *testing.T) {
 	dir := t.TempDir()
 	addrs := map[string]string{"a": testenv.FreeAddr(t), "b": testenv.FreeAddr(t), "c": testenv.FreeAddr(t)}
 	type running struct {
-		n *Node
-		d *DesiredState
+		n  *Node
+		d  *desired.State
+		db *bbolt.DB
 	}
 	start := func(name string, join ...string) running {
 		t.Helper()
@@ -40,7 +43,7 @@ func TestLoopbackRestartRejoins(t *testing.T) {
 			defer cancel()
 			_ = n.Close(cctx)
 		})
-		return running{n, d}
+		return running{n, d, db}
 	}
 	closeNode := func(r running) {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -48,7 +51,7 @@ func TestLoopbackRestartRejoins(t *testing.T) {
 		if err := r.n.Close(cctx); err != nil {
 			t.Fatal(err)
 		}
-		_ = r.d.store.(*BoltStore).db.Close()
+		_ = r.db.Close()
 	}
 
 	// b starts first, pointing at a seed that is not up yet.

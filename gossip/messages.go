@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+
+	"github.com/warmfleet/warmfleet/desired"
 )
 
 // nextVersionLocked returns a version above every earlier one: wall
@@ -74,9 +76,9 @@ func (n *Node) broadcastSelfLocked(full []byte) {
 }
 
 // queueSpec broadcasts a desired-state record (called under the
-// DesiredState lock, in write order).
-func (n *Node) queueSpec(r Record) {
-	msg, err := encodeMsg(msgSpecs, specsMsg{Records: []Record{r}})
+// desired.State lock, in write order).
+func (n *Node) queueSpec(r desired.Record) {
+	msg, err := encodeMsg(msgSpecs, specsMsg{Records: []desired.Record{r}})
 	if err != nil {
 		n.log.Error("gossip: encode spec record", "key", r.Key, "err", err)
 		return
@@ -112,7 +114,7 @@ func (n *Node) handleMessage(raw []byte) {
 		if n.desired == nil {
 			return
 		}
-		applied, bad, err := n.desired.merge(context.Background(), m.Records)
+		applied, bad, err := n.desired.Merge(context.Background(), m.Records)
 		n.met.dropped.WithLabelValues(dropInvalid).Add(float64(bad))
 		if err != nil {
 			n.log.Error("gossip: save desired state", "err", err)

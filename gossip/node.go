@@ -18,6 +18,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmfleet/warmfleet/desired"
 )
 
 // MemberState is a member's health as this node sees it.
@@ -78,7 +79,7 @@ type Config struct {
 	Meta   Meta
 	// Desired is the desired state to share; nil for a member that keeps
 	// none (a router).
-	Desired *DesiredState
+	Desired *desired.State
 	Logger  *slog.Logger
 	// Now is the wall clock used for inventory versions; time.Now if nil.
 	Now    func() time.Time
@@ -97,7 +98,7 @@ type Node struct {
 	now     func() time.Time
 	ml      *memberlist.Memberlist
 	keyring *memberlist.Keyring
-	desired *DesiredState
+	desired *desired.State
 	queue   *memberlist.TransmitLimitedQueue
 	tr      *countingTransport
 	met     *nodeMetrics
@@ -272,7 +273,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.ml = ml
 	if n.desired != nil {
-		n.desired.setOnLocal(n.queueSpec)
+		n.desired.SetOnLocal(n.queueSpec)
 	}
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(n.met); err != nil {
@@ -328,7 +329,7 @@ func (n *Node) Close(ctx context.Context) error {
 		return nil
 	}
 	if n.desired != nil {
-		n.desired.setOnLocal(nil)
+		n.desired.SetOnLocal(nil)
 	}
 	timeout := 5 * time.Second
 	if dl, ok := ctx.Deadline(); ok {

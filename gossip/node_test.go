@@ -9,8 +9,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/desired"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 func startCluster(t *testing.T, c *mockCluster, names []string, edit func(name string, cfg *Config)) []*Node {
@@ -36,7 +37,7 @@ func TestClusterSpecsInventoryAndLeave(t *testing.T) {
 	ctx := context.Background()
 	names := []string{"n0", "n1", "n2", "n3", "n4"}
 	c := newMockCluster(t, names...)
-	desired := map[string]*DesiredState{}
+	desired := map[string]*desired.State{}
 	regs := map[string]*promRegistry{}
 	nodes := startCluster(t, c, names, func(name string, cfg *Config) {
 		desired[name] = newDesired(t, openDB(t), name, nil)
@@ -152,7 +153,7 @@ func TestLateJoinerGetsStateByPushPull(t *testing.T) {
 	ctx := context.Background()
 	names := []string{"a", "b", "c", "late"}
 	c := newMockCluster(t, names...)
-	desired := map[string]*DesiredState{}
+	desired := map[string]*desired.State{}
 	for _, name := range names {
 		desired[name] = newDesired(t, openDB(t), name, nil)
 	}
@@ -227,7 +228,7 @@ func TestKeyRotationWithoutDowntime(t *testing.T) {
 	ctx := context.Background()
 	names := []string{"a", "b", "c", "new"}
 	c := newMockCluster(t, names...)
-	desired := map[string]*DesiredState{}
+	desired := map[string]*desired.State{}
 	for _, name := range names {
 		desired[name] = newDesired(t, openDB(t), name, nil)
 	}

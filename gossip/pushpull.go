@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/warmfleet/warmfleet/desired"
 )
 
 type wantMark struct {
@@ -141,7 +142,7 @@ func (n *Node) sendInventories(to *memberlist.Node, names []string, packet bool)
 func (n *Node) localState() []byte {
 	st := stateMsg{From: n.cfg.NodeName}
 	if n.desired != nil {
-		fs, err := n.desired.snapshot(context.Background())
+		fs, err := n.desired.Snapshot(context.Background())
 		if err != nil {
 			n.log.Error("gossip: desired state snapshot", "err", err)
 		} else {
@@ -183,7 +184,7 @@ func (n *Node) mergeState(buf []byte) {
 	}
 	n.met.received.WithLabelValues(msgState.String()).Inc()
 	if n.desired != nil && st.Desired {
-		_, bad, err := n.desired.mergeFull(context.Background(), fullState{Records: st.Records, Stale: st.Stale, Synced: st.Synced})
+		_, bad, err := n.desired.MergeFull(context.Background(), desired.FullState{Records: st.Records, Stale: st.Stale, Synced: st.Synced})
 		n.met.dropped.WithLabelValues(dropInvalid).Add(float64(bad))
 		if err != nil {
 			n.log.Error("gossip: save desired state", "err", err)

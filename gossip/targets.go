@@ -5,7 +5,7 @@ import (
 	"slices"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // Targets returns the names of the members that must hold s, sorted.

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 func TestTargets(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/warmfleet/warmfleet/desired"
 )
 
 // Wire format of every message this package sends through memberlist:
@@ -106,7 +108,7 @@ func (r invRecord) validate() error {
 }
 
 type specsMsg struct {
-	Records list[Record] `json:"r"`
+	Records list[desired.Record] `json:"r"`
 }
 
 type byeMsg struct {
@@ -127,10 +129,10 @@ type inventoriesMsg struct {
 type stateMsg struct {
 	From string `json:"f"`
 	// Desired is false when the sender keeps no desired state (a router).
-	Desired bool         `json:"ds,omitempty"`
-	Records list[Record] `json:"r,omitempty"`
-	Stale   bool         `json:"st,omitempty"`
-	Synced  bool         `json:"sy,omitempty"`
+	Desired bool                 `json:"ds,omitempty"`
+	Records list[desired.Record] `json:"r,omitempty"`
+	Stale   bool                 `json:"st,omitempty"`
+	Synced  bool                 `json:"sy,omitempty"`
 	// Digest maps every live node whose inventory the sender holds to its
 	// version.
 	Digest dict[uint64] `json:"d,omitempty"`
@@ -388,3 +390,7 @@ func decodeState(p []byte) (stateMsg, error) {
 	}
 	return m, nil
 }
+
+// validateNodeName checks a node name from outside. The rule is the desired
+// state's: its timestamps carry the writer's node name.
+func validateNodeName(name string) error { return desired.ValidateNodeName(name) }

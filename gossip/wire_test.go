@@ -11,7 +11,8 @@ import (
 	"testing"
 
 	"github.com/hashicorp/memberlist"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/desired"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 func TestFrameRoundTripAndLimits(t *testing.T) {
@@ -20,7 +21,7 @@ func TestFrameRoundTripAndLimits(t *testing.T) {
 		t msgType
 		v any
 	}{
-		{msgSpecs, specsMsg{Records: []Record{{Key: s.Key(), TS: Timestamp{Wall: 1, Node: "a"}, Spec: &s}}}},
+		{msgSpecs, specsMsg{Records: []desired.Record{{Key: s.Key(), TS: desired.Timestamp{Wall: 1, Node: "a"}, Spec: &s}}}},
 		{msgInventory, invRecord{Node: "a", Version: 1, Inv: &Inventory{DiskFreeBytes: 1}}},
 		{msgWant, wantMsg{From: "a", Nodes: []string{"b"}}},
 		{msgState, stateMsg{From: "a", Digest: map[string]uint64{"a": 1, strings.Repeat("n", 100): 2}}},
@@ -122,18 +123,18 @@ func fuzzNode(t testing.TB) *Node {
 func fuzzSeeds(f *testing.F) {
 	s := modelSpec("m")
 	img := spec.Spec{Kind: spec.KindImage, Name: "vllm/vllm:0.6", Owner: "team/a"}
-	ts := Timestamp{Wall: newTestClock().Now().UnixMilli(), Node: "a"}
+	ts := desired.Timestamp{Wall: newTestClock().Now().UnixMilli(), Node: "a"}
 	for _, m := range []struct {
 		t msgType
 		v any
 	}{
-		{msgSpecs, specsMsg{Records: []Record{{Key: s.Key(), TS: ts, Spec: &s}, {Key: img.Key(), TS: ts}}}},
+		{msgSpecs, specsMsg{Records: []desired.Record{{Key: s.Key(), TS: ts, Spec: &s}, {Key: img.Key(), TS: ts}}}},
 		{msgInventory, invRecord{Node: "a", Version: 5, Inv: &Inventory{Models: map[string]ModelInventory{"m": {State: StateReady}}}}},
 		{msgInventory, invRecord{Node: "b", Version: 7}},
 		{msgWant, wantMsg{From: "a", Nodes: []string{"self", "b"}}},
 		{msgInventories, inventoriesMsg{Records: []invRecord{{Node: "b", Version: 9, Inv: &Inventory{DiskFreeBytes: 3}}}}},
 		{msgBye, byeMsg{Node: "a"}},
-		{msgState, stateMsg{From: "a", Desired: true, Synced: true, Records: []Record{{Key: s.Key(), TS: ts, Spec: &s}},
+		{msgState, stateMsg{From: "a", Desired: true, Synced: true, Records: []desired.Record{{Key: s.Key(), TS: ts, Spec: &s}},
 			Digest: map[string]uint64{"b": 12, "a": 3}, Self: &invRecord{Node: "a", Version: 3, Inv: &Inventory{}}}},
 		{msgDigest, digestMsg{From: "a", Entries: map[string]uint64{"b": 40, "self": 2}}},
 		{msgKeyOp, keyOpMsg{ID: "op1", From: "a", Op: KeyInstall, Key: EncodeKey(make([]byte, KeySize))}},
@@ -171,7 +172,7 @@ func FuzzMergeState(f *testing.F) {
 		for len(n.jobs) > 0 {
 			<-n.jobs
 		}
-		if _, err := n.desired.snapshot(context.Background()); err != nil {
+		if _, err := n.desired.Snapshot(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -6,7 +6,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 // TestContainerdPerHost runs a containerd on each of two hosts and checks

@@ -13,7 +13,7 @@ import (
 	"github.com/warmfleet/warmfleet/integration/fleetbench"
 	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 // warmfleetBin builds the warmfleet binary once per test binary and checks

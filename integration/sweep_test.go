@@ -16,7 +16,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 // crashedLab describes what the "crashlab" helper built before it was killed.

@@ -6,7 +6,7 @@ package api
 import (
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // Cache states, in the order a healthy cache passes through them.

@@ -16,7 +16,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/bytesize"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 func runCache(ctx context.Context, e *Env, args []string) error {

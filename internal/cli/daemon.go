@@ -18,8 +18,8 @@ import (
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/sdnotify"
-	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/p2p"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // defaultAPI is where the daemon listens and clients look by default.

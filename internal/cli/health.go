@@ -15,7 +15,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon"
 	"github.com/warmfleet/warmfleet/gossip"
-	"github.com/warmfleet/warmfleet/internal/health"
+	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/internal/ui"
 )
 

@@ -15,10 +15,11 @@ import (
 
 	imagecache "github.com/warmfleet/warmfleet/containerd"
 	"github.com/warmfleet/warmfleet/daemon"
+	"github.com/warmfleet/warmfleet/desired"
 	"github.com/warmfleet/warmfleet/gossip"
-	"github.com/warmfleet/warmfleet/internal/health"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/internal/testutil/metricsdoc"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/p2p"
 	"github.com/warmfleet/warmfleet/router"
 	"github.com/warmfleet/warmfleet/router/peer"
@@ -85,7 +86,7 @@ func routerCollectors(t *testing.T, log *slog.Logger) []prometheus.Collector {
 	return reg.Collectors()
 }
 
-func startGossipForDoc(t *testing.T, log *slog.Logger, reg prometheus.Registerer, role gossip.Role, desired *gossip.DesiredState) {
+func startGossipForDoc(t *testing.T, log *slog.Logger, reg prometheus.Registerer, role gossip.Role, desired *desired.State) {
 	t.Helper()
 	n, err := gossip.Start(t.Context(), gossip.Config{NodeName: "doc", BindAddr: "127.0.0.1:0", Insecure: true,
 		Role: role, Desired: desired, Registerer: reg, Logger: log})

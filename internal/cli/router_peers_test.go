@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 	"github.com/warmfleet/warmfleet/router"
 )

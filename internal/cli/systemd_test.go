@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 // unitDir holds the systemd units and their example environment files.

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/gossip"
-	"github.com/warmfleet/warmfleet/internal/synthmodel"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/synthmodel"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 

@@ -10,8 +10,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
-	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/internal/testutil/hubserver"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // BenchmarkDownload fetches the same model (benchFiles LFS files of

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // FuzzAPIAnswers feeds arbitrary bytes to the decoders of the Hub's API

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
-	"github.com/warmfleet/warmfleet/internal/spec"
 	"github.com/warmfleet/warmfleet/internal/testutil/hubserver"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // sleeps records the delays a client asked for instead of waiting them.

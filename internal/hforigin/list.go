@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 var (

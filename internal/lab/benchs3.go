@@ -3,22 +3,22 @@ package lab
 import (
 	"context"
 	"fmt"
-	"github.com/warmfleet/warmfleet/internal/cli"
 	"log/slog"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/warmfleet/warmfleet/internal/cli"
+	"github.com/warmfleet/warmfleet/internal/lab/s3bench"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
-	"github.com/warmfleet/warmfleet/internal/s3origin/s3bench"
-	"github.com/warmfleet/warmfleet/internal/synthmodel"
+	"github.com/warmfleet/warmfleet/internal/testutil/synthmodel"
 )
 
 // runBenchS3 measures caching a model from a local S3 server with the
 // daemon against the s3origin library, a plain SDK copy and rclone in the
 // same run, then reading the cache back against a dd copy (see
-// internal/s3origin/s3bench).
+// internal/lab/s3bench).
 func runBenchS3(ctx context.Context, e *cli.Env, args []string) error {
 	fs := cli.NewFlagSet(e, "bench s3")
 	modelSize := cli.ByteSize(2 << 30)

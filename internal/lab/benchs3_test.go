@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/s3origin/s3bench"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/lab/s3bench"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 // buildLab builds ./cmd/warmfleet-lab into dir, with -race when this test

@@ -15,9 +15,9 @@ import (
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/internal/cli"
-	"github.com/warmfleet/warmfleet/internal/s3embed"
+	"github.com/warmfleet/warmfleet/internal/lab/s3embed"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
-	"github.com/warmfleet/warmfleet/internal/synthmodel"
+	"github.com/warmfleet/warmfleet/internal/testutil/synthmodel"
 	"github.com/warmfleet/warmfleet/nvme"
 )
 

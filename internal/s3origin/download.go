@@ -15,27 +15,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 )
 
-// File is where an object is downloaded to: written at offsets by parallel
-// parts, read back for verification. *os.File is one.
-type File interface {
-	io.WriterAt
-	io.ReaderAt
-}
-
-// Plan lets the caller resume a download and learn its progress.
-type Plan struct {
-	// Done reports parts that are already durable from a previous run;
-	// they are not fetched again. Nil fetches every part.
-	Done func(part int) bool
-	// OnPart is called once a part has been written in full (not synced:
-	// sync the file before recording the part as durable). It may be
-	// called from several goroutines at once.
-	OnPart func(part int, n int64)
-	// OnVerify receives the end-to-end check's result, including when the
-	// object could not be verified (Verified false, with the reason).
-	OnVerify func(Verification)
-}
-
 // bufSize is each worker's copy buffer: memory stays Concurrency*bufSize
 // whatever the part and object sizes.
 const bufSize = 1 << 20

@@ -5,34 +5,14 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
-
-// Object is one file of a model in S3.
-type Object struct {
-	Bucket string
-	Key    string
-	// Path is Key relative to the listed prefix: a safe, relative,
-	// slash-separated path (see ValidRelPath).
-	Path string
-	Size int64
-	// ETag without quotes.
-	ETag string
-	// VersionID pins a version when known (ListObjectsV2 does not report
-	// it; If-Match on ETag protects downloads either way).
-	VersionID    string
-	LastModified time.Time
-}
-
-// URL is s3://bucket/key.
-func (o Object) URL() string { return "s3://" + o.Bucket + "/" + o.Key }
 
 // MaxObjectSize is above the largest object S3 (50 TB) or MinIO (50 TiB)
 // stores. A server claiming more is broken or hostile; sizes this bounded

@@ -20,12 +20,6 @@ type RangeCheck struct {
 	kind *crcKind
 }
 
-// RangeCRC is the CRC of Len bytes of an object at Off.
-type RangeCRC struct {
-	Off, Len int64
-	CRC      uint64
-}
-
 // NewRangeCheck asks S3 how obj can be checked (and that it is still the
 // object listed). It returns nil and no error when the object's digest is
 // not a CRC; Verify then reads the copy back.

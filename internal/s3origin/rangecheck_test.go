@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 // A copy checked from the CRCs of its ranges passes when they and the bytes

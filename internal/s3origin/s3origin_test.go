@@ -20,8 +20,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/credentials"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // These tests run against a real S3 server (versitygw) on loopback.
@@ -34,16 +34,16 @@ func randomBytes(seed byte, n int) []byte {
 	return b
 }
 
-// origin is a Client for endpoint with the gateway's keys, fast retries and
+// testOrigin is a Client for endpoint with the gateway's keys, fast retries and
 // a byte counter.
-type origin struct {
+type testOrigin struct {
 	*Client
 	bytes atomic.Int64
 }
 
-func newOrigin(t *testing.T, s *testenv.S3, endpoint string, opts Options) *origin {
+func newOrigin(t *testing.T, s *testenv.S3, endpoint string, opts Options) *testOrigin {
 	t.Helper()
-	o := &origin{}
+	o := &testOrigin{}
 	opts.Endpoint = endpoint
 	if opts.Credentials == nil {
 		opts.Credentials = credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, "")

@@ -26,19 +26,6 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// Verification says how a local copy was checked against its object.
-type Verification struct {
-	// Verified is true when every byte was checked against a digest the
-	// server holds for the object.
-	Verified bool
-	// Method is the digest used: "crc64nvme", "crc32c", "crc32", "sha256",
-	// "sha1" (full-object checksums), "md5" (single-part ETag),
-	// "md5-multipart" (ETag of a multipart upload), or "none".
-	Method string
-	// Detail explains Method, or why nothing could be verified.
-	Detail string
-}
-
 // Digest methods.
 const (
 	MethodCRC64NVME    = "crc64nvme"

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 // New builds a lab for tb and tears it down at cleanup (also when the test

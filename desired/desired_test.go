@@ -1,4 +1,4 @@
-package gossip
+package desired
 
 import (
 	"context"
@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
+	"go.etcd.io/bbolt"
 )
 
 func TestHLCMonotonic(t *testing.T) {
@@ -64,11 +65,11 @@ func TestDesiredPutListDelete(t *testing.T) {
 	if got, want := keys(d.List()), []string{"model/alpha", "model/mid", "model/zeta"}; !slices.Equal(got, want) {
 		t.Fatalf("List = %v, want %v", got, want)
 	}
-	before := d.records()
+	before := d.Records()
 	if err := d.Put(ctx, modelSpec("mid")); err != nil {
 		t.Fatal(err)
 	}
-	if after := d.records(); fmtRecords(after) != fmtRecords(before) {
+	if after := d.Records(); fmtRecords(after) != fmtRecords(before) {
 		t.Fatalf("putting an equal spec changed the state:\n%s\n%s", fmtRecords(before), fmtRecords(after))
 	}
 	if err := d.Delete(ctx, "model/mid"); err != nil {
@@ -86,7 +87,7 @@ func TestDesiredPutListDelete(t *testing.T) {
 	if got, want := keys(d2.List()), []string{"model/alpha", "model/zeta"}; !slices.Equal(got, want) {
 		t.Fatalf("after reload List = %v, want %v", got, want)
 	}
-	if got, want := fmtRecords(d2.records()), fmtRecords(d.records()); got != want {
+	if got, want := fmtRecords(d2.Records()), fmtRecords(d.Records()); got != want {
 		t.Fatalf("reload lost records:\n got %s\nwant %s", got, want)
 	}
 	// The reloaded clock continues past the saved writes even if the wall
@@ -107,7 +108,7 @@ func TestDesiredLocalWriteBeatsFutureRecord(t *testing.T) {
 	s := modelSpec("m")
 	s.Revision = "far-future"
 	future := Record{Key: s.Key(), TS: Timestamp{Wall: clk.Now().Add(24 * time.Hour).UnixMilli(), Node: "broken"}, Spec: &s}
-	if _, _, err := d.merge(ctx, []Record{future}); err != nil {
+	if _, _, err := d.Merge(ctx, []Record{future}); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Delete(ctx, s.Key()); err != nil {
@@ -133,7 +134,7 @@ func TestDesiredMergeRejectsInvalid(t *testing.T) {
 		{Key: "model/x", TS: Timestamp{Wall: -1, Node: "b"}},
 		{Key: "model/y", TS: Timestamp{Wall: 1, Node: ""}},
 	}
-	applied, badN, err := d.merge(ctx, in)
+	applied, badN, err := d.Merge(ctx, in)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestTombstoneExpires(t *testing.T) {
 	if err := d.Delete(ctx, "model/m"); err != nil {
 		t.Fatal(err)
 	}
-	st, err := d.snapshot(ctx)
+	st, err := d.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,14 +165,14 @@ func TestTombstoneExpires(t *testing.T) {
 		t.Fatalf("snapshot before the TTL = %s, want the tombstone", fmtRecords(st.Records))
 	}
 	clk.Advance(72*time.Hour + time.Minute)
-	if st, err = d.snapshot(ctx); err != nil {
+	if st, err = d.Snapshot(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if len(st.Records) != 0 {
 		t.Fatalf("snapshot after the TTL = %s, want nothing", fmtRecords(st.Records))
 	}
-	if d2 := newDesired(t, db, "a", clk.Now); len(d2.records()) != 0 {
-		t.Fatalf("expired tombstone still on disk: %s", fmtRecords(d2.records()))
+	if d2 := newDesired(t, db, "a", clk.Now); len(d2.Records()) != 0 {
+		t.Fatalf("expired tombstone still on disk: %s", fmtRecords(d2.Records()))
 	}
 }
 
@@ -189,17 +190,17 @@ func TestStaleNodeDoesNotResurrect(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sync := func(from, to *DesiredState) {
+	sync := func(from, to *State) {
 		t.Helper()
-		st, err := from.snapshot(ctx)
+		st, err := from.Snapshot(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := to.mergeFull(ctx, st); err != nil {
+		if _, _, err := to.MergeFull(ctx, st); err != nil {
 			t.Fatal(err)
 		}
 	}
-	all := func(nodes ...*DesiredState) {
+	all := func(nodes ...*State) {
 		for _, x := range nodes {
 			for _, y := range nodes {
 				if x != y {
@@ -221,7 +222,7 @@ func TestStaleNodeDoesNotResurrect(t *testing.T) {
 		clk.Advance(24 * time.Hour)
 		all(b, c)
 	}
-	if st, _ := b.snapshot(ctx); fmtRecords(st.Records) != fmtRecords(b.records()) || len(st.Records) != 1 || st.Records[0].Key != "model/keep" {
+	if st, _ := b.Snapshot(ctx); fmtRecords(st.Records) != fmtRecords(b.Records()) || len(st.Records) != 1 || st.Records[0].Key != "model/keep" {
 		t.Fatalf("b offers %s, want only model/keep", fmtRecords(st.Records))
 	}
 
@@ -235,7 +236,7 @@ func TestStaleNodeDoesNotResurrect(t *testing.T) {
 		t.Fatal(err)
 	}
 	// ...and offers peers only what it wrote since its last sync.
-	st, err := a.snapshot(ctx)
+	st, err := a.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +252,7 @@ func TestStaleNodeDoesNotResurrect(t *testing.T) {
 	if got := keys(a.List()); !slices.Equal(got, []string{"model/fresh", "model/keep"}) {
 		t.Fatalf("a after merging synced b lists %v", got)
 	}
-	if st, _ := a.snapshot(ctx); st.Stale || !st.Synced {
+	if st, _ := a.Snapshot(ctx); st.Stale || !st.Synced {
 		t.Fatalf("a still stale after a synced merge")
 	}
 	if got := keys(newDesired(t, dbA, "a", clk.Now).List()); !slices.Equal(got, []string{"model/fresh", "model/keep"}) {
@@ -271,9 +272,9 @@ func TestLoneSurvivorKeepsTombstones(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		for _, p := range [][2]*DesiredState{{b, a}, {a, b}} {
-			st, _ := p[0].snapshot(ctx)
-			if _, _, err := p[1].mergeFull(ctx, st); err != nil {
+		for _, p := range [][2]*State{{b, a}, {a, b}} {
+			st, _ := p[0].Snapshot(ctx)
+			if _, _, err := p[1].MergeFull(ctx, st); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -284,22 +285,22 @@ func TestLoneSurvivorKeepsTombstones(t *testing.T) {
 	}
 	clk.Advance(5 * 24 * time.Hour)
 	a = newDesired(t, dbA, "a", clk.Now)
-	stB, _ := b.snapshot(ctx)
+	stB, _ := b.Snapshot(ctx)
 	if len(stB.Records) != 1 || !stB.Records[0].Deleted() {
 		t.Fatalf("lone b offers %s, want its tombstone", fmtRecords(stB.Records))
 	}
 	for range 3 {
-		stA, _ := a.snapshot(ctx)
-		stB, _ := b.snapshot(ctx)
-		if _, _, err := a.mergeFull(ctx, stB); err != nil {
+		stA, _ := a.Snapshot(ctx)
+		stB, _ := b.Snapshot(ctx)
+		if _, _, err := a.MergeFull(ctx, stB); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := b.mergeFull(ctx, stA); err != nil {
+		if _, _, err := b.MergeFull(ctx, stA); err != nil {
 			t.Fatal(err)
 		}
 		clk.Advance(time.Minute + time.Second) // past the stale grace period
 	}
-	for _, d := range []*DesiredState{a, b} {
+	for _, d := range []*State{a, b} {
 		if got := d.List(); len(got) != 0 {
 			t.Fatalf("deleted spec came back: %v", keys(got))
 		}
@@ -323,20 +324,20 @@ func TestStaleGraceWithOnlyNewPeers(t *testing.T) {
 	a := newDesired(t, db, "a", clk.Now)
 	fresh := newDesired(t, openDB(t), "new", clk.Now)
 	for range 2 {
-		snap, _ := fresh.snapshot(ctx)
-		if _, _, err := a.mergeFull(ctx, snap); err != nil {
+		snap, _ := fresh.Snapshot(ctx)
+		if _, _, err := a.MergeFull(ctx, snap); err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := a.snapshot(ctx); !got.Stale || len(got.Records) != 0 {
+		if got, _ := a.Snapshot(ctx); !got.Stale || len(got.Records) != 0 {
 			t.Fatalf("a left stale mode before the grace period: %+v", got)
 		}
 		clk.Advance(time.Minute + time.Second)
 	}
-	snap, _ := fresh.snapshot(ctx)
-	if _, _, err := a.mergeFull(ctx, snap); err != nil {
+	snap, _ := fresh.Snapshot(ctx)
+	if _, _, err := a.MergeFull(ctx, snap); err != nil {
 		t.Fatal(err)
 	}
-	got, _ := a.snapshot(ctx)
+	got, _ := a.Snapshot(ctx)
 	if got.Stale || len(got.Records) != 1 {
 		t.Fatalf("after the grace period a offers %s (stale %v), want its spec", fmtRecords(got.Records), got.Stale)
 	}
@@ -400,7 +401,7 @@ func TestMergeOrderIndependent(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			d, err := NewDesiredState(ctx, st, DesiredOptions{NodeName: "x", Now: clk.Now})
+			d, err := New(ctx, st, Options{NodeName: "x", Now: clk.Now})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -413,21 +414,21 @@ func TestMergeOrderIndependent(t *testing.T) {
 			for len(in) > 0 {
 				k := 1 + r.IntN(len(in))
 				if variant == 3 {
-					if _, _, err := d.mergeFull(ctx, fullState{Records: in[:k]}); err != nil {
+					if _, _, err := d.MergeFull(ctx, FullState{Records: in[:k]}); err != nil {
 						t.Fatal(err)
 					}
-				} else if _, _, err := d.merge(ctx, in[:k]); err != nil {
+				} else if _, _, err := d.Merge(ctx, in[:k]); err != nil {
 					t.Fatal(err)
 				}
 				in = in[k:]
 			}
-			got := fmtRecords(d.records())
+			got := fmtRecords(d.Records())
 			// The persisted state matches memory too.
-			reloaded, err := NewDesiredState(ctx, st, DesiredOptions{NodeName: "x", Now: clk.Now})
+			reloaded, err := New(ctx, st, Options{NodeName: "x", Now: clk.Now})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if again := fmtRecords(reloaded.records()); again != got {
+			if again := fmtRecords(reloaded.Records()); again != got {
 				t.Fatalf("trial %d variant %d: disk %s != memory %s", trial, variant, again, got)
 			}
 			if variant == 0 {
@@ -451,12 +452,12 @@ func TestBoltStoreUnreadableRecordSkipped(t *testing.T) {
 	if err := st.Save(ctx, StoreChange{Put: []Record{{Key: s.Key(), TS: Timestamp{Wall: clk.Now().UnixMilli(), Node: "a"}, Spec: &s}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Update(func(tx *bboltTx) error {
+	if err := db.Update(func(tx *bbolt.Tx) error {
 		return tx.Bucket([]byte("desired")).Bucket([]byte("records")).Put([]byte("model/bad"), []byte("{not json"))
 	}); err != nil {
 		t.Fatal(err)
 	}
-	d, err := NewDesiredState(ctx, st, DesiredOptions{NodeName: "a", Now: clk.Now})
+	d, err := New(ctx, st, Options{NodeName: "a", Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package gossip
+package desired
 
 import (
 	"cmp"
@@ -10,14 +10,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // ErrNotFound is returned by Delete when the key holds no live spec.
 var ErrNotFound = errors.New("spec not found")
 
-// DesiredOptions configures a DesiredState.
-type DesiredOptions struct {
+// Options configures a State.
+type Options struct {
 	// NodeName breaks ties between writes made in the same millisecond.
 	NodeName string
 	// Now is the wall clock; time.Now when nil.
@@ -25,7 +25,7 @@ type DesiredOptions struct {
 	// TombstoneTTL is how long a delete is remembered. It must be much longer
 	// than the anti-entropy period and than a normal node outage: a node that
 	// was out of touch for longer comes back in stale mode (see
-	// DesiredState). Default 72h.
+	// State). Default 72h.
 	TombstoneTTL time.Duration
 	// StaleGrace ends stale mode when only unsynced peers were seen for this
 	// long (a fleet rebuilt from scratch has no synced peer). Default 2m.
@@ -36,7 +36,7 @@ type DesiredOptions struct {
 	Logger        *slog.Logger
 }
 
-// DesiredState is the fleet-wide set of cache specs: a last-writer-wins map
+// State is the fleet-wide set of cache specs: a last-writer-wins map
 // from spec key to the latest write (a spec or a tombstone), persisted in a
 // Store. It is safe for concurrent use.
 //
@@ -54,7 +54,7 @@ type DesiredOptions struct {
 // fleet deleting it and forgetting the tombstone, and that node then meeting
 // only unsynced peers for StaleGrace: rare enough to accept, and the
 // reason TombstoneTTL defaults to days.
-type DesiredState struct {
+type State struct {
 	store   Store
 	clock   *hlc
 	now     func() time.Time
@@ -76,12 +76,12 @@ type DesiredState struct {
 	onLocal func(Record)
 }
 
-// NewDesiredState loads the state saved in store.
-func NewDesiredState(ctx context.Context, store Store, opt DesiredOptions) (*DesiredState, error) {
+// New loads the state saved in store.
+func New(ctx context.Context, store Store, opt Options) (*State, error) {
 	if store == nil {
 		return nil, errors.New("desired state: store is required")
 	}
-	if err := validateNodeName(opt.NodeName); err != nil {
+	if err := ValidateNodeName(opt.NodeName); err != nil {
 		return nil, fmt.Errorf("desired state: %w", err)
 	}
 	if opt.Now == nil {
@@ -99,7 +99,7 @@ func NewDesiredState(ctx context.Context, store Store, opt DesiredOptions) (*Des
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
-	d := &DesiredState{
+	d := &State{
 		store:   store,
 		clock:   newHLC(opt.NodeName, opt.Now, opt.MaxClockDrift),
 		now:     opt.Now,
@@ -140,9 +140,9 @@ func NewDesiredState(ctx context.Context, store Store, opt DesiredOptions) (*Des
 // Changed returns the channel that receives a value after the set of live
 // specs changed. It has capacity one and coalesces: one consumer should
 // drain it and then call List.
-func (d *DesiredState) Changed() <-chan struct{} { return d.changed }
+func (d *State) Changed() <-chan struct{} { return d.changed }
 
-func (d *DesiredState) notify() {
+func (d *State) notify() {
 	select {
 	case d.changed <- struct{}{}:
 	default:
@@ -151,7 +151,7 @@ func (d *DesiredState) notify() {
 
 // Put sets a spec, replacing any earlier spec with the same key. Putting a
 // spec equal to the live one changes nothing.
-func (d *DesiredState) Put(ctx context.Context, s spec.Spec) error {
+func (d *State) Put(ctx context.Context, s spec.Spec) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("invalid spec: %w", err)
 	}
@@ -167,7 +167,7 @@ func (d *DesiredState) Put(ctx context.Context, s spec.Spec) error {
 }
 
 // Delete removes the spec with the given key (spec.Spec.Key).
-func (d *DesiredState) Delete(ctx context.Context, key string) error {
+func (d *State) Delete(ctx context.Context, key string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	old, had := d.recs[key]
@@ -177,7 +177,7 @@ func (d *DesiredState) Delete(ctx context.Context, key string) error {
 	return d.writeLocked(ctx, Record{Key: key, TS: d.clock.next(old.TS)})
 }
 
-func (d *DesiredState) writeLocked(ctx context.Context, r Record) error {
+func (d *State) writeLocked(ctx context.Context, r Record) error {
 	if err := d.store.Save(ctx, StoreChange{Put: []Record{r}}); err != nil {
 		return err
 	}
@@ -190,7 +190,7 @@ func (d *DesiredState) writeLocked(ctx context.Context, r Record) error {
 }
 
 // Get returns the live spec with the given key.
-func (d *DesiredState) Get(key string) (spec.Spec, bool) {
+func (d *State) Get(key string) (spec.Spec, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r, ok := d.recs[key]
@@ -201,7 +201,7 @@ func (d *DesiredState) Get(key string) (spec.Spec, bool) {
 }
 
 // List returns the live specs sorted by key.
-func (d *DesiredState) List() []spec.Spec {
+func (d *State) List() []spec.Spec {
 	d.mu.Lock()
 	out := make([]spec.Spec, 0, len(d.recs))
 	for _, r := range d.recs {
@@ -214,8 +214,8 @@ func (d *DesiredState) List() []spec.Spec {
 	return out
 }
 
-// records returns every record, tombstones included, sorted by key.
-func (d *DesiredState) records() []Record {
+// Records returns every record, tombstones included, sorted by key.
+func (d *State) Records() []Record {
 	d.mu.Lock()
 	out := make([]Record, 0, len(d.recs))
 	for _, r := range d.recs {
@@ -226,15 +226,15 @@ func (d *DesiredState) records() []Record {
 	return out
 }
 
-// setOnLocal installs the hook that sees every local write.
-func (d *DesiredState) setOnLocal(f func(Record)) {
+// SetOnLocal installs the hook that sees every local write.
+func (d *State) SetOnLocal(f func(Record)) {
 	d.mu.Lock()
 	d.onLocal = f
 	d.mu.Unlock()
 }
 
-// fullState is what this node offers in a push/pull.
-type fullState struct {
+// FullState is what this node offers in a push/pull.
+type FullState struct {
 	Records []Record
 	// Stale: old live records are withheld, so absence proves nothing.
 	Stale bool
@@ -243,16 +243,16 @@ type fullState struct {
 	Synced bool
 }
 
-// snapshot returns the state to offer peers, after expiring tombstones.
-func (d *DesiredState) snapshot(ctx context.Context) (fullState, error) {
+// Snapshot returns the state to offer peers, after expiring tombstones.
+func (d *State) Snapshot(ctx context.Context) (FullState, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := d.now()
 	d.checkStaleLocked(now)
 	if err := d.gcLocked(ctx, now); err != nil {
-		return fullState{}, err
+		return FullState{}, err
 	}
-	st := fullState{Stale: !d.staleSince.IsZero()}
+	st := FullState{Stale: !d.staleSince.IsZero()}
 	st.Synced = !st.Stale && !d.lastSync.IsZero()
 	horizon := d.lastSync.UnixMilli()
 	for _, r := range d.recs {
@@ -265,9 +265,9 @@ func (d *DesiredState) snapshot(ctx context.Context) (fullState, error) {
 	return st, nil
 }
 
-// merge applies records from a peer and returns those that changed our
+// Merge applies records from a peer and returns those that changed our
 // state (to pass on). Invalid records are skipped and counted in bad.
-func (d *DesiredState) merge(ctx context.Context, in []Record) (applied []Record, bad int, err error) {
+func (d *State) Merge(ctx context.Context, in []Record) (applied []Record, bad int, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	applied, bad = d.mergeLocked(in)
@@ -285,7 +285,7 @@ func (d *DesiredState) merge(ctx context.Context, in []Record) (applied []Record
 }
 
 // mergeLocked decides which incoming records win, without applying them.
-func (d *DesiredState) mergeLocked(in []Record) (applied []Record, bad int) {
+func (d *State) mergeLocked(in []Record) (applied []Record, bad int) {
 	pending := map[string]int{}
 	for _, r := range in {
 		if err := r.validate(); err != nil {
@@ -311,8 +311,8 @@ func (d *DesiredState) mergeLocked(in []Record) (applied []Record, bad int) {
 	return applied, bad
 }
 
-// mergeFull applies a peer's full state (push/pull) and settles stale mode.
-func (d *DesiredState) mergeFull(ctx context.Context, st fullState) (applied []Record, bad int, err error) {
+// MergeFull applies a peer's full state (push/pull) and settles stale mode.
+func (d *State) MergeFull(ctx context.Context, st FullState) (applied []Record, bad int, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := d.now()
@@ -379,7 +379,7 @@ func (d *DesiredState) mergeFull(ctx context.Context, st fullState) (applied []R
 }
 
 // checkStaleLocked enters stale mode when the last sync is too old.
-func (d *DesiredState) checkStaleLocked(now time.Time) {
+func (d *State) checkStaleLocked(now time.Time) {
 	if d.staleSince.IsZero() && !d.lastSync.IsZero() && now.Sub(d.lastSync) > d.ttl {
 		d.staleSince = now
 		d.log.Warn("desired state: no full sync with a peer for longer than the tombstone TTL; withholding old specs until one", "last_sync", d.lastSync, "ttl", d.ttl)
@@ -388,7 +388,7 @@ func (d *DesiredState) checkStaleLocked(now time.Time) {
 
 // gcLocked forgets expired tombstones. A stale node keeps them: it may be
 // the only one left that remembers a delete.
-func (d *DesiredState) gcLocked(ctx context.Context, now time.Time) error {
+func (d *State) gcLocked(ctx context.Context, now time.Time) error {
 	if !d.staleSince.IsZero() {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package gossip
+package desired
 
 import (
 	"bytes"
@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"maps"
 
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // Record is one entry of the desired state: the latest write to a spec key.
@@ -34,7 +34,7 @@ func (r Record) validate() error {
 	if r.TS.Wall <= 0 || r.TS.Wall > maxWall {
 		return fmt.Errorf("record %q: timestamp wall %d: want 1..%d", r.Key, r.TS.Wall, int64(maxWall))
 	}
-	if err := validateNodeName(r.TS.Node); err != nil {
+	if err := ValidateNodeName(r.TS.Node); err != nil {
 		return fmt.Errorf("record %q: timestamp: %w", r.Key, err)
 	}
 	if r.Spec != nil {
@@ -48,7 +48,7 @@ func (r Record) validate() error {
 	return nil
 }
 
-func validateNodeName(name string) error {
+func ValidateNodeName(name string) error {
 	if name == "" || len(name) > maxNodeNameLen {
 		return fmt.Errorf("node name length %d: want 1..%d", len(name), maxNodeNameLen)
 	}

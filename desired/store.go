@@ -1,4 +1,4 @@
-package gossip
+package desired
 
 import (
 	"context"
@@ -51,7 +51,7 @@ var (
 // NewBoltStore returns a store in the named top-level bucket, creating it.
 func NewBoltStore(db *bbolt.DB, bucket string) (*BoltStore, error) {
 	if db == nil || bucket == "" {
-		return nil, errors.New("gossip store: need a database and a bucket name")
+		return nil, errors.New("desired store: need a database and a bucket name")
 	}
 	s := &BoltStore{db: db, bucket: []byte(bucket)}
 	err := db.Update(func(tx *bbolt.Tx) error {
@@ -63,7 +63,7 @@ func NewBoltStore(db *bbolt.DB, bucket string) (*BoltStore, error) {
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("gossip store: create bucket %q: %w", bucket, err)
+		return nil, fmt.Errorf("desired store: create bucket %q: %w", bucket, err)
 	}
 	return s, nil
 }
@@ -97,7 +97,7 @@ func (s *BoltStore) Load(ctx context.Context) (StoredState, error) {
 		})
 	})
 	if err != nil {
-		return StoredState{}, fmt.Errorf("gossip store: load: %w", err)
+		return StoredState{}, fmt.Errorf("desired store: load: %w", err)
 	}
 	return st, nil
 }
@@ -140,7 +140,7 @@ func (s *BoltStore) Save(ctx context.Context, c StoreChange) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("gossip store: save: %w", err)
+		return fmt.Errorf("desired store: save: %w", err)
 	}
 	return nil
 }

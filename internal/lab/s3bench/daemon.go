@@ -14,7 +14,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/procstat"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 const (

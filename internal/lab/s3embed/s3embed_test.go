@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
-	"github.com/warmfleet/warmfleet/internal/spec"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 func start(t *testing.T) *Server {

@@ -18,7 +18,7 @@ import (
 // RepoRoot returns the module root (the directory holding go.mod).
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }
 
 // Bin returns the path of a tool from the project-local bin/ directory or PATH.

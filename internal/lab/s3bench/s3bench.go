@@ -33,9 +33,9 @@ import (
 
 	"github.com/warmfleet/warmfleet/internal/procstat"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
-	"github.com/warmfleet/warmfleet/internal/spec"
-	"github.com/warmfleet/warmfleet/internal/synthmodel"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/synthmodel"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // Methods a benchmark can run.

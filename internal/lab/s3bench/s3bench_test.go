@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
-	"github.com/warmfleet/warmfleet/internal/synthmodel"
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/synthmodel"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 func TestQuantile(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/s3put"
+	"github.com/warmfleet/warmfleet/internal/testutil/s3put"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"

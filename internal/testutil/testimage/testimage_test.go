@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/warmfleet/warmfleet/internal/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
 func TestBuildIsDeterministicAndSeeded(t *testing.T) {
