@@ -44,7 +44,9 @@
 // AllBlocksCleared) was applied, or a resync window has passed since the
 // view was last cleared. A sequence gap clears the view and starts the
 // window; a sequence that goes back (the engine restarted) clears it; a
-// view that outgrows its bound is cleared and waits out the window. A
+// lost connection clears it at the next batch, since the engine may have
+// restarted meanwhile; a view that outgrows its bound is cleared and waits
+// out the window. A
 // cleared view only ever holds blocks stored since, so it never points the
 // router at blocks the engine dropped.
 //

@@ -74,14 +74,17 @@ func (x *Index) reset(v *view, trusted bool) {
 	}
 }
 
-// Connected records that a backend's stream is up or down. While down the
-// view is untrusted (events may be missed); it stays as it is, since the
-// sequence number of the next batch, which marks the stream up again,
-// tells whether anything was missed.
-func (x *Index) Connected(backend string, up bool) {
+// Disconnected records that a backend's stream is down. The view is
+// untrusted from then on, and the next batch (which marks the stream up
+// again) starts it over as if it were the first: a sequence number that
+// follows on from the last one cannot tell a stream that merely paused
+// from an engine that restarted and whose first batches were lost, and a
+// kept view would then hold blocks the new engine never had.
+func (x *Index) Disconnected(backend string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.viewLocked(backend).connected = up
+	v := x.viewLocked(backend)
+	v.connected, v.haveSeq = false, false
 }
 
 // Forget drops a backend's view entirely (it left the configuration).
@@ -103,7 +106,11 @@ func (x *Index) Apply(backend string, seq uint64, b Batch) {
 	v.stats.Batches++
 	switch {
 	case !v.haveSeq:
-		// First batch seen: exact only if it is the engine's first.
+		// First batch seen since (re)connecting: exact only if it is the
+		// engine's first.
+		if v.stats.Batches > 1 && seq <= v.seq {
+			v.stats.Restarts++
+		}
 		x.reset(v, seq <= 1)
 	case seq <= v.seq:
 		v.stats.Restarts++

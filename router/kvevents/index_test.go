@@ -92,10 +92,16 @@ func TestIndexFirstBatchMidStreamIsUntrusted(t *testing.T) {
 	mustMatch(t, x, "a", []uint64{1}, 0, false)
 	clk.t = clk.t.Add(time.Minute)
 	mustMatch(t, x, "a", []uint64{1}, 1, true)
-	x.Connected("a", false)
+	// After a disconnect even a following sequence number starts over.
+	x.Disconnected("a")
 	mustMatch(t, x, "a", []uint64{1}, 0, false)
-	x.Apply("a", 78, batch())
-	mustMatch(t, x, "a", []uint64{1}, 1, true)
+	x.Apply("a", 78, batch(stored(2)))
+	mustMatch(t, x, "a", []uint64{2}, 0, false)
+	if x.Holds("a", 1) || !x.Holds("a", 2) {
+		t.Fatal("view kept across a disconnect")
+	}
+	clk.t = clk.t.Add(time.Minute)
+	mustMatch(t, x, "a", []uint64{2}, 1, true)
 }
 
 func TestIndexBoundPerBackend(t *testing.T) {

@@ -99,7 +99,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	if err := registerBounded(s.Limits.MaxFrame); err != nil {
 		return fmt.Errorf("kv events: %w", err)
 	}
-	defer s.Index.Connected(s.Backend, false)
+	defer s.Index.Disconnected(s.Backend)
 	ep := boundedScheme + "://" + hostport
 	backoff := s.MinBackoff
 	for ctx.Err() == nil {
@@ -107,7 +107,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		s.Index.Connected(s.Backend, false)
+		s.Index.Disconnected(s.Backend)
 		s.counters.Disconnects.Add(1)
 		// A failed bind is retried too: the port may still be taken
 		// just after a restart of the router.
@@ -149,10 +149,9 @@ func (s *Subscriber) session(ctx context.Context, ep string) (received bool, err
 		msg, err := sock.Recv()
 		if err != nil {
 			if s.Listen && ctx.Err() == nil {
-				// One engine's connection dropped; the socket keeps
-				// listening for its return. Until a batch proves nothing
-				// was missed, the view is untrusted.
-				s.Index.Connected(s.Backend, false)
+				// The engine's connection dropped; the socket keeps
+				// listening for its return.
+				s.Index.Disconnected(s.Backend)
 				s.counters.Disconnects.Add(1)
 				s.logOnce("publisher connection lost", err)
 				continue
