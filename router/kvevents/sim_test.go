@@ -2,9 +2,7 @@ package kvevents
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
-	"hash/fnv"
 	"io"
 	"net/http"
 	"testing"
@@ -13,62 +11,6 @@ import (
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
-
-// simChain computes llm-d-inference-sim's block hashes for a token-id
-// prompt, as its token processor (llm-d-kv-cache kvblock) does: FNV-64a
-// over the canonical CBOR of [parent, block tokens, nil], starting from
-// FNV-64a of [FNV-64a(seed), nil, model]. These are the simulator's
-// hashes, not vLLM's (sha256 over CBOR); the test uses them to check that
-// the index is keyed exactly as the engine publishes.
-func simChain(seed, model string, tokens []uint32, blockSize int) []uint64 {
-	h := fnv.New64a()
-	h.Write([]byte(seed))
-	parent := fnvCBOR(h.Sum64(), nil, model)
-	var chain []uint64
-	for i := 0; i+blockSize <= len(tokens); i += blockSize {
-		parent = fnvCBOR(parent, tokens[i:i+blockSize], "")
-		chain = append(chain, parent)
-	}
-	return chain
-}
-
-func fnvCBOR(parent uint64, tokens []uint32, model string) uint64 {
-	var b []byte
-	head := func(major byte, v uint64) {
-		switch {
-		case v < 24:
-			b = append(b, major<<5|byte(v))
-		case v <= 0xff:
-			b = append(b, major<<5|24, byte(v))
-		case v <= 0xffff:
-			b = binary.BigEndian.AppendUint16(append(b, major<<5|25), uint16(v))
-		case v <= 0xffffffff:
-			b = binary.BigEndian.AppendUint32(append(b, major<<5|26), uint32(v))
-		default:
-			b = binary.BigEndian.AppendUint64(append(b, major<<5|27), v)
-		}
-	}
-	const null = 0xf6
-	head(4, 3)
-	head(0, parent)
-	if tokens == nil {
-		b = append(b, null)
-	} else {
-		head(4, uint64(len(tokens)))
-		for _, t := range tokens {
-			head(0, uint64(t))
-		}
-	}
-	if model == "" {
-		b = append(b, null)
-	} else {
-		head(3, uint64(len(model)))
-		b = append(b, model...)
-	}
-	h := fnv.New64a()
-	h.Write(b)
-	return h.Sum64()
-}
 
 func complete(t *testing.T, url, model string, prompt []uint32) {
 	t.Helper()
@@ -116,7 +58,7 @@ func TestInferenceSimEvents(t *testing.T) {
 
 	sim := testenv.StartInferenceSim(t, opts)
 	promptA := tokens(1000, 4*blockSize+3) // 4 full blocks and a partial one
-	chainA := simChain(seed, model, promptA, blockSize)
+	chainA := LLMDChain(seed, model, promptA, blockSize)
 	// The simulator's ZMQ dialer connects in the background, and its
 	// first batches may go out before that; a prompt is sent again until
 	// its blocks show up (re-sending a cached prompt stores nothing new).
@@ -141,7 +83,7 @@ func TestInferenceSimEvents(t *testing.T) {
 
 	// A second prompt sharing prompt A's first two blocks.
 	promptB := append(append([]uint32{}, promptA[:2*blockSize]...), tokens(5000, 2*blockSize)...)
-	chainB := simChain(seed, model, promptB, blockSize)
+	chainB := LLMDChain(seed, model, promptB, blockSize)
 	if chainB[1] != chainA[1] || chainB[2] == chainA[2] {
 		t.Fatal("chains do not share exactly two blocks")
 	}
@@ -157,7 +99,7 @@ func TestInferenceSimEvents(t *testing.T) {
 	opts.MapEvents = true
 	sim2 := testenv.StartInferenceSim(t, opts)
 	promptC := tokens(9000, 2*blockSize)
-	chainC := simChain(seed, model, promptC, blockSize)
+	chainC := LLMDChain(seed, model, promptC, blockSize)
 	wait.For(t, "restarted engine's blocks indexed", func() bool {
 		if x.Holds(backend, chainC[1]) {
 			return true
