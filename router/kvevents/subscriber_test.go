@@ -186,9 +186,10 @@ func TestBoundedConnScan(t *testing.T) {
 		t.Fatalf("state %d frames %d", c.state, c.frames)
 	}
 	for name, tail := range map[string][]byte{
-		"too big":   frame(flagLong, 1001),
-		"bad flags": {0x80, 1},
-		"too many":  []byte(strings.Repeat("\x01\x00", maxFrames+1)),
+		"too big":     frame(flagLong, 1001),
+		"sum too big": append(append(frame(flagMore|flagLong, 600), body(600)...), frame(flagLong, 401)...),
+		"bad flags":   {0x80, 1},
+		"too many":    []byte(strings.Repeat("\x01\x00", maxFrames+1)),
 	} {
 		c := &boundedConn{max: 1000, left: zmtpGreeting}
 		if err := c.scan(append(zmtpGreetingBytes(), tail...)); err == nil {

@@ -16,8 +16,8 @@ import (
 // garbage or hostile publisher could make it allocate without bound. The
 // subscriber therefore reaches the publisher through this transport, which
 // reads the ZMTP 3 framing as the bytes pass and cuts the connection at
-// the first frame over the size limit or message over the frame-count
-// limit, before zmq4 sees its header.
+// the first message over the size or frame-count limit, before zmq4 sees
+// the header that would make it allocate.
 
 // boundedScheme is the zmq4 transport name used in place of "tcp".
 const boundedScheme = "wfkvtcp"
@@ -95,15 +95,16 @@ func (l boundedListener) Accept() (net.Conn, error) {
 // header (flags, then a 1- or 8-byte size), or in a frame body.
 type boundedConn struct {
 	net.Conn
-	max    uint64
-	state  int // 0 greeting or body (skip left bytes), 1 flags, 2 size
-	left   uint64
-	flags  byte
-	size   [8]byte
-	sizeN  int
-	sizeOf int
-	frames int // frames so far in the current message
-	err    error
+	max      uint64
+	state    int // 0 greeting or body (skip left bytes), 1 flags, 2 size
+	left     uint64
+	flags    byte
+	size     [8]byte
+	sizeN    int
+	sizeOf   int
+	frames   int    // frames so far in the current message
+	msgBytes uint64 // and their bytes
+	err      error
 }
 
 const (
@@ -157,15 +158,18 @@ func (c *boundedConn) scan(b []byte) error {
 			if c.sizeOf == 8 {
 				size = binary.BigEndian.Uint64(c.size[:])
 			}
-			if size > c.max {
-				return fmt.Errorf("kv events: ZMTP frame of %d bytes exceeds %d", size, c.max)
+			// The bound is on the whole message, so that zmq4's queue of
+			// received messages is bounded too.
+			if size > c.max-c.msgBytes {
+				return fmt.Errorf("kv events: ZMTP message of over %d bytes", c.max)
 			}
+			c.msgBytes += size
 			c.frames++
 			if c.frames > maxFrames {
 				return fmt.Errorf("kv events: ZMTP message of more than %d frames", maxFrames)
 			}
 			if c.flags&flagMore == 0 {
-				c.frames = 0
+				c.frames, c.msgBytes = 0, 0
 			}
 			c.left = size
 			c.state = stSkip
