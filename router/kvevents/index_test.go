@@ -121,3 +121,32 @@ func TestIndexBoundPerBackend(t *testing.T) {
 		t.Fatalf("forgotten: %+v", s)
 	}
 }
+
+// BenchmarkMatch16Backends is the index's share of a routing decision: a
+// 1024-block chain (16k tokens at block size 16) against 16 backends
+// holding 64k blocks each, the first holding the whole chain.
+func BenchmarkMatch16Backends(b *testing.B) {
+	x, _ := newTestIndex(1 << 20)
+	chain := make([]uint64, 1024)
+	for i := range chain {
+		chain[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	backends := make([]string, 16)
+	for i := range backends {
+		backends[i] = "http://b" + string(rune('a'+i))
+		hs := make([]uint64, 1<<16)
+		for j := range hs {
+			hs[j] = uint64(i+1)<<40 | uint64(j)
+		}
+		if i == 0 {
+			copy(hs, chain)
+		}
+		x.Apply(backends[i], 1, batch(stored(hs...)))
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		for _, be := range backends {
+			x.Match(be, chain)
+		}
+	}
+}
