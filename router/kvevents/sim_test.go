@@ -26,6 +26,21 @@ func complete(t *testing.T, url, model string, prompt []uint32) {
 	}
 }
 
+// completeUntilIndexed sends prompt until block h shows up in the index.
+// The simulator's ZMQ dialer connects in the background, and its first
+// batches may go out before that; re-sending a cached prompt stores
+// nothing new.
+func completeUntilIndexed(t *testing.T, x *Index, backend string, sim *testenv.InferenceSim, prompt []uint32, h uint64) {
+	t.Helper()
+	wait.For(t, "prompt's blocks indexed", func() bool {
+		if x.Holds(backend, h) {
+			return true
+		}
+		complete(t, sim.URL, sim.Model, prompt)
+		return false
+	}, wait.Timeout(30*time.Second))
+}
+
 func tokens(from, n int) []uint32 {
 	p := make([]uint32, n)
 	for i := range p {
@@ -59,16 +74,7 @@ func TestInferenceSimEvents(t *testing.T) {
 	sim := testenv.StartInferenceSim(t, opts)
 	promptA := tokens(1000, 4*blockSize+3) // 4 full blocks and a partial one
 	chainA := LLMDChain(seed, model, promptA, blockSize)
-	// The simulator's ZMQ dialer connects in the background, and its
-	// first batches may go out before that; a prompt is sent again until
-	// its blocks show up (re-sending a cached prompt stores nothing new).
-	wait.For(t, "prompt A's blocks indexed", func() bool {
-		if x.Holds(backend, chainA[0]) {
-			return true
-		}
-		complete(t, sim.URL, model, promptA)
-		return false
-	}, wait.Timeout(30*time.Second))
+	completeUntilIndexed(t, x, backend, sim, promptA, chainA[0])
 	wait.For(t, "all of prompt A's blocks", func() bool {
 		for _, h := range chainA {
 			if !x.Holds(backend, h) {
@@ -100,13 +106,7 @@ func TestInferenceSimEvents(t *testing.T) {
 	sim2 := testenv.StartInferenceSim(t, opts)
 	promptC := tokens(9000, 2*blockSize)
 	chainC := LLMDChain(seed, model, promptC, blockSize)
-	wait.For(t, "restarted engine's blocks indexed", func() bool {
-		if x.Holds(backend, chainC[1]) {
-			return true
-		}
-		complete(t, sim2.URL, model, promptC)
-		return false
-	}, wait.Timeout(30*time.Second))
+	completeUntilIndexed(t, x, backend, sim2, promptC, chainC[1])
 	s := x.Stats(backend)
 	for _, h := range append(chainA, chainB...) {
 		if x.Holds(backend, h) {
