@@ -24,7 +24,12 @@ type Subscriber struct {
 	// (and vLLM given a non-wildcard endpoint) does.
 	Endpoint string
 	Listen   bool
-	Index    *Index
+	// Topic, when set, is the topic this backend's engine publishes under
+	// (llm-d's engines use kv@POD_IP@MODEL): messages under any other
+	// topic, say from another engine pointed at the same address, are
+	// counted as foreign and not applied. Empty accepts every topic.
+	Topic string
+	Index *Index
 	Limits   Limits
 	Log      *slog.Logger // nil: discard
 	// MinBackoff and MaxBackoff bound the wait between connection attempts
@@ -40,7 +45,7 @@ type Subscriber struct {
 
 // Counters count frames that were refused, by cause.
 type Counters struct {
-	Frames, Malformed, BadFrames, Disconnects atomic.Uint64
+	Frames, Malformed, BadFrames, Foreign, Disconnects atomic.Uint64
 }
 
 // Counters returns the subscriber's counters.
@@ -132,7 +137,7 @@ func (s *Subscriber) session(ctx context.Context, ep string) (received bool, err
 	defer cancel()
 	sock := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithAutomaticReconnect(false))
 	defer sock.Close()
-	if err := sock.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+	if err := sock.SetOption(zmq4.OptionSubscribe, s.Topic); err != nil {
 		return false, fmt.Errorf("subscribe: %w", err)
 	}
 	if s.Listen {
@@ -168,6 +173,12 @@ func (s *Subscriber) session(ctx context.Context, ep string) (received bool, err
 // whether the message was a valid batch.
 func (s *Subscriber) handle(frames [][]byte) bool {
 	s.counters.Frames.Add(1)
+	if s.Topic != "" && len(frames) > 0 && string(frames[0]) != s.Topic {
+		// A ZMQ subscription matches topic prefixes; this one is exact.
+		s.counters.Foreign.Add(1)
+		s.logOnce("message under a foreign topic", fmt.Errorf("topic %q, want %q", frames[0], s.Topic))
+		return false
+	}
 	seq, b, err := ParseMessage(frames, s.Limits)
 	if err != nil {
 		if errors.Is(err, ErrMalformed) {

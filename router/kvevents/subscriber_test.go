@@ -57,7 +57,7 @@ func startSubscriber(t *testing.T, s *Subscriber) {
 func TestSubscriberFollowsPublisherThroughGarbageAndRestart(t *testing.T) {
 	pub := startPublisher(t, "127.0.0.1:0")
 	x := NewIndex(DefaultLimits(), time.Hour, nil)
-	sub := &Subscriber{Backend: "http://b1", Endpoint: "tcp://" + pub.addr, Index: x, MinBackoff: 10 * time.Millisecond}
+	sub := &Subscriber{Backend: "http://b1", Endpoint: "tcp://" + pub.addr, Topic: "kv@pod@model", Index: x, MinBackoff: 10 * time.Millisecond}
 	startSubscriber(t, sub)
 
 	// A PUB drops what it sends before the subscription reaches it, so the
@@ -73,14 +73,18 @@ func TestSubscriberFollowsPublisherThroughGarbageAndRestart(t *testing.T) {
 
 	// Garbage is counted and skipped; the stream goes on.
 	pub.send(3, []byte("not msgpack"))
-	if err := pub.sock.Send(zmq4.NewMsgFrom([]byte("only two frames"), []byte{1})); err != nil {
+	if err := pub.sock.Send(zmq4.NewMsgFrom([]byte("kv@pod@model"), []byte{1})); err != nil {
+		t.Fatal(err)
+	}
+	// So is a message under another engine's topic.
+	if err := pub.sock.Send(zmq4.NewMsgFrom([]byte("kv@pod@model-2"), binary.BigEndian.AppendUint64(nil, 3), arrayBatch(t, removedArr(11)))); err != nil {
 		t.Fatal(err)
 	}
 	pub.send(3, arrayBatch(t, map[string]any{"type": "BlockStored", "block_hashes": []any{uint64(14)}, "parent_block_hash": uint64(13), "token_ids": []int{1}, "block_size": 1}))
 	wait.For(t, "batch after garbage", func() bool { return x.Holds("http://b1", 14) })
 	c := sub.Counters()
-	if c.Malformed.Load() != 1 || c.BadFrames.Load() != 1 {
-		t.Fatalf("malformed %d, bad frames %d", c.Malformed.Load(), c.BadFrames.Load())
+	if c.Malformed.Load() != 1 || c.BadFrames.Load() != 1 || c.Foreign.Load() != 1 {
+		t.Fatalf("malformed %d, bad frames %d, foreign %d", c.Malformed.Load(), c.BadFrames.Load(), c.Foreign.Load())
 	}
 	if n, ok := x.Match("http://b1", []uint64{11, 12}); !ok || n != 1 {
 		t.Fatalf("match %d %v, stats %+v", n, ok, x.Stats("http://b1"))
