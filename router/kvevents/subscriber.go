@@ -28,10 +28,10 @@ type Subscriber struct {
 	// (llm-d's engines use kv@POD_IP@MODEL): messages under any other
 	// topic, say from another engine pointed at the same address, are
 	// counted as foreign and not applied. Empty accepts every topic.
-	Topic string
-	Index *Index
-	Limits   Limits
-	Log      *slog.Logger // nil: discard
+	Topic  string
+	Index  *Index
+	Limits Limits
+	Log    *slog.Logger // nil: discard
 	// MinBackoff and MaxBackoff bound the wait between connection attempts
 	// (doubling from min to max); After is the clock's timer (time.After
 	// when nil).
