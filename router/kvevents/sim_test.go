@@ -76,7 +76,7 @@ func TestInferenceSimEvents(t *testing.T) {
 		testenv.Missing(t, "%v", err)
 	}
 	x := NewIndex(DefaultLimits(), time.Hour, nil)
-	sub := &Subscriber{Backend: backend, Endpoint: "tcp://127.0.0.1:0", Listen: true, Index: x, MinBackoff: 10 * time.Millisecond}
+	sub := &Subscriber{Backend: backend, Endpoint: "tcp://127.0.0.1:0", Listen: true, Topic: "kv@127.0.0.1@" + model, Index: x, MinBackoff: 10 * time.Millisecond}
 	startSubscriber(t, sub)
 	wait.For(t, "subscriber bound", func() bool { return sub.Addr() != "" })
 	opts := testenv.InferenceSimOptions{
