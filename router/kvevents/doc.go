@@ -28,6 +28,11 @@
 // publisher (llm-d-inference-sim, pkg/kv-cache/kv_cache_sender.go and
 // pkg/common/publisher.go) do for the same messages.
 //
+// Each backend has its own Subscriber and address: sequence numbers are
+// per publisher, so two engines on one address would read as endless
+// gaps and restarts (Subscriber.Topic filters out another engine's
+// messages when the topic is known).
+//
 // # Bounds
 //
 // Everything from the wire is bounded (Limits): the transport cuts a
