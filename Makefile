@@ -5,6 +5,7 @@ BIN := $(CURDIR)/bin
 VERSITYGW_VERSION := v1.8.0
 # helm renders and lints the chart in deploy/helm (its tests skip without it).
 HELM_VERSION := v3.22.0
+INFERENCE_SIM_VERSION := v0.10.2
 # Debian packages the tests run for real: containerd + runc (image cache), a
 # registry and skopeo/umoci (test images), rclone (S3 baseline), iproute2
 # (network namespaces and tc for the multi-host harness), chromium and its
@@ -24,7 +25,8 @@ build:
 
 # deps installs what the tests need and is missing: Debian packages when
 # root (skipped otherwise: the tests that need them skip, except in CI), and
-# versitygw and helm into the project-local bin/.
+# versitygw, helm and llm-d-inference-sim (an engine simulator that publishes
+# vLLM's KV-cache events) into the project-local bin/.
 deps:
 	@missing=""; for b in $(DEB_BINARIES); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then \
@@ -42,6 +44,10 @@ deps:
 	@if [ ! -x $(BIN)/helm ]; then \
 		echo "installing helm $(HELM_VERSION) into $(BIN)"; \
 		GOBIN=$(BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
+	fi
+	@if [ ! -x $(BIN)/llm-d-inference-sim ]; then \
+		echo "installing llm-d-inference-sim $(INFERENCE_SIM_VERSION) into $(BIN)"; \
+		CGO_ENABLED=0 GOBIN=$(BIN) $(GO) install github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim@$(INFERENCE_SIM_VERSION); \
 	fi
 
 # test runs every test with the race detector. The tests start the real
