@@ -26,7 +26,9 @@ build:
 # deps installs what the tests need and is missing: Debian packages when
 # root (skipped otherwise: the tests that need them skip, except in CI), and
 # versitygw, helm and llm-d-inference-sim (an engine simulator that publishes
-# vLLM's KV-cache events) into the project-local bin/.
+# vLLM's KV-cache events) into the project-local bin/. The simulator is built
+# in a scratch module: `go install pkg@version` asks the proxy for the
+# module's version list, which it refuses for this module.
 deps:
 	@missing=""; for b in $(DEB_BINARIES); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then \
@@ -47,7 +49,10 @@ deps:
 	fi
 	@if [ ! -x $(BIN)/llm-d-inference-sim ]; then \
 		echo "installing llm-d-inference-sim $(INFERENCE_SIM_VERSION) into $(BIN)"; \
-		CGO_ENABLED=0 GOBIN=$(BIN) $(GO) install github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim@$(INFERENCE_SIM_VERSION); \
+		tmp=$$(mktemp -d) && cd $$tmp && $(GO) mod init sim >/dev/null 2>&1 && \
+		$(GO) get github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim@$(INFERENCE_SIM_VERSION) && \
+		CGO_ENABLED=0 $(GO) build -o $(BIN)/llm-d-inference-sim github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim && \
+		cd / && rm -rf $$tmp; \
 	fi
 
 # test runs every test with the race detector. The tests start the real
