@@ -59,7 +59,7 @@ func TestStatusPageShowsFleetWarmingLive(t *testing.T) {
 		}
 		sock := "unix://" + filepath.Join(dir, name+".sock")
 		metricsAddr := testenv.FreeAddr(t)
-		startDaemon(t, "--node-name", name, "--data-dir", filepath.Join(dir, name), "--api", sock,
+		launchDaemon(t, os.Getenv, "--node-name", name, "--data-dir", filepath.Join(dir, name), "--api", sock,
 			"--metrics-listen", metricsAddr, "--gossip", gossipAddr, "--join", seed, "--cluster-key-file", keyFile,
 			"--p2p", testenv.FreeAddr(t), "--containerd", "off", "--reserve", "0", "--reserve-fraction", "0")
 		socks, metrics = append(socks, sock), append(metrics, "http://"+metricsAddr)
@@ -126,7 +126,7 @@ func TestStatusPageShowsRouterBackends(t *testing.T) {
 	var sims []string
 	for range 2 {
 		addr := testenv.FreeAddr(t)
-		runInBackground(t, "llmsim", "--listen", addr, "--model", "sim")
+		startSim(t, addr, "sim")
 		sims = append(sims, "http://"+addr)
 	}
 	routerAddr, adminAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
