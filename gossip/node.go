@@ -1116,7 +1116,14 @@ func (e *events) NotifyLeave(mn *memberlist.Node) {
 	delete(n.wants, mn.Name)
 	state := p.state
 	n.mu.Unlock()
-	n.log.Info("gossip: member gone", "member", mn.Name, "state", state)
+	// A member that said goodbye left on purpose (a restart, a stop of the
+	// fleet) and this node's own leave is no news: only a death is worth
+	// an operator's line.
+	level := slog.LevelInfo
+	if state == MemberLeft || mn.Name == n.cfg.NodeName {
+		level = slog.LevelDebug
+	}
+	n.log.Log(context.Background(), level, "gossip: member gone", "member", mn.Name, "state", state)
 	n.notifyChange()
 }
 
@@ -1178,6 +1185,11 @@ func (w memberlistLogger) Write(p []byte) (int, error) {
 			msg, level = strings.TrimSpace(rest), l
 			break
 		}
+	}
+	// memberlist's own goroutines race its Shutdown: a send on the socket
+	// it just closed is part of a stop, not a fault.
+	if strings.Contains(msg, net.ErrClosed.Error()) {
+		level = slog.LevelDebug
 	}
 	w.log.Log(context.Background(), level, msg)
 	return len(p), nil
