@@ -209,11 +209,7 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		if err != nil {
 			return ps.fail(err)
 		}
-		ps.start(stageGossip, "gossip", func(ctx context.Context) error {
-			<-ctx.Done()
-			leaveFleet(log, node)
-			return nil
-		}, nil)
+		ps.start(stageGossip, "gossip", leaveAtStop(log, node), nil)
 		deps.Fleet = node
 		fleetNode.Store(node)
 	}
@@ -245,20 +241,37 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		})()
 	})
 	probes.serving.Store(true)
-	ps.start(stageListeners, "watchdog", func(ctx context.Context) error {
-		// The watchdog is fed while the state reads: a daemon wedged on
-		// its store is restarted by systemd.
-		stopping := sdnotify.FromEnv(log).Serving(d.StateErr)
-		<-ctx.Done()
-		stopping()
-		return nil
-	}, nil)
+	// The watchdog is fed while the state reads: a daemon wedged on its
+	// store is restarted by systemd.
+	ps.start(stageListeners, "watchdog", watchdog(log, d.StateErr), nil)
 	log.Info("warmfleet daemon started", "node", f.nodeName, "data_dir", f.dataDir, "api", addr.String(), "version", Version())
 	if started != nil {
 		started()
 	}
 	defer log.Info("warmfleet daemon stopped")
 	return ps.Wait()
+}
+
+// leaveAtStop is gossip as a part: it runs until its stage stops, then
+// leaves the fleet.
+func leaveAtStop(log *slog.Logger, node *gossip.Node) func(context.Context) error {
+	return func(ctx context.Context) error {
+		<-ctx.Done()
+		leaveFleet(log, node)
+		return nil
+	}
+}
+
+// watchdog tells systemd the binary is ready and feeds its watchdog while
+// alive (nil: always) reports no error, until its stage stops; then it
+// tells systemd the binary is stopping.
+func watchdog(log *slog.Logger, alive func() error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		stopping := sdnotify.FromEnv(log).Serving(alive)
+		<-ctx.Done()
+		stopping()
+		return nil
+	}
 }
 
 // leaveFleet says goodbye to the fleet and stops gossip. The goodbye is

@@ -9,10 +9,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"go.uber.org/goleak"
@@ -46,9 +48,43 @@ func (b *lockedBuffer) String() string {
 func leakOptions() []goleak.Option {
 	return []goleak.Option{
 		// A test's t.Context cancel watcher, started by the testing package
-		// for tests that ask for t.Context; not the code under test.
+		// for tests that ask for t.Context (wait does); not the code's.
 		goleak.IgnoreAnyFunction("testing.(*T).Context.func1"),
 	}
+}
+
+// checkNoGoroutines fails t if a goroutine is left once the roots under
+// test returned. A goroutine running this module's code must be gone at
+// once: the root waits for every part. Libraries' goroutines may take a
+// moment more (memberlist's Shutdown does not wait for a probe in flight,
+// which ends at its timeout), so the check for every goroutine polls.
+func checkNoGoroutines(t *testing.T) {
+	t.Helper()
+	if left := ourGoroutines(); len(left) > 0 {
+		t.Errorf("%d goroutines of this module left after the stop:\n%s", len(left), strings.Join(left, "\n\n"))
+	}
+	wait.Err(t, "every goroutine ended", func() error { return goleak.Find(leakOptions()...) }, wait.Timeout(10*time.Second))
+}
+
+// ourGoroutines lists the goroutines, other than tests', with this
+// module's code on their stack or started by it.
+func ourGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "github.com/warmfleet/warmfleet/") && !strings.Contains(g, "testing.tRunner") {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // fleetDaemon is one in-process daemon of a test fleet.
@@ -111,7 +147,6 @@ func startFleetDaemon(t *testing.T, name, gossipAddr, keyFile string, join ...st
 // SIGTERM to every node does: each returns, leaves no goroutine behind and
 // logs one line for the stop.
 func TestFleetStopsCleanly(t *testing.T) {
-	defer goleak.VerifyNone(t, leakOptions()...)
 	key, err := gossip.GenerateKey()
 	if err != nil {
 		t.Fatal(err)
@@ -141,6 +176,7 @@ func TestFleetStopsCleanly(t *testing.T) {
 			t.Errorf("daemon %s: %v", fd.name, err)
 		}
 	}
+	checkNoGoroutines(t)
 	for _, fd := range fleet {
 		stopLog := fd.log.String()[before[fd.name]:]
 		lines := slices.DeleteFunc(strings.Split(stopLog, "\n"), func(s string) bool { return s == "" })
@@ -186,4 +222,43 @@ func TestPartFailureStopsAll(t *testing.T) {
 	if want := []string{"metrics", "reconciler", "gossip", "swarm"}; !slices.Equal(stopped, want) {
 		t.Errorf("stopped %v, want %v", stopped, want)
 	}
+}
+
+// TestRoutersStopCleanly runs two routers that gossip, watch the fleet and
+// stream to each other over a peer link, each with an admin listener, and
+// stops both at once: each returns and no goroutine is left.
+func TestRoutersStopCleanly(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "hash.key")
+	if err := os.WriteFile(keyFile, []byte("fleet secret for prompt hashes"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gossipA, peerA, peerB := testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t)
+	type replica struct {
+		log  *lockedBuffer
+		stop context.CancelFunc
+		done chan error
+	}
+	start := func(name, gossipAddr, peerListen, peerTo string) *replica {
+		ctx, stop := context.WithCancel(context.Background())
+		r := &replica{log: &lockedBuffer{}, stop: stop, done: make(chan error, 1)}
+		args := []string{"--listen", "127.0.0.1:0", "--admin-listen", testenv.FreeAddr(t), "--node-name", name,
+			"--hash-key-file", keyFile, "--gossip", gossipAddr, "--join", gossipA, "--insecure-gossip",
+			"--peer-listen", peerListen, "--peer", "http://" + peerTo, "--backend", "http://127.0.0.1:9"}
+		env := &Env{Stdout: r.log, Stderr: r.log, Getenv: func(string) string { return "" }}
+		go func() { r.done <- serveRouter(ctx, env, args, nil) }()
+		return r
+	}
+	routers := []*replica{start("ra", gossipA, peerA, peerB), start("rb", testenv.FreeAddr(t), peerB, peerA)}
+	for _, r := range routers {
+		wait.For(t, "the routers stream to each other", func() bool { return strings.Contains(r.log.String(), "peer stream open") })
+	}
+	for _, r := range routers {
+		r.stop()
+	}
+	for _, r := range routers {
+		if err := <-r.done; err != nil {
+			t.Errorf("router: %v\n%s", err, r.log.String())
+		}
+	}
+	checkNoGoroutines(t)
 }
