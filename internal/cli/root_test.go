@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -24,24 +23,6 @@ import (
 	"github.com/warmfleet/warmfleet/internal/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
-
-// lockedBuffer is a log sink several goroutines write to.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // leakOptions ignores the goroutines that are not the code's: the test
 // framework's, which goleak knows itself, and the ones below.
@@ -90,7 +71,7 @@ func ourGoroutines() []string {
 // fleetDaemon is one in-process daemon of a test fleet.
 type fleetDaemon struct {
 	name string
-	log  *lockedBuffer
+	log  *syncBuffer
 	stop context.CancelFunc
 	done chan error
 }
@@ -120,7 +101,7 @@ func (fd *fleetDaemon) metrics(t *testing.T) string {
 func startFleetDaemon(t *testing.T, name, gossipAddr, keyFile string, join ...string) *fleetDaemon {
 	t.Helper()
 	ctx, stop := context.WithCancel(context.Background())
-	fd := &fleetDaemon{name: name, log: &lockedBuffer{}, stop: stop, done: make(chan error, 1)}
+	fd := &fleetDaemon{name: name, log: &syncBuffer{}, stop: stop, done: make(chan error, 1)}
 	args := []string{
 		"--node-name", name, "--data-dir", t.TempDir(), "--api", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
 		"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
@@ -234,13 +215,13 @@ func TestRoutersStopCleanly(t *testing.T) {
 	}
 	gossipA, peerA, peerB := testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t)
 	type replica struct {
-		log  *lockedBuffer
+		log  *syncBuffer
 		stop context.CancelFunc
 		done chan error
 	}
 	start := func(name, gossipAddr, peerListen, peerTo string) *replica {
 		ctx, stop := context.WithCancel(context.Background())
-		r := &replica{log: &lockedBuffer{}, stop: stop, done: make(chan error, 1)}
+		r := &replica{log: &syncBuffer{}, stop: stop, done: make(chan error, 1)}
 		args := []string{"--listen", "127.0.0.1:0", "--admin-listen", testenv.FreeAddr(t), "--node-name", name,
 			"--hash-key-file", keyFile, "--gossip", gossipAddr, "--join", gossipA, "--insecure-gossip",
 			"--peer-listen", peerListen, "--peer", "http://" + peerTo, "--backend", "http://127.0.0.1:9"}
