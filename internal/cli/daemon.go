@@ -190,10 +190,20 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	if err != nil {
 		return ps.fail(err)
 	}
+	running := false
+	defer func() {
+		if running {
+			log.Info("warmfleet daemon stopped")
+		}
+	}()
 	// The state closes last (deferred first): after every part stopped and
 	// after the image cache.
 	closeState := base.Close
-	defer func() { err = errors.Join(err, closeState()) }()
+	defer func() {
+		if cerr := closeState(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
 
 	var deps daemon.Deps
 	if f.p2pAddr != "" {
@@ -248,7 +258,7 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	if started != nil {
 		started()
 	}
-	defer log.Info("warmfleet daemon stopped")
+	running = true
 	return ps.Wait()
 }
 

@@ -69,7 +69,10 @@ func (ps *parts) start(stage int, name string, run func(ctx context.Context) err
 // the root is still building.
 func (ps *parts) fail(err error) error {
 	ps.quit()
-	return errors.Join(err, ps.Wait())
+	if werr := ps.Wait(); werr != nil {
+		return errors.Join(err, werr)
+	}
+	return err
 }
 
 // Wait blocks until the root's context ends or a part fails, stops the
