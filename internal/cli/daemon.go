@@ -284,15 +284,20 @@ func watchdog(log *slog.Logger, alive func() error) func(context.Context) error 
 	}
 }
 
+// leaveWait is how long a leave may wait for the fleet to hear it: hardly
+// at all when no other member is alive to hear it.
+func leaveWait(members []gossip.Member) time.Duration {
+	if !othersAlive(members) {
+		return time.Millisecond
+	}
+	return leaveTimeout
+}
+
 // leaveFleet says goodbye to the fleet and stops gossip. The goodbye is
 // bounded by leaveTimeout and not waited for when no other member is alive;
 // a goodbye nobody took is not worth a line at every whole-fleet stop.
 func leaveFleet(log *slog.Logger, node *gossip.Node) {
-	timeout := leaveTimeout
-	if !othersAlive(node.Members()) {
-		timeout = time.Millisecond
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), leaveWait(node.Members()))
 	defer cancel()
 	if err := node.Close(ctx); err != nil {
 		log.Debug("leave the fleet", "err", err)

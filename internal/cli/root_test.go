@@ -243,3 +243,20 @@ func TestRoutersStopCleanly(t *testing.T) {
 	}
 	checkNoGoroutines(t)
 }
+
+func TestLeaveWait(t *testing.T) {
+	self := gossip.Member{Name: "a", Self: true, State: gossip.MemberAlive}
+	for _, c := range []struct {
+		name    string
+		members []gossip.Member
+		want    time.Duration
+	}{
+		{"alone", []gossip.Member{self}, time.Millisecond},
+		{"every other member gone", []gossip.Member{self, {Name: "b", State: gossip.MemberDead}, {Name: "c", State: gossip.MemberLeft}}, time.Millisecond},
+		{"another member alive", []gossip.Member{self, {Name: "b", State: gossip.MemberDead}, {Name: "c", State: gossip.MemberAlive}}, leaveTimeout},
+	} {
+		if got := leaveWait(c.members); got != c.want {
+			t.Errorf("%s: leaveWait = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
