@@ -322,7 +322,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("gossip: bind address: %w", err)
 		}
 		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
-			BindAddrs: []string{ip}, BindPort: port, Logger: newMemberlistLogger(cfg.Logger),
+			BindAddrs: []string{ip}, BindPort: port, Logger: newMemberlistLogger(cfg.Logger, &n.closed),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("gossip: listen on %s: %w", cfg.BindAddr, err)
@@ -343,7 +343,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	mlc.Transport = n.tr
 	mlc.Delegate = (*delegate)(n)
 	mlc.Events = (*events)(n)
-	mlc.Logger = newMemberlistLogger(cfg.Logger)
+	mlc.Logger = newMemberlistLogger(cfg.Logger, &n.closed)
 	mlc.GossipInterval = n.tun.GossipInterval
 	mlc.GossipNodes = n.tun.GossipNodes
 	mlc.RetransmitMult = n.tun.RetransmitMult
@@ -1171,10 +1171,18 @@ func (b *broadcast) Message() []byte { return b.msg }
 func (b *broadcast) Finished()       {}
 
 // memberlistLogger routes memberlist's log lines to slog by their prefix.
-type memberlistLogger struct{ log *slog.Logger }
+// Once the node is closing (closed) every line is debug: memberlist's own
+// goroutines race its Shutdown and outlive it (a probe in flight runs to
+// its timeout), and what they report then (a send on the socket just
+// closed, a peer that "answered over TCP but not UDP") is part of the
+// stop, not a fault.
+type memberlistLogger struct {
+	log    *slog.Logger
+	closed *atomic.Bool
+}
 
-func newMemberlistLogger(l *slog.Logger) *log.Logger {
-	return log.New(memberlistLogger{l}, "", 0)
+func newMemberlistLogger(l *slog.Logger, closed *atomic.Bool) *log.Logger {
+	return log.New(memberlistLogger{l, closed}, "", 0)
 }
 
 func (w memberlistLogger) Write(p []byte) (int, error) {
@@ -1186,9 +1194,7 @@ func (w memberlistLogger) Write(p []byte) (int, error) {
 			break
 		}
 	}
-	// memberlist's own goroutines race its Shutdown: a send on the socket
-	// it just closed is part of a stop, not a fault.
-	if strings.Contains(msg, net.ErrClosed.Error()) {
+	if w.closed.Load() {
 		level = slog.LevelDebug
 	}
 	w.log.Log(context.Background(), level, msg)

@@ -61,6 +61,10 @@ func ourGoroutines() []string {
 	}
 	var out []string
 	for _, g := range strings.Split(string(buf), "\n\n") {
+		_, frames, _ := strings.Cut(g, "\n")
+		if strings.HasPrefix(frames, "runtime.goexit1(") {
+			continue // returned: only unwinding (a test's goroutine that ran a root)
+		}
 		if strings.Contains(g, "github.com/warmfleet/warmfleet/") && !strings.Contains(g, "testing.tRunner") {
 			out = append(out, g)
 		}
