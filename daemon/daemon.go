@@ -18,7 +18,6 @@ package daemon
 
 import (
 	"context"
-
 	"errors"
 	"fmt"
 	"log/slog"
@@ -91,6 +90,7 @@ type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
 	clock   func() time.Time
+	base    *Base
 	state   *state
 	store   *nvme.Store
 	origin  Origin
@@ -99,11 +99,11 @@ type Daemon struct {
 	s3Bytes atomic.Int64
 	desired *desired.State
 	kick    chan struct{}
-	// fleet is nil for a daemon without gossip; set once before Run.
+	// fleet is nil for a daemon without gossip.
 	fleet Fleet
-	// images is nil when the image cache is off; set once before Run.
+	// images is nil when the image cache is off.
 	images *images
-	// swarm is nil when model files come from S3 only; set once before Run.
+	// swarm is nil when model files come from S3 only.
 	swarm *swarm
 
 	// revMu orders the deletion of retired revisions against a fetch that
@@ -145,8 +145,22 @@ func (d *Daemon) heldRetry(name string) (cacheRecord, bool) {
 	return rec, ok
 }
 
-// New opens the daemon's store and state. origin fetches model files.
-func New(cfg Config, org Origin) (*Daemon, error) {
+// Base is what a daemon and the parts built beside it share: the node's
+// NVMe store, its state database, the fleet's desired state kept there and
+// the metrics registry. It is opened first because gossip shares the
+// desired state and the swarm and the image cache register their metrics,
+// and the daemon is built on all of them (New).
+type Base struct {
+	cfg      Config
+	state    *state
+	store    *nvme.Store
+	metrics  *metrics
+	desired  *desired.State
+	oldBytes *prometheus.GaugeVec
+}
+
+// Open validates cfg and opens the node's store and state.
+func Open(cfg Config) (*Base, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("daemon config: %w", err)
 	}
@@ -171,28 +185,69 @@ func New(cfg Config, org Origin) (*Daemon, error) {
 		store.Close()
 		return nil, err
 	}
-	d := &Daemon{
-		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, state: st, store: store, origin: org,
-		metrics: newMetrics(), kick: make(chan struct{}, 1), fetches: map[string]*fetch{},
-		held: map[string]cacheRecord{}, claimed: map[string]spec.Spec{},
+	b := &Base{
+		cfg: cfg, state: st, store: store, metrics: newMetrics(),
 		oldBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "warmfleet_cache_old_revision_bytes",
 			Help: "Bytes held by a model's previous revisions, kept for the grace period after an update.",
 		}, []string{"model"}),
 	}
-	d.metrics.reg.MustRegister(d.oldBytes)
+	b.metrics.reg.MustRegister(b.oldBytes)
 	desiredStore, err := desired.NewBoltStore(st.db, bucketDesired)
 	if err == nil {
-		d.desired, err = desired.New(context.Background(), desiredStore, desired.Options{
+		b.desired, err = desired.New(context.Background(), desiredStore, desired.Options{
 			NodeName: cfg.NodeName, Now: cfg.Clock, Logger: cfg.Logger.With("component", "desired"),
 		})
 	}
 	if err != nil {
-		d.Close()
+		b.Close()
 		return nil, err
 	}
+	return b, nil
+}
+
+// Desired is the fleet's desired state, for the gossip layer to share.
+func (b *Base) Desired() *desired.State { return b.desired }
+
+// Registry is the node's Prometheus registry, for other parts to add to.
+func (b *Base) Registry() *health.Registry { return b.metrics.reg }
+
+// Close closes the state and the store. A daemon built on b closes it.
+func (b *Base) Close() error { return errors.Join(b.state.close(), b.store.Close()) }
+
+// Deps are the parts a daemon works with beside its base; each is nil when
+// off. Their owner starts them before New and stops them after Run returns.
+type Deps struct {
+	// Fleet makes the daemon a fleet member: specs target nodes fleet-wide
+	// and its inventory is published. Nil runs the node alone.
+	Fleet Fleet
+	// Swarm makes the daemon fetch model files through the fleet's swarm:
+	// each shard is pulled from S3 once, by one origin node, and the others
+	// fill from peers. Needs a Fleet.
+	Swarm Swarm
+	// Images enables image pre-pulls.
+	Images ImageCache
+}
+
+// New builds the daemon on b; origin fetches model files. Once New
+// succeeds the daemon owns b (Close closes it); on an error b stays open.
+func New(b *Base, org Origin, deps Deps) (*Daemon, error) {
+	cfg := b.cfg
+	d := &Daemon{
+		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, base: b, state: b.state, store: b.store, origin: org,
+		metrics: b.metrics, desired: b.desired, oldBytes: b.oldBytes, fleet: deps.Fleet,
+		kick: make(chan struct{}, 1), fetches: map[string]*fetch{},
+		held: map[string]cacheRecord{}, claimed: map[string]spec.Spec{},
+	}
+	if deps.Swarm != nil {
+		if err := d.useSwarm(deps.Swarm); err != nil {
+			return nil, err
+		}
+	}
+	if deps.Images != nil {
+		d.useImageCache(deps.Images)
+	}
 	if err := d.restoreMetrics(); err != nil {
-		d.Close()
 		return nil, err
 	}
 	if old, err := d.state.retired(); err == nil {
@@ -222,7 +277,7 @@ func (d *Daemon) Desired() *desired.State { return d.desired }
 // Registry is the daemon's Prometheus registry, for other parts to add to.
 func (d *Daemon) Registry() *health.Registry { return d.metrics.reg }
 
-// Close stops every fetch and closes the state and store.
+// Close stops every fetch and closes the base (state and store).
 func (d *Daemon) Close() error {
 	d.mu.Lock()
 	for _, f := range d.fetches {
@@ -230,7 +285,7 @@ func (d *Daemon) Close() error {
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
-	return errors.Join(d.state.close(), d.store.Close())
+	return d.base.Close()
 }
 
 // Run reconciles until ctx ends, then stops every fetch (progress is kept).

@@ -84,11 +84,32 @@ func newDaemon(t *testing.T, dir string, org Origin) *Daemon {
 
 func newDaemonResync(t *testing.T, dir string, org Origin, resync time.Duration) *Daemon {
 	t.Helper()
-	d, err := New(Config{
+	return newDaemonCfg(t, dir, org, func(c *Config) { c.ResyncInterval = resync })
+}
+
+// newDaemonDeps builds a daemon like newDaemon, working with deps.
+func newDaemonDeps(t *testing.T, dir string, org Origin, deps Deps) *Daemon {
+	t.Helper()
+	return openDaemon(t, testConfig(dir), org, deps)
+}
+
+func testConfig(dir string) Config {
+	return Config{
 		NodeName: "n1", DataDir: dir, PartSize: testPartSize, ReconcileInterval: 50 * time.Millisecond,
-		ResyncInterval: resync, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}, org)
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+// openDaemon opens a base for cfg and builds a daemon on it.
+func openDaemon(t *testing.T, cfg Config, org Origin, deps Deps) *Daemon {
+	t.Helper()
+	b, err := Open(cfg)
 	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(b, org, deps)
+	if err != nil {
+		b.Close()
 		t.Fatal(err)
 	}
 	return d

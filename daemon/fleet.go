@@ -24,10 +24,6 @@ type Fleet interface {
 	OnChange() <-chan struct{}
 }
 
-// SetFleet makes the daemon a fleet member: specs target nodes fleet-wide
-// and its inventory is published. Call it before Run.
-func (d *Daemon) SetFleet(f Fleet) { d.fleet = f }
-
 // targeter returns whether a spec targets this node, deciding on one view
 // of the fleet. Without a fleet the node is alone: a selector must match its
 // labels.

@@ -95,9 +95,8 @@ func gossipFleet(t *testing.T, n int) ([]*gossip.Node, []byte) {
 
 func TestGossipKeysAPI(t *testing.T) {
 	nodes, oldKey := gossipFleet(t, 3)
-	d := newDaemon(t, t.TempDir(), nil)
+	d := newDaemonDeps(t, t.TempDir(), nil, Deps{Fleet: nodes[0]})
 	t.Cleanup(func() { d.Close() })
-	d.SetFleet(nodes[0])
 	const token = "secret-token-123456"
 	srv := httptest.NewServer(d.Handler(token))
 	defer srv.Close()

@@ -88,8 +88,8 @@ type images struct {
 	swept    time.Time
 }
 
-// SetImageCache enables image pre-pulls. Call it before Run.
-func (d *Daemon) SetImageCache(c ImageCache) {
+// useImageCache enables image pre-pulls through c (Deps.Images).
+func (d *Daemon) useImageCache(c ImageCache) {
 	d.images = &images{cache: c, running: map[claim]bool{}, failures: map[claim]imageFailure{}, checked: map[claim]time.Time{}}
 }
 

@@ -76,8 +76,7 @@ func TestImageCacheThroughDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cache.Close() })
-	d := newDaemon(t, t.TempDir(), nil)
-	d.SetImageCache(cache)
+	d := newDaemonDeps(t, t.TempDir(), nil, Deps{Images: cache})
 	run(t, d)
 
 	image := func() api.ImageStatus {

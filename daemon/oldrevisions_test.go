@@ -2,9 +2,7 @@ package daemon
 
 import (
 	"fmt"
-	"io"
 	"io/fs"
-	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -55,16 +53,9 @@ func (c *testClock) set(t time.Time) {
 // newDaemonCfg builds a daemon like newDaemon, with mod applied to its config.
 func newDaemonCfg(t *testing.T, dir string, org Origin, mod func(*Config)) *Daemon {
 	t.Helper()
-	cfg := Config{
-		NodeName: "n1", DataDir: dir, PartSize: testPartSize, ReconcileInterval: 50 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
+	cfg := testConfig(dir)
 	mod(&cfg)
-	d, err := New(cfg, org)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
+	return openDaemon(t, cfg, org, Deps{})
 }
 
 func exists(t *testing.T, path string) bool {
@@ -385,8 +376,8 @@ func TestRevertWithinGraceReusesOldRevision(t *testing.T) {
 }
 
 func TestConfigRejectsNegativeGrace(t *testing.T) {
-	_, err := New(Config{DataDir: t.TempDir(), PartSize: testPartSize, OldRevisionGrace: -time.Second}, nil)
+	_, err := Open(Config{DataDir: t.TempDir(), PartSize: testPartSize, OldRevisionGrace: -time.Second})
 	if err == nil || !strings.Contains(err.Error(), "old revision grace") {
-		t.Fatalf("New with a negative grace = %v", err)
+		t.Fatalf("Open with a negative grace = %v", err)
 	}
 }

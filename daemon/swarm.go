@@ -85,10 +85,9 @@ type swarm struct {
 	seeding map[string][]*p2p.Shard // model name -> open shards served to peers
 }
 
-// SetSwarm makes the daemon fetch model files through the fleet's swarm:
-// each shard is pulled from S3 once, by one origin node, and the others fill
-// from peers. Needs a fleet (SetFleet). Call it before Run.
-func (d *Daemon) SetSwarm(s Swarm) error {
+// useSwarm makes the daemon fetch model files through s (Deps.Swarm) and
+// registers the swarm's metrics.
+func (d *Daemon) useSwarm(s Swarm) error {
 	comp, err := p2p.NewBoltCompletion(d.state.db, bucketPieces)
 	if err != nil {
 		return err

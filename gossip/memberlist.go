@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -79,7 +80,14 @@ func (e *events) NotifyLeave(mn *memberlist.Node) {
 	delete(n.wants, mn.Name)
 	state := p.state
 	n.mu.Unlock()
-	n.log.Info("gossip: member gone", "member", mn.Name, "state", state)
+	// A member that said goodbye left on purpose (a restart, a stop of the
+	// fleet) and this node's own leave is no news: only a death is worth
+	// an operator's line.
+	level := slog.LevelInfo
+	if state == MemberLeft || mn.Name == n.cfg.NodeName {
+		level = slog.LevelDebug
+	}
+	n.log.Log(context.Background(), level, "gossip: member gone", "member", mn.Name, "state", state)
 	n.notifyChange()
 }
 
@@ -127,10 +135,18 @@ func (b *broadcast) Message() []byte { return b.msg }
 func (b *broadcast) Finished()       {}
 
 // memberlistLogger routes memberlist's log lines to slog by their prefix.
-type memberlistLogger struct{ log *slog.Logger }
+// Once the node is closing (closed) every line is debug: memberlist's own
+// goroutines race its Shutdown and outlive it (a probe in flight runs to
+// its timeout), and what they report then (a send on the socket just
+// closed, a peer that "answered over TCP but not UDP") is part of the
+// stop, not a fault.
+type memberlistLogger struct {
+	log    *slog.Logger
+	closed *atomic.Bool
+}
 
-func newMemberlistLogger(l *slog.Logger) *log.Logger {
-	return log.New(memberlistLogger{l}, "", 0)
+func newMemberlistLogger(l *slog.Logger, closed *atomic.Bool) *log.Logger {
+	return log.New(memberlistLogger{l, closed}, "", 0)
 }
 
 func (w memberlistLogger) Write(p []byte) (int, error) {
@@ -141,6 +157,9 @@ func (w memberlistLogger) Write(p []byte) (int, error) {
 			msg, level = strings.TrimSpace(rest), l
 			break
 		}
+	}
+	if w.closed.Load() {
+		level = slog.LevelDebug
 	}
 	w.log.Log(context.Background(), level, msg)
 	return len(p), nil

@@ -227,7 +227,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("gossip: bind address: %w", err)
 		}
 		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
-			BindAddrs: []string{ip}, BindPort: port, Logger: newMemberlistLogger(cfg.Logger),
+			BindAddrs: []string{ip}, BindPort: port, Logger: newMemberlistLogger(cfg.Logger, &n.closed),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("gossip: listen on %s: %w", cfg.BindAddr, err)
@@ -248,7 +248,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	mlc.Transport = n.tr
 	mlc.Delegate = (*delegate)(n)
 	mlc.Events = (*events)(n)
-	mlc.Logger = newMemberlistLogger(cfg.Logger)
+	mlc.Logger = newMemberlistLogger(cfg.Logger, &n.closed)
 	mlc.GossipInterval = n.tun.GossipInterval
 	mlc.GossipNodes = n.tun.GossipNodes
 	mlc.RetransmitMult = n.tun.RetransmitMult

@@ -230,10 +230,19 @@ func (n *Node) Banned(who string) bool {
 }
 
 // Serve accepts peers on ln until ctx ends, then closes ln and waits for
-// the connections it started.
+// the connections it started and for the close: nothing it started runs
+// once it returns.
 func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
+	closed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(closed)
+		ln.Close()
+	})
+	defer func() {
+		if !stop() {
+			<-closed
+		}
+	}()
 	defer n.serveWG.Wait()
 	for {
 		c, err := ln.Accept()

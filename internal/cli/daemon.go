@@ -135,121 +135,173 @@ func ServeDaemon(ctx context.Context, e *Env, args []string, origin s3origin.Opt
 	return serveDaemon(ctx, log, &f, labels, addr, token, origin, started)
 }
 
-// serveDaemon runs a daemon until ctx ends. origin holds S3 settings beyond
-// the SDK's standard chain (the demo's embedded server); started, if not
-// nil, is called once the API listens.
-func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, addr api.Addr, token string, origin s3origin.Options, started func()) error {
+// The daemon's shutdown stages, in order (parts.Wait).
+const (
+	// stageListeners stops the API, the metrics listener and the watchdog:
+	// no new requests, and systemd hears the daemon is stopping.
+	stageListeners = iota
+	// stageReconciler stops the reconcile loop and its fetches (progress
+	// is kept), which use the fleet, the swarm and the image cache.
+	stageReconciler
+	// stageGossip leaves the fleet, so the others stop sending work here.
+	stageGossip
+	// stageSwarm closes the peer listener and waits for the uploads.
+	stageSwarm
+)
+
+// leaveTimeout bounds the goodbye to the fleet: when the whole fleet stops
+// at once nobody is left to acknowledge it, and the others notice a node
+// that left without one by their failure detector anyway.
+const leaveTimeout = time.Second
+
+// serveDaemon is the daemon's composition root: it builds every part in the
+// order their dependencies need (metrics listener, S3 origin, the base with
+// the state, desired state and registry, gossip and the swarm on the base,
+// the image cache, the daemon on all of them, the API listener), runs the
+// long-running ones as parts and, when ctx ends or a part fails, stops them
+// in this order: the API and metrics listeners and the watchdog; the
+// reconciler; gossip (leave the fleet); the swarm; then the image cache is
+// closed and, last, the state. The first part to fail is the error
+// returned. origin holds S3 settings beyond the SDK's standard chain (the
+// demo's embedded server); started, if not nil, is called once the API
+// listens.
+func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, addr api.Addr, token string, origin s3origin.Options, started func()) (err error) {
+	ps := newParts(ctx)
 	// The swarm authenticates peers with the gossip keyring once gossip
 	// runs, so a fleet-wide key rotation reaches it too.
 	var fleetNode atomic.Pointer[gossip.Node]
 	probes := newDaemonProbes(f.join, &fleetNode)
-	stopMetrics, err := serveMetrics(ctx, log, f.metricsListen, probes.handler())
-	if err != nil {
-		return err
+	if err := startMetrics(ps, log, f.metricsListen, probes.handler()); err != nil {
+		return ps.fail(err)
 	}
-	defer stopMetrics()
 	var d *daemon.Daemon
 	origin.Concurrency, origin.PartSize = f.s3Concurrency, int64(f.partSize)
 	origin.Logger = log.With("component", "s3")
 	origin.OnBytes = func(n int) { d.AddS3Bytes(n) }
-	org, err := s3origin.New(ctx, origin)
+	org, err := s3origin.New(ps.ctx, origin)
 	if err != nil {
-		return usageError("%v", err)
+		return ps.fail(usageError("%v", err))
 	}
-	d, err = daemon.New(daemon.Config{
+	base, err := daemon.Open(daemon.Config{
 		NodeName: f.nodeName, DataDir: f.dataDir, Labels: labels, PartSize: int64(f.partSize),
 		FileConcurrency: f.fileConcurrency, ReserveBytes: int64(f.reserve), ReserveFraction: f.reserveFraction,
 		ResyncInterval: f.resync, OldRevisionGrace: f.oldGrace, Version: Version(), Logger: log,
-	}, org)
+	})
 	if err != nil {
-		return err
+		return ps.fail(err)
 	}
-	defer d.Close()
-	probes.daemon.Store(d)
-	var swarm *p2p.Node
+	running := false
+	defer func() {
+		if running {
+			log.Info("warmfleet daemon stopped")
+		}
+	}()
+	// The state closes last (deferred first): after every part stopped and
+	// after the image cache.
+	closeState := base.Close
+	defer func() {
+		if cerr := closeState(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
+
+	var deps daemon.Deps
 	if f.p2pAddr != "" {
-		ln, node, err := startSwarm(ctx, log, f, &fleetNode)
+		ln, node, err := startSwarm(ps.ctx, log, f, &fleetNode)
 		if err != nil {
-			return err
+			return ps.fail(err)
 		}
-		swarm = node
-		if err := d.SetSwarm(node); err != nil {
-			ln.Close()
-			return err
-		}
-		serveCtx, stopServe := context.WithCancel(ctx)
-		served := make(chan struct{})
-		go func() {
-			defer close(served)
-			if err := node.Serve(serveCtx, ln); err != nil {
-				log.Error("p2p listener", "err", err)
-			}
-		}()
-		defer func() { stopServe(); <-served }()
+		deps.Swarm = node
+		ps.start(stageSwarm, "p2p listener", func(ctx context.Context) error { return node.Serve(ctx, ln) }, nil)
 	}
 	if f.gossipAddr != "" {
-		node, err := startGossip(ctx, log, f, labels, addr, d, swarm != nil)
+		node, err := startGossip(ps.ctx, log, f, labels, addr, base, deps.Swarm != nil)
 		if err != nil {
-			return err
+			return ps.fail(err)
 		}
-		defer func() {
-			leaveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := node.Close(leaveCtx); err != nil {
-				log.Warn("leave the fleet", "err", err)
-			}
-		}()
-		d.SetFleet(node)
+		ps.start(stageGossip, "gossip", leaveAtStop(log, node), nil)
+		deps.Fleet = node
 		fleetNode.Store(node)
 	}
-
-	images, err := dialContainerd(ctx, log, f, d)
+	images, err := dialContainerd(ps.ctx, log, f, base)
 	if err != nil {
-		return err
+		return ps.fail(err)
 	}
 	if images != nil {
 		defer images.Close()
-		d.SetImageCache(images)
+		deps.Images = images
 	}
+	if d, err = daemon.New(base, org, deps); err != nil {
+		return ps.fail(err)
+	}
+	closeState = d.Close
+	probes.daemon.Store(d)
 
-	ln, err := daemon.Listen(ctx, addr, token)
+	ln, err := daemon.Listen(ps.ctx, addr, token)
 	if err != nil {
-		return err
+		return ps.fail(err)
 	}
+	ps.start(stageReconciler, "reconciler", d.Run, nil)
 	srv := apiServer(d.APIHandler(token, probes.ready.Err))
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	ps.start(stageListeners, "api server", serveHTTP(srv, ln), func() {
+		probes.serving.Store(false)
+		// A client still mid-request is no reason to fail the stop.
+		shutdownHTTP(srv, 5*time.Second, func(err error) {
+			log.Warn("api connections still open at shutdown: closing them", "err", err)
+		})()
+	})
 	probes.serving.Store(true)
 	// The watchdog is fed while the state reads: a daemon wedged on its
 	// store is restarted by systemd.
-	stopping := sdnotify.FromEnv(log).Serving(d.StateErr)
+	ps.start(stageListeners, "watchdog", watchdog(log, d.StateErr), nil)
 	log.Info("warmfleet daemon started", "node", f.nodeName, "data_dir", f.dataDir, "api", addr.String(), "version", Version())
 	if started != nil {
 		started()
 	}
+	running = true
+	return ps.Wait()
+}
 
-	runCtx, stopRun := context.WithCancel(ctx)
-	defer stopRun()
-	runErr := make(chan error, 1)
-	go func() { runErr <- d.Run(runCtx) }()
-	select {
-	case err = <-serveErr:
-		err = fmt.Errorf("api server: %w", err)
-	case <-ctx.Done():
+// leaveAtStop is gossip as a part: it runs until its stage stops, then
+// leaves the fleet.
+func leaveAtStop(log *slog.Logger, node *gossip.Node) func(context.Context) error {
+	return func(ctx context.Context) error {
+		<-ctx.Done()
+		leaveFleet(log, node)
+		return nil
 	}
-	probes.serving.Store(false)
-	stopping()
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+}
+
+// watchdog tells systemd the binary is ready and feeds its watchdog while
+// alive (nil: always) reports no error, until its stage stops; then it
+// tells systemd the binary is stopping.
+func watchdog(log *slog.Logger, alive func() error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		stopping := sdnotify.FromEnv(log).Serving(alive)
+		<-ctx.Done()
+		stopping()
+		return nil
+	}
+}
+
+// leaveWait is how long a leave may wait for the fleet to hear it: hardly
+// at all when no other member is alive to hear it.
+func leaveWait(members []gossip.Member) time.Duration {
+	if !othersAlive(members) {
+		return time.Millisecond
+	}
+	return leaveTimeout
+}
+
+// leaveFleet says goodbye to the fleet and stops gossip. The goodbye is
+// bounded by leaveTimeout and not waited for when no other member is alive;
+// a goodbye nobody took is not worth a line at every whole-fleet stop.
+func leaveFleet(log *slog.Logger, node *gossip.Node) {
+	ctx, cancel := context.WithTimeout(context.Background(), leaveWait(node.Members()))
 	defer cancel()
-	if serr := srv.Shutdown(shutdownCtx); serr != nil && !errors.Is(serr, http.ErrServerClosed) {
-		// A client still mid-request is no reason to fail the stop.
-		log.Warn("api connections still open at shutdown: closing them", "err", serr)
-		srv.Close()
+	if err := node.Close(ctx); err != nil {
+		log.Debug("leave the fleet", "err", err)
 	}
-	stopRun()
-	err = errors.Join(err, <-runErr)
-	log.Info("warmfleet daemon stopped")
-	return err
 }
 
 // apiServer serves the daemon's API. Requests are small and come from
@@ -265,7 +317,7 @@ const defaultContainerdSocket = "/run/containerd/containerd.sock"
 
 // dialContainerd connects the image cache. Without --containerd it uses the
 // default socket when there is one and runs without image caching when not.
-func dialContainerd(ctx context.Context, log *slog.Logger, f *daemonFlags, d *daemon.Daemon) (*imagecache.Cache, error) {
+func dialContainerd(ctx context.Context, log *slog.Logger, f *daemonFlags, base *daemon.Base) (*imagecache.Cache, error) {
 	addr := f.containerd
 	switch addr {
 	case "off":
@@ -279,7 +331,7 @@ func dialContainerd(ctx context.Context, log *slog.Logger, f *daemonFlags, d *da
 	}
 	c, err := imagecache.Dial(ctx, addr, imagecache.Options{
 		Namespace: f.containerdNS, HostsDir: f.registryHosts, DockerConfig: f.registryAuth,
-		Registerer: d.Registry(), Logger: log.With("component", "images"),
+		Registerer: base.Registry(), Logger: log.With("component", "images"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("containerd at %s: %w", addr, err)
@@ -288,7 +340,7 @@ func dialContainerd(ctx context.Context, log *slog.Logger, f *daemonFlags, d *da
 }
 
 // startGossip makes the daemon a fleet member.
-func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, apiAddr api.Addr, d *daemon.Daemon, swarm bool) (*gossip.Node, error) {
+func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, apiAddr api.Addr, base *daemon.Base, swarm bool) (*gossip.Node, error) {
 	var keys [][]byte
 	switch {
 	case f.clusterKeyFile != "" && f.insecureGossip:
@@ -313,7 +365,7 @@ func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	return gossip.Start(ctx, gossip.Config{
 		NodeName: f.nodeName, BindAddr: f.gossipAddr, AdvertiseAddr: f.advertise, Join: f.join,
 		Keyring: keys, KeyFile: f.clusterKeyFile, Insecure: f.insecureGossip, Labels: labels, Role: gossip.RoleNode, Meta: meta,
-		Desired: d.Desired(), Logger: log.With("component", "gossip"), Registerer: d.Registry(),
+		Desired: base.Desired(), Logger: log.With("component", "gossip"), Registerer: base.Registry(),
 	})
 }
 

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -63,12 +62,20 @@ func newDaemonProbes(join []string, fleet *atomic.Pointer[gossip.Node]) *daemonP
 
 // joinedErr reports that no member other than this node is alive.
 func joinedErr(members []gossip.Member, join []string) error {
-	for _, m := range members {
-		if !m.Self && m.State == gossip.MemberAlive {
-			return nil
-		}
+	if othersAlive(members) {
+		return nil
 	}
 	return fmt.Errorf("no other member joined yet (joining %s)", strings.Join(join, ","))
+}
+
+// othersAlive reports whether a member other than this node is alive.
+func othersAlive(members []gossip.Member) bool {
+	for _, m := range members {
+		if !m.Self && m.State == gossip.MemberAlive {
+			return true
+		}
+	}
+	return false
 }
 
 // Gather serves the daemon's registry once the daemon is loaded; before,
@@ -103,32 +110,19 @@ func (p *daemonProbes) handler() http.Handler {
 	return mux
 }
 
-// serveMetrics opens the read-only metrics and probe listener on addr and
-// serves h there until stop is called. An address that cannot be taken is
-// an error before anything else starts.
-func serveMetrics(ctx context.Context, log *slog.Logger, addr string, h http.Handler) (stop func(), err error) {
+// startMetrics opens the read-only metrics and probe listener on addr and
+// serves h there as a part stopped with the other listeners. An address
+// that cannot be taken is an error before anything else starts.
+func startMetrics(ps *parts, log *slog.Logger, addr string, h http.Handler) error {
 	if addr == "" {
-		return func() {}, nil
+		return nil
 	}
-	ln, err := health.Listen(ctx, addr)
+	ln, err := health.Listen(ps.ctx, addr)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	srv := health.Server(h)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics listener", "err", err)
-		}
-	}()
 	log.Info("metrics listener", "addr", ln.Addr().String())
-	return func() {
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(shutdownCtx); err != nil {
-			srv.Close()
-		}
-		<-done
-	}, nil
+	ps.start(stageListeners, "metrics listener", serveHTTP(srv, ln), shutdownHTTP(srv, 5*time.Second, nil))
+	return nil
 }

@@ -44,18 +44,20 @@ The daemon serves ` + "`/metrics`" + ` on its API and, without a token, on
 // serveDaemon wires them (the swarm, gossip and the image cache all on the
 // daemon's registry), and returns what they registered.
 func daemonCollectors(t *testing.T, log *slog.Logger) []prometheus.Collector {
-	d, err := daemon.New(daemon.Config{NodeName: "doc", DataDir: t.TempDir(), PartSize: 1 << 20, Logger: log}, nil)
+	base, err := daemon.Open(daemon.Config{NodeName: "doc", DataDir: t.TempDir(), PartSize: 1 << 20, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { d.Close() })
 	node, err := p2p.NewNode(p2p.Config{NodeID: "doc", Keyring: func() [][]byte { return [][]byte{make([]byte, 32)} }, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.SetSwarm(node); err != nil {
+	d, err := daemon.New(base, nil, daemon.Deps{Swarm: node})
+	if err != nil {
+		base.Close()
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { d.Close() })
 	startGossipForDoc(t, log, d.Registry(), gossip.RoleNode, d.Desired())
 	// The client dials lazily: the cache registers its metrics without a
 	// containerd to talk to.

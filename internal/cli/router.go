@@ -22,7 +22,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
-	"github.com/warmfleet/warmfleet/internal/sdnotify"
 	"github.com/warmfleet/warmfleet/router"
 	"github.com/warmfleet/warmfleet/router/balance"
 	"github.com/warmfleet/warmfleet/router/fleet"
@@ -73,149 +72,217 @@ func runRouter(ctx context.Context, e *Env, args []string) error {
 	return serveRouter(ctx, e, args, nil)
 }
 
+// routerFlags are the router's settings, from flags and env.
+type routerFlags struct {
+	listen, adminListen, adminTokenFile string
+	forward                             listFlag
+	firstByte, responseTimeout          time.Duration
+	idleTimeout                         time.Duration
+	logLevel, logFormat                 string
+	backends                            urlList
+	strategy                            balance.Strategy
+	configFile                          string
+	configPoll                          time.Duration
+	hashKeyFile                         string
+	loadFactor                          float64
+	maxInflight                         int
+	maxBody                             int64
+	join                                listFlag
+	gossipAddr, advertise               string
+	clusterKeyFile                      string
+	insecureGossip                      bool
+	nodeName                            string
+	peers                               urlList
+	peerListen, peerAdvertise           string
+	// set holds the flags given explicitly: they override the config file.
+	set map[string]bool
+}
+
+func (f *routerFlags) register(fs *flagSet) {
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address for the OpenAI-compatible API")
+	fs.StringVar(&f.adminListen, "admin-listen", "127.0.0.1:9180", "private address for /metrics, /admin/* and the /ui status page (empty: off)")
+	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "file holding the bearer token the admin listener requires (needed for a non-loopback --admin-listen)")
+	fs.Var(&f.forward, "forward-path", "path prefix the API forwards to backends (repeatable, or comma-separated; replaces the default "+strings.Join(router.DefaultForwardPaths, ",")+"; config key forward_paths)")
+	fs.DurationVar(&f.firstByte, "first-byte-timeout", router.Defaults().FirstByteTimeout, "longest wait for a backend's first byte of a streamed answer (or another path's) before trying another backend")
+	fs.DurationVar(&f.responseTimeout, "response-timeout", router.Defaults().ResponseTimeout, "the same for a non-streamed completion, whose first byte comes with the whole answer")
+	fs.DurationVar(&f.idleTimeout, "idle-timeout", router.Defaults().IdleTimeout, "longest gap between two chunks of an answer; a backend that misses it has broken the answer")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
+	fs.Var(&f.backends, "backend", "backend base URL (repeatable, or comma-separated); added to the config file's backends")
+	f.strategy = balance.PrefixAware
+	fs.Var(strategyFlag{&f.strategy}, "strategy", "default strategy: prefix-aware, least-outstanding or random")
+	fs.StringVar(&f.configFile, "config", "", "YAML config file (backends, per-model strategies, limits); re-read on SIGHUP")
+	fs.DurationVar(&f.configPoll, "config-poll", 0, "also re-read --config this often and reload it when its content changed, e.g. a mounted ConfigMap (0: off)")
+	fs.StringVar(&f.hashKeyFile, "hash-key-file", "", "per-fleet secret keying prompt hashes (replicas must share it; default: random per process)")
+	fs.Float64Var(&f.loadFactor, "load-factor", router.Defaults().LoadFactor, "c: no backend above ceil(c x mean in-flight)")
+	fs.IntVar(&f.maxInflight, "max-inflight", 0, "default per-backend concurrency limit (0: none)")
+	fs.Int64Var(&f.maxBody, "max-body-bytes", 16<<20, "largest accepted request body")
+	fs.Var(&f.join, "join", "fleet members to join, host:port (repeatable): endpoints are then learned from gossip")
+	fs.StringVar(&f.gossipAddr, "gossip", "0.0.0.0:7947", "gossip bind address ip:port, with --join")
+	fs.StringVar(&f.advertise, "advertise", "", "gossip address other members should use, if not --gossip")
+	fs.StringVar(&f.clusterKeyFile, "cluster-key-file", "", "the fleet's cluster key file; also keys prompt hashes when --hash-key-file is not given")
+	fs.BoolVar(&f.insecureGossip, "insecure-gossip", false, "DEV ONLY: gossip without encryption or authentication")
+	host, _ := os.Hostname()
+	fs.StringVar(&f.nodeName, "node-name", host+"-router", "this router's name in the fleet (and among its peer replicas)")
+	fs.Var(&f.peers, "peer", "a peer replica's --peer-listen URL (repeatable): replicas stream what they route to each other and route from one view")
+	fs.StringVar(&f.peerListen, "peer-listen", "", "address taking peer replicas' event streams (empty: off); peers prove they hold the fleet's key. With --join, other routers find it through gossip")
+	fs.StringVar(&f.peerAdvertise, "peer-advertise", "", "host:port other routers should stream to, if not --peer-listen (default: its port on the --advertise or --gossip host)")
+}
+
+// load builds the configuration: file, then flags given explicitly.
+func (f *routerFlags) load() (router.Config, error) {
+	cfg := router.Defaults()
+	if f.configFile != "" {
+		var err error
+		if cfg, err = router.LoadConfig(f.configFile); err != nil {
+			return cfg, err
+		}
+	}
+	if f.set["strategy"] || f.configFile == "" {
+		cfg.Strategy = f.strategy
+	}
+	if f.set["load-factor"] {
+		cfg.LoadFactor = f.loadFactor
+	}
+	if f.set["max-inflight"] {
+		cfg.MaxInflight = f.maxInflight
+	}
+	if f.set["max-body-bytes"] {
+		cfg.MaxBodyBytes = f.maxBody
+	}
+	if f.set["hash-key-file"] {
+		cfg.HashKeyFile = f.hashKeyFile
+	}
+	if f.set["forward-path"] {
+		cfg.ForwardPaths = slices.Clone([]string(f.forward))
+	}
+	for _, d := range []struct {
+		flag     string
+		dst, val *time.Duration
+	}{
+		{"first-byte-timeout", &cfg.FirstByteTimeout, &f.firstByte},
+		{"response-timeout", &cfg.ResponseTimeout, &f.responseTimeout},
+		{"idle-timeout", &cfg.IdleTimeout, &f.idleTimeout},
+	} {
+		if f.set[d.flag] {
+			*d.dst = *d.val
+		}
+	}
+	for _, b := range f.backends {
+		cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: b})
+	}
+	return cfg, cfg.Validate()
+}
+
+// routerSetup is what the router's flags resolve to before any part runs.
+type routerSetup struct {
+	log         *slog.Logger
+	adminToken  string
+	cfg         router.Config
+	clusterKeys [][]byte
+	hashKey     prefix.Key
+	// material is the secret peers prove they hold (nil: a random key).
+	material []byte
+	// advertisedPeer is the peer address announced by gossip ("" for none).
+	advertisedPeer string
+}
+
+// parseRouter parses `warmfleet router ARGS` and checks the settings.
+func parseRouter(e *Env, args []string) (*routerFlags, *routerSetup, error) {
+	fs := newFlagSet(e, "router")
+	f := &routerFlags{set: map[string]bool{}}
+	f.register(fs)
+	if err := parseFlags(fs, e, args, nil); err != nil {
+		return nil, nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, nil, usageError("unexpected arguments %q", fs.Args())
+	}
+	if f.configPoll < 0 {
+		return nil, nil, usageError("--config-poll %v: want a duration >= 0 (0: off)", f.configPoll)
+	}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	s := &routerSetup{}
+	var err error
+	if s.log, err = newLogger(e, f.logLevel, f.logFormat); err != nil {
+		return nil, nil, err
+	}
+	if s.adminToken, err = readToken(f.adminTokenFile); err != nil {
+		return nil, nil, usageError("--admin-token-file: %v", err)
+	}
+	if f.adminListen != "" && s.adminToken == "" && !(api.Addr{Network: "tcp", Address: f.adminListen}).Loopback() {
+		return nil, nil, usageError("--admin-listen %s is reachable from other hosts: give a bearer token (--admin-token-file)", f.adminListen)
+	}
+	if s.cfg, err = f.load(); err != nil {
+		return nil, nil, usageError("%v", err)
+	}
+	if len(s.cfg.Backends) == 0 && len(f.join) == 0 {
+		return nil, nil, usageError("no backends: give --backend URL, a --config file with backends, or --join a fleet")
+	}
+	if f.clusterKeyFile != "" {
+		if s.clusterKeys, err = gossip.LoadKeyFile(f.clusterKeyFile); err != nil {
+			return nil, nil, usageError("%v", err)
+		}
+	}
+	if len(f.join) > 0 && len(s.clusterKeys) == 0 && !f.insecureGossip {
+		return nil, nil, usageError("--join needs --cluster-key-file (or --insecure-gossip for development)")
+	}
+	if s.hashKey, s.material, err = hashKey(s.cfg.HashKeyFile, s.clusterKeys, s.log); err != nil {
+		return nil, nil, err
+	}
+	if (len(f.peers) > 0 || f.peerListen != "") && s.material == nil {
+		return nil, nil, usageError("--peer and --peer-listen need --cluster-key-file or --hash-key-file: peers prove they hold that key")
+	}
+	if f.peerListen != "" && len(f.join) > 0 {
+		if s.advertisedPeer, err = peerAddress(f.peerAdvertise, f.peerListen, f.advertise, f.gossipAddr); err != nil {
+			return nil, nil, usageError("%v", err)
+		}
+		if s.advertisedPeer == "" {
+			s.log.Warn("no routable peer address to advertise: other routers will not find this one; give --peer-advertise", "peer_listen", f.peerListen)
+		}
+	}
+	return f, s, nil
+}
+
 // serveRouter runs `warmfleet router ARGS` until ctx ends; onListen, if not
 // nil, is told the API's address once it listens (the demo asks for port 0).
 func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.Addr)) error {
-	fs := newFlagSet(e, "router")
-	listen := fs.String("listen", "127.0.0.1:8080", "address for the OpenAI-compatible API")
-	adminListen := fs.String("admin-listen", "127.0.0.1:9180", "private address for /metrics, /admin/* and the /ui status page (empty: off)")
-	adminTokenFile := fs.String("admin-token-file", "", "file holding the bearer token the admin listener requires (needed for a non-loopback --admin-listen)")
-	var forward listFlag
-	fs.Var(&forward, "forward-path", "path prefix the API forwards to backends (repeatable, or comma-separated; replaces the default "+strings.Join(router.DefaultForwardPaths, ",")+"; config key forward_paths)")
-	firstByte := fs.Duration("first-byte-timeout", router.Defaults().FirstByteTimeout, "longest wait for a backend's first byte of a streamed answer (or another path's) before trying another backend")
-	responseTimeout := fs.Duration("response-timeout", router.Defaults().ResponseTimeout, "the same for a non-streamed completion, whose first byte comes with the whole answer")
-	idleTimeout := fs.Duration("idle-timeout", router.Defaults().IdleTimeout, "longest gap between two chunks of an answer; a backend that misses it has broken the answer")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	logFormat := fs.String("log-format", "text", "text or json")
-	var backends urlList
-	fs.Var(&backends, "backend", "backend base URL (repeatable, or comma-separated); added to the config file's backends")
-	strategy := balance.PrefixAware
-	fs.Var(strategyFlag{&strategy}, "strategy", "default strategy: prefix-aware, least-outstanding or random")
-	configFile := fs.String("config", "", "YAML config file (backends, per-model strategies, limits); re-read on SIGHUP")
-	configPoll := fs.Duration("config-poll", 0, "also re-read --config this often and reload it when its content changed, e.g. a mounted ConfigMap (0: off)")
-	hashKeyFile := fs.String("hash-key-file", "", "per-fleet secret keying prompt hashes (replicas must share it; default: random per process)")
-	loadFactor := fs.Float64("load-factor", router.Defaults().LoadFactor, "c: no backend above ceil(c x mean in-flight)")
-	maxInflight := fs.Int("max-inflight", 0, "default per-backend concurrency limit (0: none)")
-	maxBody := fs.Int64("max-body-bytes", 16<<20, "largest accepted request body")
-	var join listFlag
-	fs.Var(&join, "join", "fleet members to join, host:port (repeatable): endpoints are then learned from gossip")
-	gossipAddr := fs.String("gossip", "0.0.0.0:7947", "gossip bind address ip:port, with --join")
-	advertise := fs.String("advertise", "", "gossip address other members should use, if not --gossip")
-	clusterKeyFile := fs.String("cluster-key-file", "", "the fleet's cluster key file; also keys prompt hashes when --hash-key-file is not given")
-	insecureGossip := fs.Bool("insecure-gossip", false, "DEV ONLY: gossip without encryption or authentication")
-	host, _ := os.Hostname()
-	nodeName := fs.String("node-name", host+"-router", "this router's name in the fleet (and among its peer replicas)")
-	var peers urlList
-	fs.Var(&peers, "peer", "a peer replica's --peer-listen URL (repeatable): replicas stream what they route to each other and route from one view")
-	peerListen := fs.String("peer-listen", "", "address taking peer replicas' event streams (empty: off); peers prove they hold the fleet's key. With --join, other routers find it through gossip")
-	peerAdvertise := fs.String("peer-advertise", "", "host:port other routers should stream to, if not --peer-listen (default: its port on the --advertise or --gossip host)")
-	if err := parseFlags(fs, e, args, nil); err != nil {
+	f, s, err := parseRouter(e, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError("unexpected arguments %q", fs.Args())
-	}
-	if *configPoll < 0 {
-		return usageError("--config-poll %v: want a duration >= 0 (0: off)", *configPoll)
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	log, lerr := newLogger(e, *logLevel, *logFormat)
-	if lerr != nil {
-		return lerr
-	}
-	adminToken, terr := readToken(*adminTokenFile)
-	if terr != nil {
-		return usageError("--admin-token-file: %v", terr)
-	}
-	if *adminListen != "" && adminToken == "" && !(api.Addr{Network: "tcp", Address: *adminListen}).Loopback() {
-		return usageError("--admin-listen %s is reachable from other hosts: give a bearer token (--admin-token-file)", *adminListen)
-	}
+	return routerRoot(ctx, f, s, onListen)
+}
 
-	// load builds the configuration: file, then flags given explicitly.
-	load := func() (router.Config, error) {
-		cfg := router.Defaults()
-		if *configFile != "" {
-			var err error
-			if cfg, err = router.LoadConfig(*configFile); err != nil {
-				return cfg, err
-			}
-		}
-		if set["strategy"] || *configFile == "" {
-			cfg.Strategy = strategy
-		}
-		if set["load-factor"] {
-			cfg.LoadFactor = *loadFactor
-		}
-		if set["max-inflight"] {
-			cfg.MaxInflight = *maxInflight
-		}
-		if set["max-body-bytes"] {
-			cfg.MaxBodyBytes = *maxBody
-		}
-		if set["hash-key-file"] {
-			cfg.HashKeyFile = *hashKeyFile
-		}
-		if set["forward-path"] {
-			cfg.ForwardPaths = slices.Clone([]string(forward))
-		}
-		for _, d := range []struct {
-			flag     string
-			dst, val *time.Duration
-		}{
-			{"first-byte-timeout", &cfg.FirstByteTimeout, firstByte},
-			{"response-timeout", &cfg.ResponseTimeout, responseTimeout},
-			{"idle-timeout", &cfg.IdleTimeout, idleTimeout},
-		} {
-			if set[d.flag] {
-				*d.dst = *d.val
-			}
-		}
-		for _, b := range backends {
-			cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: b})
-		}
-		return cfg, cfg.Validate()
-	}
-	cfg, err := load()
-	if err != nil {
-		return usageError("%v", err)
-	}
-	if len(cfg.Backends) == 0 && len(join) == 0 {
-		return usageError("no backends: give --backend URL, a --config file with backends, or --join a fleet")
-	}
-	var clusterKeys [][]byte
-	if *clusterKeyFile != "" {
-		if clusterKeys, err = gossip.LoadKeyFile(*clusterKeyFile); err != nil {
-			return usageError("%v", err)
-		}
-	}
-	if len(join) > 0 && len(clusterKeys) == 0 && !*insecureGossip {
-		return usageError("--join needs --cluster-key-file (or --insecure-gossip for development)")
-	}
-	key, material, err := hashKey(cfg.HashKeyFile, clusterKeys, log)
-	if err != nil {
-		return err
-	}
+// The router's shutdown stages after stageListeners, in order.
+const (
+	// stageRouting stops the router's loops: health probes, the peer link,
+	// configuration reloads and the fleet watcher.
+	stageRouting = stageListeners + 1 + iota
+	// stageRouterGossip leaves the fleet.
+	stageRouterGossip
+)
+
+// routerShutdownGrace is how long streams in flight may run on at a stop.
+const routerShutdownGrace = 30 * time.Second
+
+// routerRoot is the router's composition root: it builds the parts (gossip
+// and the fleet's endpoint source, the peer link, the router, the API,
+// admin and peer listeners, every address taken before anything serves),
+// runs them as parts and, when ctx ends or a part fails, stops them in this
+// order: the listeners (streams in flight may finish) and the watchdog; the
+// router's loops, the peer link, the reloaders and the fleet watcher; then
+// gossip (leave the fleet). The first part to fail is the error returned.
+func routerRoot(ctx context.Context, f *routerFlags, s *routerSetup, onListen func(net.Addr)) error {
+	log, cfg := s.log, s.cfg
 	var link *peer.Link
-	if len(peers) > 0 || *peerListen != "" {
-		if material == nil {
-			return usageError("--peer and --peer-listen need --cluster-key-file or --hash-key-file: peers prove they hold that key")
-		}
-		if link, err = peer.NewLink(*nodeName, peers, peer.Secret(material), log.With("component", "peers"), nil); err != nil {
+	if len(f.peers) > 0 || f.peerListen != "" {
+		var err error
+		if link, err = peer.NewLink(f.nodeName, f.peers, peer.Secret(s.material), log.With("component", "peers"), nil); err != nil {
 			return usageError("%v", err)
 		}
 	}
-	advertisedPeer := ""
-	if *peerListen != "" && len(join) > 0 {
-		if advertisedPeer, err = peerAddress(*peerAdvertise, *peerListen, *advertise, *gossipAddr); err != nil {
-			return usageError("%v", err)
-		}
-		if advertisedPeer == "" {
-			log.Warn("no routable peer address to advertise: other routers will not find this one; give --peer-advertise", "peer_listen", *peerListen)
-		}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ps := newParts(ctx)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var staticMu sync.Mutex
@@ -227,29 +294,26 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 	}
 	var src router.EndpointSource
 	var setStatic func([]router.Endpoint)
-	if len(join) > 0 {
-		node, err := gossip.Start(ctx, gossip.Config{
-			NodeName: *nodeName, BindAddr: *gossipAddr, AdvertiseAddr: *advertise, Join: join, Keyring: clusterKeys, KeyFile: *clusterKeyFile,
-			Insecure: *insecureGossip, Role: gossip.RoleRouter, Meta: gossip.Meta{APIAddr: *listen, PeerAddr: advertisedPeer, Version: Version()},
+	if len(f.join) > 0 {
+		node, err := gossip.Start(ps.ctx, gossip.Config{
+			NodeName: f.nodeName, BindAddr: f.gossipAddr, AdvertiseAddr: f.advertise, Join: f.join, Keyring: s.clusterKeys, KeyFile: f.clusterKeyFile,
+			Insecure: f.insecureGossip, Role: gossip.RoleRouter, Meta: gossip.Meta{APIAddr: f.listen, PeerAddr: s.advertisedPeer, Version: Version()},
 			Logger: log.With("component", "gossip"), Registerer: reg,
 		})
 		if err != nil {
-			return err
+			return ps.fail(err)
 		}
-		defer func() {
-			leave, stop := context.WithTimeout(context.Background(), 5*time.Second)
-			defer stop()
-			_ = node.Close(leave)
-		}()
+		ps.start(stageRouterGossip, "gossip", leaveAtStop(log, node), nil)
 		var onMembers func([]gossip.Member)
 		if link != nil {
 			// Routers that advertise a peer address stream to each other
 			// without being listed: add or drop them as they come and go.
 			onMembers = func(members []gossip.Member) {
-				link.SetPeers(append(slices.Clone([]string(peers)), fleet.RouterPeers(members)...))
+				link.SetPeers(append(slices.Clone([]string(f.peers)), fleet.RouterPeers(members)...))
 			}
 		}
-		fleetSrc := fleet.Watch(ctx, node, staticEndpoints, onMembers)
+		fleetSrc := fleet.New(node, staticEndpoints, onMembers)
+		ps.start(stageRouting, "fleet watcher", fleetSrc.Run, nil)
 		src, setStatic = fleetSrc, func(eps []router.Endpoint) {
 			staticMu.Lock()
 			static = eps
@@ -260,20 +324,20 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 		ss := router.NewStaticSource(static, nil)
 		src, setStatic = ss, ss.Set
 	}
-	opts := router.Options{Source: src, Registry: reg, Logger: log, HashKey: key}
+	opts := router.Options{Source: src, Registry: reg, Logger: log, HashKey: s.hashKey}
 	if link != nil {
 		opts.OnEvent = link.Send
 		reg.MustRegister(link)
 	}
 	rt, err := router.New(cfg, opts)
 	if err != nil {
-		return err
+		return ps.fail(err)
 	}
 	var reloadMu sync.Mutex
 	reload := func() error {
 		reloadMu.Lock()
 		defer reloadMu.Unlock()
-		next, err := load()
+		next, err := f.load()
 		if err != nil {
 			return err
 		}
@@ -288,22 +352,68 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 		return nil
 	}
 
-	api := &http.Server{Addr: *listen, Handler: rt, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	servers := []*http.Server{api}
-	if *adminListen != "" {
-		servers = append(servers, &http.Server{Addr: *adminListen, Handler: rt.AdminHandler(reg, reload, adminToken), ReadHeaderTimeout: 10 * time.Second})
+	servers, listeners, err := routerListeners(f, s, rt, reg, reload, log)
+	if err != nil {
+		return ps.fail(err)
 	}
-	if *peerListen != "" {
+	ps.start(stageRouting, "router", rt.Run, nil)
+	if link != nil {
+		ps.start(stageRouting, "peer link", func(ctx context.Context) error {
+			link.Run(ctx, rt.LoadEvents)
+			return nil
+		}, nil)
+	}
+	// SIGHUP is caught from here on: it reloads rather than ends the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	ps.start(stageRouting, "reload on SIGHUP", func(ctx context.Context) error {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-hup:
+				if err := reload(); err != nil {
+					log.Error("reload failed; keeping the running configuration", "err", err)
+				}
+			}
+		}
+	}, nil)
+	if f.configFile != "" && f.configPoll > 0 {
+		ps.start(stageRouting, "config watcher", func(ctx context.Context) error {
+			watchConfigFile(ctx, f.configFile, f.configPoll, reload, log)
+			return nil
+		}, nil)
+	}
+	for i, srv := range servers {
+		l := listeners[i]
+		log.Info("listening", "addr", l.Addr().String())
+		if i == 0 && onListen != nil {
+			onListen(l.Addr())
+		}
+		ps.start(stageListeners, "listener "+srv.Addr, serveHTTP(srv, l), shutdownHTTP(srv, routerShutdownGrace, nil))
+	}
+	ps.start(stageListeners, "watchdog", watchdog(log, nil), nil) // every address listens
+	return ps.Wait()
+}
+
+// routerListeners builds the API server (first), the admin and the peer
+// servers, and takes every address before anything serves: a bad or busy
+// one is then an error and an exit, not a server left running with no way
+// to stop it.
+func routerListeners(f *routerFlags, s *routerSetup, rt *router.Router, reg *prometheus.Registry, reload func() error, log *slog.Logger) ([]*http.Server, []net.Listener, error) {
+	servers := []*http.Server{{Addr: f.listen, Handler: rt, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}}
+	if f.adminListen != "" {
+		servers = append(servers, &http.Server{Addr: f.adminListen, Handler: rt.AdminHandler(reg, reload, s.adminToken), ReadHeaderTimeout: 10 * time.Second})
+	}
+	if f.peerListen != "" {
 		mux := http.NewServeMux()
-		streams := peer.NewHandler(*nodeName, peer.Secret(material), rt, log.With("component", "peers"), nil)
+		streams := peer.NewHandler(f.nodeName, peer.Secret(s.material), rt, log.With("component", "peers"), nil)
 		mux.Handle(peer.Path, streams)
-		srv := &http.Server{Addr: *peerListen, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Addr: f.peerListen, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		srv.RegisterOnShutdown(streams.Close) // peers' streams last as long as they run
 		servers = append(servers, srv)
 	}
-	// Every address is taken before anything starts: a bad or busy one is
-	// then an error and an exit, not a server left running with no way to
-	// stop it.
 	listeners := make([]net.Listener, 0, len(servers))
 	for _, srv := range servers {
 		l, err := net.Listen("tcp", srv.Addr)
@@ -311,61 +421,11 @@ func serveRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 			for _, l := range listeners {
 				_ = l.Close()
 			}
-			return fmt.Errorf("listen %s: %w", srv.Addr, err)
+			return nil, nil, fmt.Errorf("listen %s: %w", srv.Addr, err)
 		}
 		listeners = append(listeners, l)
 	}
-
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Go(func() { _ = rt.Run(ctx) })
-	if link != nil {
-		wg.Go(func() { link.Run(ctx, rt.LoadEvents) })
-	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	wg.Go(func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-hup:
-				if err := reload(); err != nil {
-					log.Error("reload failed; keeping the running configuration", "err", err)
-				}
-			}
-		}
-	})
-	if *configFile != "" && *configPoll > 0 {
-		wg.Go(func() { watchConfigFile(ctx, *configFile, *configPoll, reload, log) })
-	}
-	errc := make(chan error, len(servers))
-	for i, srv := range servers {
-		l := listeners[i]
-		log.Info("listening", "addr", l.Addr().String())
-		if srv == api && onListen != nil {
-			onListen(l.Addr())
-		}
-		wg.Go(func() {
-			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- err
-			}
-		})
-	}
-	stopping := sdnotify.FromEnv(log).Serving(nil) // every address listens
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-	}
-	stopping()
-	shutdown, stop := context.WithTimeout(context.Background(), 30*time.Second)
-	defer stop()
-	for _, srv := range servers {
-		_ = srv.Shutdown(shutdown) // lets streams in flight finish
-	}
-	cancel()
-	return err
+	return servers, listeners, nil
 }
 
 // peerAddress is the host:port a router advertises for peer streams:

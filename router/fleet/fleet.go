@@ -23,37 +23,41 @@ type Members interface {
 // endpoints configured statically.
 type Source struct {
 	*router.StaticSource
-	members Members
-	static  func() []router.Endpoint
+	members  Members
+	static   func() []router.Endpoint
+	onChange func([]gossip.Member)
 }
 
-// Watch returns a source kept up to date from m until ctx ends. static, if
-// not nil, returns the configured endpoints to serve alongside the fleet's.
-// onChange, if not nil, is also given the members now and after every
-// change (m's change channel has one consumer: this one).
-func Watch(ctx context.Context, m Members, static func() []router.Endpoint, onChange func([]gossip.Member)) *Source {
+// New returns a source of the endpoints m knows now; Run keeps it up to
+// date. static, if not nil, returns the configured endpoints to serve
+// alongside the fleet's. onChange, if not nil, is also given the members
+// now and, while Run runs, after every change (m's change channel has one
+// consumer: Run).
+func New(m Members, static func() []router.Endpoint, onChange func([]gossip.Member)) *Source {
 	if static == nil {
 		static = func() []router.Endpoint { return nil }
 	}
 	if onChange == nil {
 		onChange = func([]gossip.Member) {}
 	}
-	s := &Source{members: m, static: static}
+	s := &Source{members: m, static: static, onChange: onChange}
 	s.StaticSource = router.NewStaticSource(s.current(), nil)
 	onChange(m.Members())
-	go func() {
-		changed := m.OnChange()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-changed:
-				s.Refresh()
-				onChange(m.Members())
-			}
-		}
-	}()
 	return s
+}
+
+// Run follows the fleet's changes until ctx ends.
+func (s *Source) Run(ctx context.Context) error {
+	changed := s.members.OnChange()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+			s.Refresh()
+			s.onChange(s.members.Members())
+		}
+	}
 }
 
 // RouterPeers lists the peer-event URLs of the other alive routers that

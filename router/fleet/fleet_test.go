@@ -1,8 +1,11 @@
 package fleet
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/router"
@@ -54,9 +57,19 @@ type fakeMembers struct {
 func (f *fakeMembers) Members() []gossip.Member  { return f.members }
 func (f *fakeMembers) OnChange() <-chan struct{} { return f.changed }
 
-func TestWatchFollowsChanges(t *testing.T) {
+func TestRunFollowsChanges(t *testing.T) {
+	defer goleak.VerifyNone(t)
 	fm := &fakeMembers{changed: make(chan struct{}, 1)}
-	s := Watch(t.Context(), fm, func() []router.Endpoint { return []router.Endpoint{{URL: "http://static:1", Ready: true}} }, nil)
+	s := New(fm, func() []router.Endpoint { return []router.Endpoint{{URL: "http://static:1", Ready: true}} }, nil)
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(ctx) }()
+	defer func() {
+		stop()
+		if err := <-ran; err != nil {
+			t.Error(err)
+		}
+	}()
 	eps, changed := s.Endpoints()
 	if len(eps) != 1 || eps[0].URL != "http://static:1" {
 		t.Fatalf("initial endpoints %+v", eps)

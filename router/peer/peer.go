@@ -437,7 +437,16 @@ func (l *Link) stream(ctx context.Context, p *link, snapshot func() []router.Eve
 	req.Header.Set(headerAuth, sign(l.secret, l.self, unix))
 	req.Header.Set("Content-Type", "application/octet-stream")
 	done := make(chan error, 1)
+	// The request's goroutine ends before stream returns: cancelling the
+	// request ends it, and Run (which waits for every stream) then leaves
+	// nothing running.
+	finished := make(chan struct{})
+	defer func() {
+		cancel()
+		<-finished
+	}()
 	go func() {
+		defer close(finished)
 		resp, err := l.client.Do(req)
 		if err == nil {
 			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
