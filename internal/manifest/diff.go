@@ -19,12 +19,7 @@ func (p Plan) Diff(w io.Writer) error {
 		switch c.Action {
 		case Create:
 			n[0]++
-			fmt.Fprintf(&b, "+ %s\n", title(c.New))
-			for _, f := range fields(c.New) {
-				if f.v != "" {
-					fmt.Fprintf(&b, "    %s: %s\n", f.k, f.v)
-				}
-			}
+			block(&b, "+", c.New)
 		case Update:
 			n[1]++
 			fmt.Fprintf(&b, "~ %s\n", title(c.New))
@@ -39,17 +34,22 @@ func (p Plan) Diff(w io.Writer) error {
 			}
 		case Delete:
 			n[2]++
-			fmt.Fprintf(&b, "- %s\n", title(c.Old))
-			for _, f := range fields(c.Old) {
-				if f.v != "" {
-					fmt.Fprintf(&b, "    %s: %s\n", f.k, f.v)
-				}
-			}
+			block(&b, "-", c.Old)
 		}
 	}
 	fmt.Fprintf(&b, "%d to create, %d to update, %d to delete, %d unchanged (owner %s)\n", n[0], n[1], n[2], p.Unchanged, p.Owner)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// block writes an object whole: its title and every field it sets.
+func block(b *strings.Builder, sign string, o Object) {
+	fmt.Fprintf(b, "%s %s\n", sign, title(o))
+	for _, f := range fields(o) {
+		if f.v != "" {
+			fmt.Fprintf(b, "    %s: %s\n", f.k, f.v)
+		}
+	}
 }
 
 func title(o Object) string {
