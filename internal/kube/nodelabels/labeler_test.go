@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -133,10 +135,16 @@ func TestLabelerKeepsOthersKeys(t *testing.T) {
 func TestLabelerForbiddenBacksOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset(newNode(map[string]string{"gpu": "h100"}, nil))
-		var attempts []time.Time
+		var (
+			mu  sync.Mutex
+			ats []time.Time
+		)
+		attempts := func() []time.Time { mu.Lock(); defer mu.Unlock(); return slices.Clone(ats) }
 		cs.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
-			attempts = append(attempts, time.Now())
-			if len(attempts) <= 4 {
+			mu.Lock()
+			defer mu.Unlock()
+			ats = append(ats, time.Now())
+			if len(ats) <= 4 {
 				return true, nil, forbidden()
 			}
 			return false, nil, nil
@@ -145,8 +153,8 @@ func TestLabelerForbiddenBacksOff(t *testing.T) {
 		t0 := time.Now()
 		l.Update(State{Models: map[string]string{"a": "r1"}})
 		synctest.Wait()
-		if len(attempts) != 1 {
-			t.Fatalf("%d attempts before any backoff, want 1", len(attempts))
+		if n := len(attempts()); n != 1 {
+			t.Fatalf("%d attempts before any backoff, want 1", n)
 		}
 		// Updates during the backoff return at once (a blocked Update would
 		// deadlock the bubble) and the latest one wins.
@@ -155,16 +163,17 @@ func TestLabelerForbiddenBacksOff(t *testing.T) {
 		}
 		l.Update(State{Models: map[string]string{"a": "r2", "b": "last"}})
 		synctest.Wait()
-		if len(attempts) != 1 {
-			t.Fatalf("updates during backoff caused %d attempts, want 1", len(attempts))
+		if n := len(attempts()); n != 1 {
+			t.Fatalf("updates during backoff caused %d attempts, want 1", n)
 		}
 		time.Sleep(10 * time.Minute)
-		if len(attempts) != 5 {
-			t.Fatalf("%d attempts, want 5", len(attempts))
+		all := attempts()
+		if len(all) != 5 {
+			t.Fatalf("%d attempts, want 5", len(all))
 		}
 		// Waits double from 1 s, each with up to half taken off.
 		prev := t0
-		for i, at := range attempts[1:] {
+		for i, at := range all[1:] {
 			gap, d := at.Sub(prev), time.Second<<i
 			if gap < d/2 || gap > d {
 				t.Errorf("wait before attempt %d = %v, want in [%v, %v]", i+2, gap, d/2, d)
@@ -251,9 +260,9 @@ func TestLabelerEvents(t *testing.T) {
 func TestLabelerEventsRefused(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset(newNode(nil, nil))
-		var creates int
+		var creates atomic.Int32
 		cs.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
-			creates++
+			creates.Add(1)
 			return true, nil, forbidden()
 		})
 		l := start(t, cs, func(c *Config) { c.Events = cs.CoreV1().Events(EventNamespace) })
@@ -262,8 +271,8 @@ func TestLabelerEventsRefused(t *testing.T) {
 		want := State{Models: map[string]string{"a": "r1"}}
 		l.Update(want)
 		time.Sleep(time.Minute)
-		if creates != 1 {
-			t.Errorf("%d event creates, want 1", creates)
+		if n := creates.Load(); n != 1 {
+			t.Errorf("%d event creates, want 1", n)
 		}
 		equalMaps(t, "labels", getNode(t, cs).Labels, Desired(want).Labels)
 		if got := count(t, l, resultPatched); got != 1 {
