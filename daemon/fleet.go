@@ -2,11 +2,7 @@ package daemon
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"net/url"
 	"slices"
-	"strings"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
@@ -169,22 +165,7 @@ func fillInventory(m *api.Member, inv *gossip.Inventory) {
 }
 
 // ValidateEndpoint checks an endpoint registration from outside.
-func ValidateEndpoint(ep api.Endpoint) error {
-	var errs []error
-	errs = append(errs, spec.ValidateModelName(ep.Model))
-	u, err := url.Parse(ep.URL)
-	switch {
-	case err != nil:
-		errs = append(errs, fmt.Errorf("url %q: %w", ep.URL, err))
-	case u.Scheme != "http" && u.Scheme != "https":
-		errs = append(errs, fmt.Errorf("url %q: want http:// or https://", ep.URL))
-	case u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "":
-		errs = append(errs, fmt.Errorf("url %q: want scheme://host:port[/path] with no credentials, query or fragment", ep.URL))
-	case len(ep.URL) > 512 || strings.ContainsAny(ep.URL, " \t\r\n"):
-		errs = append(errs, fmt.Errorf("url %q: too long or has spaces", ep.URL))
-	}
-	return errors.Join(errs...)
-}
+func ValidateEndpoint(ep api.Endpoint) error { return ep.Validate() }
 
 // AddEndpoint registers an inference endpoint on this node.
 func (d *Daemon) AddEndpoint(_ context.Context, ep api.Endpoint) error {
