@@ -62,13 +62,29 @@ func askRouter(ctx context.Context, c *http.Client, url string, doc, question in
 	return r, nil
 }
 
-// routerState reads a router's /admin/state.
+// adminToken is the bearer token the tests' routers on lab hosts require on
+// their admin listener: one reachable from other hosts needs one.
+const adminToken = "integration-admin-token-0123456789"
+
+// adminTokenFile writes adminToken to a file for --admin-token-file.
+func adminTokenFile(t testing.TB) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "admin.token")
+	if err := os.WriteFile(path, []byte(adminToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// routerState reads a router's /admin/state, with adminToken (a router
+// without a token ignores it).
 func routerState(ctx context.Context, c *http.Client, adminURL string) (router.State, error) {
 	var st router.State
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, adminURL+"/admin/state", nil)
 	if err != nil {
 		return st, err
 	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
 	resp, err := c.Do(req)
 	if err != nil {
 		return st, err
@@ -134,10 +150,11 @@ func TestRouterAcrossHosts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	tokenFile := adminTokenFile(t)
 	startRouter := func(h *netlab.Host, name string, port int, keyFile string) (api, admin string) {
 		api, admin = "http://"+h.Addr(port), "http://"+h.Addr(port+100)
 		if _, err := h.Start(netlab.ProcSpec{Name: name, Path: bin, Args: []string{
-			"router", "--listen", h.Addr(port), "--admin-listen", h.Addr(port + 100), "--peer-listen", h.Addr(port + 1000),
+			"router", "--listen", h.Addr(port), "--admin-listen", h.Addr(port + 100), "--admin-token-file", tokenFile, "--peer-listen", h.Addr(port + 1000),
 			"--gossip", h.Addr(port - 100), "--join", seed, "--cluster-key-file", keyFile, "--node-name", name,
 		}}); err != nil {
 			t.Fatal(err)

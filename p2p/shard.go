@@ -3,7 +3,6 @@ package p2p
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -11,6 +10,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -94,7 +94,7 @@ func (n *Node) open(m *Manifest, known Bitfield, path string, comp Completion) (
 		return nil, err
 	}
 	skel := m.SkeletonID()
-	s := &Shard{n: n, m: m, skel: skel, key: completionKey(skel, path), path: path, comp: comp, file: f, ino: ino,
+	s := &Shard{n: n, m: m, skel: skel, key: completionKey(skel, ino), path: path, comp: comp, file: f, ino: ino,
 		known: known, have: NewBitfield(m.NumPieces()), subs: map[*serverConn]struct{}{}, fullCh: make(chan struct{}), moved: make(chan struct{})}
 	stored, err := comp.Load(s.key)
 	if err == nil && stored == nil {
@@ -178,10 +178,12 @@ func (n *Node) unregister(s *Shard) {
 }
 
 // completionKey names a shard's completion record: its skeleton and its
-// file, since twins (one shard ID open at several paths) each have one.
-func completionKey(skel [32]byte, path string) string {
-	p := sha256.Sum256([]byte(path))
-	return hex.EncodeToString(skel[:]) + "@" + hex.EncodeToString(p[:8])
+// file's identity, since twins (one shard ID open at several paths) each
+// have one. The identity, not the path, because a shard is fetched in a
+// staging directory and served from the published one after a rename,
+// which keeps the file (and its record) the same.
+func completionKey(skel [32]byte, ino uint64) string {
+	return hex.EncodeToString(skel[:]) + "@" + strconv.FormatUint(ino, 16)
 }
 
 // restore adopts the verified pieces of a completion record: a piece

@@ -95,3 +95,42 @@ func TestShardOpenTwiceAtOnePathFails(t *testing.T) {
 		t.Fatal("a second open of a shard at the same path succeeded")
 	}
 }
+
+// A shard is fetched in a staging directory and served from the published
+// one: after the rename (the same file), reopening it at its new path must
+// find its completion, or a restarted node serves nothing it holds.
+func TestCompletionFollowsTheFileAcrossARename(t *testing.T) {
+	const piece = 64 << 10
+	data := randomData(t, 4*piece+10)
+	origin := newHTTPOrigin(t, data)
+	a := startNode(t, "a", nil)
+	staged := filepath.Join(a.dir, "partial", "f0.bin")
+	if err := os.MkdirAll(filepath.Dir(staged), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s, err := a.Build(context.Background(), BuildSpec{ShardID: "rev/f0.bin#0", Name: "f0.bin", Path: staged,
+		FileSize: int64(len(data)), Length: int64(len(data)), PieceLength: piece,
+		Source: origin.Source(), Completion: a.comp, Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := s.Manifest()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	published := filepath.Join(a.dir, "current", "f0.bin")
+	if err := os.MkdirAll(filepath.Dir(published), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(staged, published); err != nil {
+		t.Fatal(err)
+	}
+	r, err := a.Open(context.Background(), m, published, a.comp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !r.Complete() {
+		t.Fatal("the renamed shard lost its completion: a restarted node would not serve it")
+	}
+}

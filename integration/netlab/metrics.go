@@ -16,7 +16,14 @@ import (
 // name_sum and name_count are its sample sums and counts, and the bare
 // family name of one has no samples. NaN samples are skipped. found is
 // false when no sample of name exists.
+//
+// name may carry a label selector, as in name{direction="in"}: then only the
+// samples whose labels include every pair given are added.
 func MetricSum(text, name string) (sum float64, found bool, err error) {
+	name, want, err := parseSelector(name)
+	if err != nil {
+		return 0, false, err
+	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
 	if err != nil {
@@ -29,6 +36,9 @@ func MetricSum(text, name string) (sum float64, found bool, err error) {
 		}
 	}
 	for _, m := range fams[name].GetMetric() {
+		if !hasLabels(m, want) {
+			continue
+		}
 		switch {
 		case m.Counter != nil:
 			add(m.Counter.GetValue())
@@ -41,6 +51,9 @@ func MetricSum(text, name string) (sum float64, found bool, err error) {
 	for _, suffix := range []string{"_sum", "_count"} {
 		if base, ok := strings.CutSuffix(name, suffix); ok {
 			for _, m := range fams[base].GetMetric() {
+				if !hasLabels(m, want) {
+					continue
+				}
 				if v, ok := sumOrCount(m, suffix == "_sum"); ok {
 					add(v)
 				}
@@ -63,4 +76,41 @@ func sumOrCount(m *dto.Metric, wantSum bool) (float64, bool) {
 		return float64(m.Summary.GetSampleCount()), true
 	}
 	return 0, false
+}
+
+// parseSelector splits name{k="v",...} into the name and its label pairs,
+// read by the same parser as the samples (a sample line with value 0).
+func parseSelector(sel string) (string, map[string]string, error) {
+	base, _, ok := strings.Cut(sel, "{")
+	if !ok {
+		return sel, nil, nil
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(sel + " 0\n"))
+	if err != nil {
+		return "", nil, fmt.Errorf("metric selector %q: %w", sel, err)
+	}
+	ms := fams[base].GetMetric()
+	if len(ms) != 1 {
+		return "", nil, fmt.Errorf("metric selector %q: want name{label=\"value\",...}", sel)
+	}
+	want := map[string]string{}
+	for _, lp := range ms[0].GetLabel() {
+		want[lp.GetName()] = lp.GetValue()
+	}
+	return base, want, nil
+}
+
+// hasLabels reports whether m carries every label pair in want.
+func hasLabels(m *dto.Metric, want map[string]string) bool {
+	n := 0
+	for _, lp := range m.GetLabel() {
+		if v, ok := want[lp.GetName()]; ok {
+			if v != lp.GetValue() {
+				return false
+			}
+			n++
+		}
+	}
+	return n == len(want)
 }

@@ -65,3 +65,22 @@ func FuzzMetricSum(f *testing.F) {
 		}
 	})
 }
+
+// TestMetricSumSelector adds only the samples whose labels match a
+// selector given with the name (the fleet bench reads
+// warmfleet_peer_bytes_total{direction="in"} this way).
+func TestMetricSumSelector(t *testing.T) {
+	text := "# TYPE b counter\nb{direction=\"in\",peer=\"x\"} 3\nb{direction=\"in\",peer=\"y\"} 4\nb{direction=\"out\",peer=\"x\"} 100\n"
+	for sel, want := range map[string]float64{`b{direction="in"}`: 7, `b{direction="out"}`: 100, `b`: 107, `b{direction="in",peer="y"}`: 4} {
+		got, found, err := MetricSum(text, sel)
+		if err != nil || !found || got != want {
+			t.Errorf("MetricSum(%s) = %v, %v, %v; want %v", sel, got, found, err, want)
+		}
+	}
+	if _, found, err := MetricSum(text, `b{direction="sideways"}`); err != nil || found {
+		t.Errorf("a selector nothing matches: found %v, err %v", found, err)
+	}
+	if _, _, err := MetricSum(text, `b{direction=`); err == nil {
+		t.Error("a malformed selector: no error")
+	}
+}
