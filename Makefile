@@ -14,7 +14,7 @@ DEB_PACKAGES := containerd runc docker-registry skopeo umoci rclone iproute2 chr
 DEB_BINARIES := containerd runc docker-registry skopeo umoci rclone ip tc chromium chromedriver
 TEST_TIMEOUT ?= 25m
 
-.PHONY: all build test deps lint fmt vet bench-s3 clean
+.PHONY: all build test deps lint fmt vet fuzz bench-s3 clean
 
 all: build
 
@@ -71,6 +71,13 @@ lint: vet
 
 vet:
 	$(GO) vet ./...
+
+# fuzz runs every fuzz target in the tree for FUZZTIME each (default 5s),
+# one after another; a failing input is written to the package's
+# testdata/fuzz/ by the Go fuzzer, to be committed as a seed. `make test`
+# already runs every target's seed corpus as an ordinary test.
+fuzz:
+	FUZZTIME=$${FUZZTIME:-5s} GO=$(GO) scripts/fuzz-short.sh
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
