@@ -12,6 +12,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
+	"github.com/warmfleet/warmfleet/internal/testutil/testclock"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
@@ -100,9 +101,9 @@ func TestObjectDeletedMidDownload(t *testing.T) {
 		}
 	}
 	org := &deleteMidDownload{Origin: fx.origin(t, nil), delete: del, path: "b.safetensors"}
-	clock := newTestClock()
+	clock := testclock.New()
 	d := newDaemonCfg(t, t.TempDir(), org, func(c *Config) {
-		c.Clock, c.ResyncInterval, c.FileConcurrency = clock.now, time.Minute, 1
+		c.Clock, c.ResyncInterval, c.FileConcurrency = clock.Now, time.Minute, 1
 	})
 	run(t, d)
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
@@ -110,7 +111,7 @@ func TestObjectDeletedMidDownload(t *testing.T) {
 	}
 	const name = "meta/llama"
 	wait.For(t, "download fails on the deleted object", func() bool { return status(t, d, name).Attempts >= 1 })
-	clock.advance(time.Hour)
+	clock.Advance(time.Hour)
 	var st api.CacheStatus
 	// The attempt's failure is recorded before the clock moves on, so that
 	// its backoff runs from now.
@@ -124,7 +125,7 @@ func TestObjectDeletedMidDownload(t *testing.T) {
 
 	// b comes back before the confirming listing: nothing changed after all.
 	fx.put(t, "llama/b.safetensors", fx.files["b.safetensors"])
-	clock.advance(time.Hour)
+	clock.Advance(time.Hour)
 	st = ready(t, d)
 	checkFiles(t, st.Path, fx.files)
 	if st.FilesChanged != nil || st.Files != 2 {
@@ -135,7 +136,7 @@ func TestObjectDeletedMidDownload(t *testing.T) {
 	// only then publishes a revision without it, the old one ready meanwhile.
 	del()
 	old := st
-	clock.advance(time.Hour)
+	clock.Advance(time.Hour)
 	wait.For(t, "resync sees b gone", func() bool {
 		st = status(t, d, name)
 		return st.FilesChanged != nil && st.Error != ""
@@ -143,7 +144,7 @@ func TestObjectDeletedMidDownload(t *testing.T) {
 	if !st.Ready || st.RevisionID != old.RevisionID || st.FilesChanged.Confirmed {
 		t.Fatalf("after one listing without b: %+v (change %+v), want the old revision ready, change unconfirmed", st, st.FilesChanged)
 	}
-	clock.advance(time.Hour)
+	clock.Advance(time.Hour)
 	wait.For(t, "revision without b", func() bool {
 		st = status(t, d, name)
 		return st.Ready && st.RevisionID != old.RevisionID

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -17,38 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/testutil/testclock"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 	"github.com/warmfleet/warmfleet/nvme"
 )
-
-// testClock is the daemon's injected clock: it moves only when told.
-type testClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newTestClock() *testClock {
-	return &testClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *testClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *testClock) advance(d time.Duration) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-	return c.t
-}
-
-func (c *testClock) set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
 
 // newDaemonCfg builds a daemon like newDaemon, with mod applied to its config.
 func newDaemonCfg(t *testing.T, dir string, org Origin, mod func(*Config)) *Daemon {
@@ -83,12 +54,12 @@ const resync = time.Minute
 // update changes one object of the model and moves the clock so the daemon
 // re-lists, then waits until a new revision is ready; it returns the
 // status of the new revision and a copy of the files the old one held.
-func update(t *testing.T, d *Daemon, fx *fixture, clock *testClock, content string) (newSt, oldSt api.CacheStatus, oldFiles map[string][]byte) {
+func update(t *testing.T, d *Daemon, fx *fixture, clock *testclock.Clock, content string) (newSt, oldSt api.CacheStatus, oldFiles map[string][]byte) {
 	t.Helper()
 	oldSt = status(t, d, "meta/llama")
 	oldFiles = maps.Clone(fx.files)
 	fx.put(t, "llama/config.json", []byte(content))
-	clock.advance(resync)
+	clock.Advance(resync)
 	d.Kick()
 	wait.For(t, "new revision", func() bool {
 		s := status(t, d, "meta/llama")
@@ -107,10 +78,10 @@ func update(t *testing.T, d *Daemon, fx *fixture, clock *testClock, content stri
 func TestOldRevisionKeptForGrace(t *testing.T) {
 	const grace = 10 * time.Minute
 	fx := newFixture(t, map[string]int{"model-00001.safetensors": 2<<20 + 5, "config.json": 100})
-	clock := newTestClock()
+	clock := testclock.New()
 	dir := t.TempDir()
 	d := newDaemonCfg(t, dir, fx.origin(t, nil), func(c *Config) {
-		c.Clock, c.ResyncInterval, c.OldRevisionGrace = clock.now, resync, grace
+		c.Clock, c.ResyncInterval, c.OldRevisionGrace = clock.Now, resync, grace
 	})
 	run(t, d)
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
@@ -119,7 +90,7 @@ func TestOldRevisionKeptForGrace(t *testing.T) {
 	wait.For(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
 
 	st, old, oldFiles := update(t, d, fx, clock, `{"v":2}`)
-	retiredAt := clock.now()
+	retiredAt := clock.Now()
 	if !exists(t, old.Path) {
 		t.Fatalf("old revision %s deleted at once, want it kept for %v", old.Path, grace)
 	}
@@ -137,14 +108,14 @@ func TestOldRevisionKeptForGrace(t *testing.T) {
 	}
 
 	// Just before the grace ends a prune pass keeps it.
-	clock.set(retiredAt.Add(grace - time.Second))
+	clock.Set(retiredAt.Add(grace - time.Second))
 	if err := d.pruneRetired(0); err != nil {
 		t.Fatal(err)
 	}
 	checkFiles(t, old.Path, oldFiles)
 
 	// Once it ends the loop deletes it, and only it.
-	clock.set(retiredAt.Add(grace))
+	clock.Set(retiredAt.Add(grace))
 	d.Kick()
 	// The directory goes first, then its record: wait for both.
 	wait.For(t, "old revision pruned", func() bool { return !exists(t, old.Path) && len(retiredOf(t, d)) == 0 })
@@ -160,9 +131,9 @@ func TestOldRevisionKeptForGrace(t *testing.T) {
 func TestOldRevisionScheduleSurvivesRestart(t *testing.T) {
 	const grace = 30 * time.Minute
 	fx := newFixture(t, map[string]int{"model.safetensors": 1<<20 + 3, "config.json": 10})
-	clock := newTestClock()
+	clock := testclock.New()
 	dir := t.TempDir()
-	mod := func(c *Config) { c.Clock, c.ResyncInterval, c.OldRevisionGrace = clock.now, resync, grace }
+	mod := func(c *Config) { c.Clock, c.ResyncInterval, c.OldRevisionGrace = clock.Now, resync, grace }
 	d := newDaemonCfg(t, dir, fx.origin(t, nil), mod)
 	stop := run(t, d)
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
@@ -170,10 +141,10 @@ func TestOldRevisionScheduleSurvivesRestart(t *testing.T) {
 	}
 	wait.For(t, "ready", func() bool { return status(t, d, "meta/llama").Ready })
 	st, old, oldFiles := update(t, d, fx, clock, `{"v":2}`)
-	retiredAt := clock.now()
+	retiredAt := clock.Now()
 	stop()
 
-	clock.set(retiredAt.Add(grace - time.Second))
+	clock.Set(retiredAt.Add(grace - time.Second))
 	d2 := newDaemonCfg(t, dir, fx.origin(t, nil), mod)
 	if got := testutil.ToFloat64(d2.oldBytes.WithLabelValues("meta/llama")); got < float64(old.BytesTotal) {
 		t.Fatalf("after restart old revision bytes gauge = %v, want >= %d", got, old.BytesTotal)
@@ -186,7 +157,7 @@ func TestOldRevisionScheduleSurvivesRestart(t *testing.T) {
 	wait.For(t, "ready after restart", func() bool { return status(t, d2, "meta/llama").Ready })
 	checkFiles(t, old.Path, oldFiles)
 
-	clock.set(retiredAt.Add(grace))
+	clock.Set(retiredAt.Add(grace))
 	d2.Kick()
 	wait.For(t, "old revision pruned after restart", func() bool { return !exists(t, old.Path) })
 	checkFiles(t, st.Path, fx.files)
@@ -200,8 +171,8 @@ func TestOldRevisionScheduleSurvivesRestart(t *testing.T) {
 // before grace periods existed.
 func TestOldRevisionNoGrace(t *testing.T) {
 	fx := newFixture(t, map[string]int{"model.safetensors": 1<<20 + 3, "config.json": 10})
-	clock := newTestClock()
-	d := newDaemonCfg(t, t.TempDir(), fx.origin(t, nil), func(c *Config) { c.Clock, c.ResyncInterval = clock.now, resync })
+	clock := testclock.New()
+	d := newDaemonCfg(t, t.TempDir(), fx.origin(t, nil), func(c *Config) { c.Clock, c.ResyncInterval = clock.Now, resync })
 	run(t, d)
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
 		t.Fatal(err)
@@ -245,7 +216,7 @@ func diskUsage(t *testing.T, dirs ...string) int64 {
 func TestDownloadTakesOldRevisionSpace(t *testing.T) {
 	const size = 3 << 20
 	fx := newFixture(t, map[string]int{"model.safetensors": size, "config.json": 10})
-	clock := newTestClock()
+	clock := testclock.New()
 	dir := t.TempDir()
 	// The data dir's file system holds 2.5 revisions: the cache's own
 	// files count against it, as on a dedicated NVMe.
@@ -255,7 +226,7 @@ func TestDownloadTakesOldRevisionSpace(t *testing.T) {
 		return nvme.Space{Total: quota, Free: quota - used}, nil
 	}
 	d := newDaemonCfg(t, dir, fx.origin(t, nil), func(c *Config) {
-		c.Clock, c.ResyncInterval, c.OldRevisionGrace, c.StatFS = clock.now, resync, time.Hour, statFS
+		c.Clock, c.ResyncInterval, c.OldRevisionGrace, c.StatFS = clock.Now, resync, time.Hour, statFS
 	})
 	run(t, d)
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
@@ -346,9 +317,9 @@ func TestPickPrunes(t *testing.T) {
 func TestRevertWithinGraceReusesOldRevision(t *testing.T) {
 	fx := newFixture(t, map[string]int{"model.safetensors": 1<<20 + 3, "config.json": 10})
 	var s3Bytes atomic.Int64
-	clock := newTestClock()
+	clock := testclock.New()
 	d := newDaemonCfg(t, t.TempDir(), fx.origin(t, func(n int) { s3Bytes.Add(int64(n)) }), func(c *Config) {
-		c.Clock, c.ResyncInterval, c.OldRevisionGrace = clock.now, resync, time.Hour
+		c.Clock, c.ResyncInterval, c.OldRevisionGrace = clock.Now, resync, time.Hour
 	})
 	run(t, d)
 	if err := d.AddCache(t.Context(), fx.spec()); err != nil {
@@ -369,7 +340,7 @@ func TestRevertWithinGraceReusesOldRevision(t *testing.T) {
 	if got := retiredOf(t, d); len(got) != 1 || got[0].Revision != stB.RevisionID {
 		t.Fatalf("retired = %+v, want only %s", got, stB.RevisionID)
 	}
-	clock.advance(2 * time.Hour)
+	clock.Advance(2 * time.Hour)
 	d.Kick()
 	wait.For(t, "the other revision pruned", func() bool { return !exists(t, stB.Path) })
 	checkFiles(t, st.Path, filesA)

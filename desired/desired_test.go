@@ -9,12 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmfleet/warmfleet/internal/testutil/testbolt"
+	"github.com/warmfleet/warmfleet/internal/testutil/testclock"
 	"github.com/warmfleet/warmfleet/spec"
 	"go.etcd.io/bbolt"
 )
 
 func TestHLCMonotonic(t *testing.T) {
-	clk := newTestClock()
+	clk := testclock.New()
 	c := newHLC("a", clk.Now, time.Minute)
 	prev := c.next(Timestamp{})
 	for i := range 100 {
@@ -45,8 +47,8 @@ func TestHLCMonotonic(t *testing.T) {
 
 func TestDesiredPutListDelete(t *testing.T) {
 	ctx := context.Background()
-	clk := newTestClock()
-	db := openDB(t)
+	clk := testclock.New()
+	db := testbolt.OpenTemp(t)
 	d := newDesired(t, db, "a", clk.Now)
 
 	if err := d.Put(ctx, spec.Spec{Kind: spec.KindModel, Name: "../x", Source: "s3://b/"}); err == nil {
@@ -103,8 +105,8 @@ func TestDesiredPutListDelete(t *testing.T) {
 
 func TestDesiredLocalWriteBeatsFutureRecord(t *testing.T) {
 	ctx := context.Background()
-	clk := newTestClock()
-	d := newDesired(t, openDB(t), "a", clk.Now)
+	clk := testclock.New()
+	d := newDesired(t, testbolt.OpenTemp(t), "a", clk.Now)
 	s := modelSpec("m")
 	s.Revision = "far-future"
 	future := Record{Key: s.Key(), TS: Timestamp{Wall: clk.Now().Add(24 * time.Hour).UnixMilli(), Node: "broken"}, Spec: &s}
@@ -121,8 +123,8 @@ func TestDesiredLocalWriteBeatsFutureRecord(t *testing.T) {
 
 func TestDesiredMergeRejectsInvalid(t *testing.T) {
 	ctx := context.Background()
-	clk := newTestClock()
-	d := newDesired(t, openDB(t), "a", clk.Now)
+	clk := testclock.New()
+	d := newDesired(t, testbolt.OpenTemp(t), "a", clk.Now)
 	good := modelSpec("good")
 	bad := spec.Spec{Kind: spec.KindModel, Name: "../../etc", Source: "s3://b/"}
 	other := modelSpec("other")
@@ -148,8 +150,8 @@ func TestDesiredMergeRejectsInvalid(t *testing.T) {
 
 func TestTombstoneExpires(t *testing.T) {
 	ctx := context.Background()
-	clk := newTestClock()
-	db := openDB(t)
+	clk := testclock.New()
+	db := testbolt.OpenTemp(t)
 	d := newDesired(t, db, "a", clk.Now)
 	if err := d.Put(ctx, modelSpec("m")); err != nil {
 		t.Fatal(err)
@@ -180,11 +182,11 @@ func TestTombstoneExpires(t *testing.T) {
 // deleted while it was away, and must keep what it wrote itself.
 func TestStaleNodeDoesNotResurrect(t *testing.T) {
 	ctx := context.Background()
-	clk := newTestClock()
-	dbA := openDB(t)
+	clk := testclock.New()
+	dbA := testbolt.OpenTemp(t)
 	a := newDesired(t, dbA, "a", clk.Now)
-	b := newDesired(t, openDB(t), "b", clk.Now)
-	c := newDesired(t, openDB(t), "c", clk.Now)
+	b := newDesired(t, testbolt.OpenTemp(t), "b", clk.Now)
+	c := newDesired(t, testbolt.OpenTemp(t), "c", clk.Now)
 	for _, n := range []string{"keep", "doomed"} {
 		if err := b.Put(ctx, modelSpec(n)); err != nil {
 			t.Fatal(err)
@@ -264,10 +266,10 @@ func TestStaleNodeDoesNotResurrect(t *testing.T) {
 // tombstones past the TTL: when its peer comes back, the delete still wins.
 func TestLoneSurvivorKeepsTombstones(t *testing.T) {
 	ctx := context.Background()
-	clk := newTestClock()
-	dbA := openDB(t)
+	clk := testclock.New()
+	dbA := testbolt.OpenTemp(t)
 	a := newDesired(t, dbA, "a", clk.Now)
-	b := newDesired(t, openDB(t), "b", clk.Now)
+	b := newDesired(t, testbolt.OpenTemp(t), "b", clk.Now)
 	if err := b.Put(ctx, modelSpec("doomed")); err != nil {
 		t.Fatal(err)
 	}
@@ -309,8 +311,8 @@ func TestLoneSurvivorKeepsTombstones(t *testing.T) {
 
 func TestStaleGraceWithOnlyNewPeers(t *testing.T) {
 	ctx := context.Background()
-	clk := newTestClock()
-	db := openDB(t)
+	clk := testclock.New()
+	db := testbolt.OpenTemp(t)
 	st, err := NewBoltStore(db, "desired")
 	if err != nil {
 		t.Fatal(err)
@@ -322,7 +324,7 @@ func TestStaleGraceWithOnlyNewPeers(t *testing.T) {
 	}
 	clk.Advance(100 * time.Hour)
 	a := newDesired(t, db, "a", clk.Now)
-	fresh := newDesired(t, openDB(t), "new", clk.Now)
+	fresh := newDesired(t, testbolt.OpenTemp(t), "new", clk.Now)
 	for range 2 {
 		snap, _ := fresh.Snapshot(ctx)
 		if _, _, err := a.MergeFull(ctx, snap); err != nil {
@@ -364,7 +366,7 @@ func randomRecords(r *rand.Rand, base int64, n int) []Record {
 
 func TestWinnerProperties(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	base := newTestClock().Now().UnixMilli()
+	base := testclock.New().Now().UnixMilli()
 	for i := range 5000 {
 		rs := randomRecords(r, base, 3)
 		a, b, c := rs[0], rs[1], rs[2+0]
@@ -390,9 +392,9 @@ func TestWinnerProperties(t *testing.T) {
 func TestMergeOrderIndependent(t *testing.T) {
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(3, 4))
-	clk := newTestClock()
+	clk := testclock.New()
 	base := clk.Now().UnixMilli()
-	db := openDB(t)
+	db := testbolt.OpenTemp(t)
 	for trial := range 30 {
 		recs := randomRecords(r, base, 12)
 		var want string
@@ -442,13 +444,13 @@ func TestMergeOrderIndependent(t *testing.T) {
 
 func TestBoltStoreUnreadableRecordSkipped(t *testing.T) {
 	ctx := context.Background()
-	db := openDBAt(t, filepath.Join(t.TempDir(), "x.db"))
+	db := testbolt.Open(t, filepath.Join(t.TempDir(), "x.db"))
 	st, err := NewBoltStore(db, "desired")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := modelSpec("ok")
-	clk := newTestClock()
+	clk := testclock.New()
 	if err := st.Save(ctx, StoreChange{Put: []Record{{Key: s.Key(), TS: Timestamp{Wall: clk.Now().UnixMilli(), Node: "a"}, Spec: &s}}}); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,9 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/testbolt"
+	"github.com/warmfleet/warmfleet/internal/testutil/testclock"
 )
 
 // A record stamped with the largest clock values a peer can put on the wire
@@ -25,8 +28,8 @@ func TestDesiredDeleteBeatsExtremeTimestamps(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			clk := newTestClock()
-			d := newDesired(t, openDB(t), "a", clk.Now)
+			clk := testclock.New()
+			d := newDesired(t, testbolt.OpenTemp(t), "a", clk.Now)
 			s := modelSpec("m")
 			hostile := Record{Key: s.Key(), TS: tc.ts(clk.Now()), Spec: &s}
 			if _, _, err := d.Merge(ctx, []Record{hostile}); err != nil {

@@ -8,11 +8,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/warmfleet/warmfleet/internal/testutil/testclock"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 func TestPickDigest(t *testing.T) {
-	now := newTestClock().Now()
+	now := testclock.New().Now()
 	at := func(ago time.Duration) time.Time { return now.Add(-ago) }
 	const delay, window = 200 * time.Millisecond, 2 * time.Second
 	for _, tc := range []struct {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/desired"
+	"github.com/warmfleet/warmfleet/internal/testutil/testbolt"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 	"go.etcd.io/bbolt"
@@ -27,7 +28,7 @@ func TestLoopbackRestartRejoins(t *testing.T) {
 	}
 	start := func(name string, join ...string) running {
 		t.Helper()
-		db := openDBAt(t, filepath.Join(dir, name+".db"))
+		db := testbolt.Open(t, filepath.Join(dir, name+".db"))
 		d := newDesired(t, db, name, nil)
 		var joinAddrs []string
 		for _, j := range join {

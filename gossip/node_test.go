@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/warmfleet/warmfleet/desired"
+	"github.com/warmfleet/warmfleet/internal/testutil/testbolt"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 	"github.com/warmfleet/warmfleet/spec"
 )
@@ -40,7 +41,7 @@ func TestClusterSpecsInventoryAndLeave(t *testing.T) {
 	desired := map[string]*desired.State{}
 	regs := map[string]*promRegistry{}
 	nodes := startCluster(t, c, names, func(name string, cfg *Config) {
-		desired[name] = newDesired(t, openDB(t), name, nil)
+		desired[name] = newDesired(t, testbolt.OpenTemp(t), name, nil)
 		cfg.Desired = desired[name]
 		cfg.Labels = map[string]string{"gpu": "h100"}
 		if name == "n4" {
@@ -155,7 +156,7 @@ func TestLateJoinerGetsStateByPushPull(t *testing.T) {
 	c := newMockCluster(t, names...)
 	desired := map[string]*desired.State{}
 	for _, name := range names {
-		desired[name] = newDesired(t, openDB(t), name, nil)
+		desired[name] = newDesired(t, testbolt.OpenTemp(t), name, nil)
 	}
 	nodes := startCluster(t, c, names[:3], func(name string, cfg *Config) { cfg.Desired = desired[name] })
 	for i, n := range nodes {
@@ -186,14 +187,14 @@ func TestWrongKeyCannotJoinOrInject(t *testing.T) {
 	ctx := context.Background()
 	names := []string{"a", "b", "intruder", "plain"}
 	c := newMockCluster(t, names...)
-	da := newDesired(t, openDB(t), "a", nil)
+	da := newDesired(t, testbolt.OpenTemp(t), "a", nil)
 	nodes := startCluster(t, c, names[:2], func(name string, cfg *Config) {
 		if name == "a" {
 			cfg.Desired = da
 		}
 	})
 	otherKey, _ := GenerateKey()
-	di := newDesired(t, openDB(t), "intruder", nil)
+	di := newDesired(t, testbolt.OpenTemp(t), "intruder", nil)
 	if err := di.Put(ctx, modelSpec("evil")); err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +231,7 @@ func TestKeyRotationWithoutDowntime(t *testing.T) {
 	c := newMockCluster(t, names...)
 	desired := map[string]*desired.State{}
 	for _, name := range names {
-		desired[name] = newDesired(t, openDB(t), name, nil)
+		desired[name] = newDesired(t, testbolt.OpenTemp(t), name, nil)
 	}
 	nodes := startCluster(t, c, names[:3], func(name string, cfg *Config) { cfg.Desired = desired[name] })
 	k2, _ := GenerateKey()
@@ -277,7 +278,7 @@ func TestGarbageMessagesDroppedAndCounted(t *testing.T) {
 	nodes := startCluster(t, c, names, func(name string, cfg *Config) {
 		if name == "a" {
 			cfg.Registerer = reg
-			cfg.Desired = newDesired(t, openDB(t), name, nil)
+			cfg.Desired = newDesired(t, testbolt.OpenTemp(t), name, nil)
 		}
 	})
 	nodes[1].mu.Lock()

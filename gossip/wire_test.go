@@ -12,6 +12,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/warmfleet/warmfleet/desired"
+	"github.com/warmfleet/warmfleet/internal/testutil/testbolt"
+	"github.com/warmfleet/warmfleet/internal/testutil/testclock"
 	"github.com/warmfleet/warmfleet/spec"
 )
 
@@ -105,14 +107,14 @@ func fuzzNode(t testing.TB) *Node {
 		cfg:     Config{NodeName: "self"},
 		tun:     Tuning{}.withDefaults(),
 		log:     testLogger(t),
-		now:     newTestClock().Now,
+		now:     testclock.New().Now,
 		changed: make(chan struct{}, 1),
 		jobs:    make(chan job, 16),
 		peers:   map[string]*peer{"a": {state: MemberAlive}, "b": {state: MemberAlive}},
 		wants:   map[string]wantMark{},
 		recent:  map[string]recentChange{},
 		keyOps:  keyOps{pending: map[string]chan keyAckMsg{"op1": make(chan keyAckMsg, 1)}},
-		desired: newDesired(t, openDB(t), "self", newTestClock().Now),
+		desired: newDesired(t, testbolt.OpenTemp(t), "self", testclock.New().Now),
 	}
 	n.met = newNodeMetrics(n)
 	n.queue = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return 3 }, RetransmitMult: 3}
@@ -123,7 +125,7 @@ func fuzzNode(t testing.TB) *Node {
 func fuzzSeeds(f *testing.F) {
 	s := modelSpec("m")
 	img := spec.Spec{Kind: spec.KindImage, Name: "vllm/vllm:0.6", Owner: "team/a"}
-	ts := desired.Timestamp{Wall: newTestClock().Now().UnixMilli(), Node: "a"}
+	ts := desired.Timestamp{Wall: testclock.New().Now().UnixMilli(), Node: "a"}
 	for _, m := range []struct {
 		t msgType
 		v any
