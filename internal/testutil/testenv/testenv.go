@@ -7,10 +7,12 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -49,9 +51,27 @@ func RequireRoot(tb testing.TB) {
 	}
 }
 
-// FreeAddr returns a loopback address with a port that was free a moment ago.
+// FreeAddr returns a loopback address whose port nothing listened on, over
+// TCP or UDP, a moment ago, for a server that must be told its address
+// before it starts (peers that name each other, a restart on the same
+// address). A server that can bind port 0 and report what it got needs
+// none of this.
+//
+// The port comes from below the kernel's ephemeral range: the local ports
+// of outgoing connections (this test's, or a parallel package's) come from
+// that range, so one of them cannot take the port between FreeAddr and the
+// server's bind; only another explicit bind to the same port could. Where
+// the range cannot be read or leaves no room below it, the kernel picks.
 func FreeAddr(tb testing.TB) string {
 	tb.Helper()
+	if lo, _, err := ephemeralPorts(); err == nil && lo-freePortMin >= 1000 {
+		for range 100 {
+			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePortMin+rand.IntN(lo-freePortMin)))
+			if bindable(addr) {
+				return addr
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatalf("free port: %v", err)
@@ -61,6 +81,38 @@ func FreeAddr(tb testing.TB) string {
 		tb.Fatalf("free port: %v", err)
 	}
 	return addr
+}
+
+// freePortMin keeps FreeAddr above the ports well-known services and
+// tools' defaults cluster in.
+const freePortMin = 10000
+
+// ephemeralPorts reads the range the kernel takes outgoing connections'
+// local ports from.
+func ephemeralPorts() (lo, hi int, err error) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0, fmt.Errorf("ephemeral ports: %w", err)
+	}
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil {
+		return 0, 0, fmt.Errorf("ephemeral ports %q: %w", b, err)
+	}
+	return lo, hi, nil
+}
+
+// bindable tells whether addr can be bound over TCP and over UDP (a gossip
+// member takes both) right now.
+func bindable(addr string) bool {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer l.Close()
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return false
+	}
+	return pc.Close() == nil
 }
 
 // WaitTCP waits until addr accepts a connection or ctx ends.

@@ -1,8 +1,10 @@
 package testenv
 
 import (
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 )
 
@@ -13,5 +15,32 @@ func TestRepoRootHoldsGoMod(t *testing.T) {
 	root := RepoRoot()
 	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
 		t.Fatalf("RepoRoot() = %s, which holds no go.mod: %v", root, err)
+	}
+}
+
+// FreeAddr's ports lie outside the kernel's ephemeral range, where an
+// outgoing connection could take one before the server binds it, and are
+// free over TCP and UDP.
+func TestFreeAddrAvoidsEphemeralPorts(t *testing.T) {
+	lo, hi, err := ephemeralPorts()
+	if err != nil {
+		Missing(t, "%v", err)
+	}
+	for range 50 {
+		addr := FreeAddr(t)
+		_, ps, err := net.SplitHostPort(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := strconv.Atoi(ps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p >= lo && p <= hi {
+			t.Fatalf("FreeAddr = %s: port in the ephemeral range %d-%d", addr, lo, hi)
+		}
+		if !bindable(addr) {
+			t.Fatalf("FreeAddr = %s: not free over TCP and UDP", addr)
+		}
 	}
 }
