@@ -137,16 +137,9 @@ func (s *S3Host) startFront(l *Lab, front func(string) (http.Handler, error)) er
 }
 
 // Env returns the AWS_* variables that point a daemon on a lab host at this
-// server. IMDS is disabled so nothing looks for 169.254.169.254.
+// server.
 func (s *S3Host) Env() []string {
-	return []string{
-		"AWS_ACCESS_KEY_ID=" + s.AccessKey,
-		"AWS_SECRET_ACCESS_KEY=" + s.SecretKey,
-		"AWS_REGION=" + s.Region,
-		"AWS_DEFAULT_REGION=" + s.Region,
-		"AWS_ENDPOINT_URL_S3=" + s.Endpoint,
-		"AWS_EC2_METADATA_DISABLED=true",
-	}
+	return testenv.AWSEnv(s.Endpoint, s.AccessKey, s.SecretKey, s.Region)
 }
 
 // Client returns an S3 client for the harness that talks to the server

@@ -177,15 +177,21 @@ func (t *tailBuffer) String() string {
 }
 
 // Env returns AWS_* variables that point a child process (or
-// config.LoadDefaultConfig after t.Setenv) at this gateway. IMDS is disabled
-// so nothing tries to reach 169.254.169.254.
+// config.LoadDefaultConfig after t.Setenv) at this gateway.
 func (s *S3) Env() []string {
+	return AWSEnv(s.Endpoint, s.AccessKey, s.SecretKey, s.Region)
+}
+
+// AWSEnv returns the AWS_* variables that point an SDK client at the S3
+// server at endpoint with static keys. IMDS is disabled so nothing tries to
+// reach 169.254.169.254.
+func AWSEnv(endpoint, accessKey, secretKey, region string) []string {
 	return []string{
-		"AWS_ACCESS_KEY_ID=" + s.AccessKey,
-		"AWS_SECRET_ACCESS_KEY=" + s.SecretKey,
-		"AWS_REGION=" + s.Region,
-		"AWS_DEFAULT_REGION=" + s.Region,
-		"AWS_ENDPOINT_URL_S3=" + s.Endpoint,
+		"AWS_ACCESS_KEY_ID=" + accessKey,
+		"AWS_SECRET_ACCESS_KEY=" + secretKey,
+		"AWS_REGION=" + region,
+		"AWS_DEFAULT_REGION=" + region,
+		"AWS_ENDPOINT_URL_S3=" + endpoint,
 		"AWS_EC2_METADATA_DISABLED=true",
 	}
 }
