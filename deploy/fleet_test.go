@@ -3,13 +3,11 @@ package deploy
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,6 +17,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
@@ -34,7 +33,7 @@ type node struct {
 	mounts map[string]string // container mountPath -> directory here
 	env    map[string]string
 	args   []string
-	proc   *netlab.Process
+	daemon *netlab.Daemon // once started
 }
 
 // podFor plays the kubelet's part for container c of spec on host h:
@@ -167,21 +166,6 @@ func (n *node) environ() []string {
 	return env
 }
 
-// cli runs `warmfleet ARGS --api API` on the node, against the daemon's API
-// socket where the chart puts it.
-func (n *node) cli(ctx context.Context, bin string, args ...string) ([]byte, error) {
-	api, _ := flagValue(n.args, "api")
-	cmd := n.host.Command(ctx, bin, append(args, "--api", api)...)
-	out, err := cmd.Output()
-	if err != nil {
-		if ee, ok := errors.AsType[*exec.ExitError](err); ok {
-			return out, fmt.Errorf("warmfleet %v on %s: %w: %s", args, n.host.Name, err, ee.Stderr)
-		}
-		return out, fmt.Errorf("warmfleet %v on %s: %w", args, n.host.Name, err)
-	}
-	return out, nil
-}
-
 // get fetches http://ADDR/path from inside the node's network namespace.
 func (n *node) get(ctx context.Context, addr, path string) (int, string, error) {
 	return n.getAuth(ctx, addr, path, "")
@@ -234,14 +218,6 @@ func resolveInLab(t *testing.T, hosts []*netlab.Host, name string, addrs []strin
 			t.Fatal(err)
 		}
 	}
-}
-
-type fleetMembers struct {
-	Clustered bool `json:"clustered"`
-	Members   []struct {
-		Name  string `json:"name"`
-		State string `json:"state"`
-	} `json:"members"`
 }
 
 // TestChartDaemonsFormAFleet starts daemons on lab hosts with exactly the
@@ -327,14 +303,17 @@ func TestChartDaemonsFormAFleet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n.proc = p
+		apiAddr, _ := flagValue(n.args, "api")
+		if n.daemon, err = netlab.AttachDaemon(p, bin, apiAddr); err != nil {
+			t.Fatal(err)
+		}
 	}
 	alive := func(n *node) ([]string, error) {
-		out, err := n.cli(ctx, bin, "fleet", "-o", "json")
+		out, err := n.daemon.CLI(ctx, "fleet", "-o", "json")
 		if err != nil {
 			return nil, err
 		}
-		var f fleetMembers
+		var f api.Fleet
 		if err := json.Unmarshal(out, &f); err != nil {
 			return nil, err
 		}
@@ -351,8 +330,8 @@ func TestChartDaemonsFormAFleet(t *testing.T) {
 		t.Helper()
 		for _, n := range ns {
 			wait.Err(t, n.host.Name+" sees "+strings.Join(want, ","), func() error {
-				if n.proc != nil && !n.proc.Running() {
-					return fmt.Errorf("daemon exited: %v\n%s", n.proc.Wait(), n.proc.Log())
+				if !n.daemon.Running() {
+					return fmt.Errorf("daemon exited: %v\n%s", n.daemon.Wait(), n.daemon.Log())
 				}
 				got, err := alive(n)
 				if err != nil {
@@ -373,22 +352,14 @@ func TestChartDaemonsFormAFleet(t *testing.T) {
 	start(nodes[0])
 	seeAll(nodes, hosts[0].Name, hosts[1].Name, hosts[2].Name)
 
-	if _, err := nodes[0].cli(ctx, bin, "cache", "add", "small", "--source", model.Source()); err != nil {
+	if _, err := nodes[0].daemon.CLI(ctx, "cache", "add", "small", "--source", model.Source()); err != nil {
 		t.Fatal(err)
 	}
 	metricsAddr := func(n *node) string { v, _ := flagValue(n.args, "metrics-listen"); return v }
 	for _, n := range nodes {
 		wait.Err(t, n.host.Name+" has the model ready", func() error {
-			out, err := n.cli(ctx, bin, "cache", "status", "small", "-o", "json")
+			st, err := n.daemon.CacheStatus(ctx, "small")
 			if err != nil {
-				return err
-			}
-			var st struct {
-				Ready bool   `json:"ready"`
-				State string `json:"state"`
-				Path  string `json:"path"`
-			}
-			if err := json.Unmarshal(out, &st); err != nil {
 				return err
 			}
 			if !st.Ready {

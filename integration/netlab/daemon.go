@@ -31,9 +31,8 @@ type Daemon struct {
 	*Process
 	Bin string
 	// API is the --api address the daemon and its clients use.
-	API    string
-	socket string
-	http   *http.Client
+	API  string
+	http *http.Client
 }
 
 // StartDaemon runs `warmfleet daemon` inside the host with the host's data
@@ -43,11 +42,34 @@ func (h *Host) StartDaemon(ctx context.Context, spec DaemonSpec) (*Daemon, error
 	if spec.Bin == "" {
 		return nil, errors.New("start daemon: no warmfleet binary given")
 	}
-	sock := filepath.Join(h.lab.RunDir(), h.Name+".sock")
-	d := &Daemon{
-		Bin:    spec.Bin,
-		API:    "unix://" + sock,
-		socket: sock,
+	api := "unix://" + filepath.Join(h.lab.RunDir(), h.Name+".sock")
+	args := append([]string{"daemon", "--node-name", h.Name, "--data-dir", h.DataDir, "--api", api}, spec.Args...)
+	p, err := h.Start(ProcSpec{Name: "warmfleet", Path: spec.Bin, Args: args, Env: spec.Env})
+	if err != nil {
+		return nil, err
+	}
+	d, err := AttachDaemon(p, spec.Bin, api)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.WaitAPI(ctx); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// AttachDaemon returns the handle on a daemon that p runs with its own
+// arguments (a chart's, say) and --api api, a unix:// socket, without
+// waiting for the API. bin is the warmfleet binary CLI runs.
+func AttachDaemon(p *Process, bin, api string) (*Daemon, error) {
+	sock, ok := strings.CutPrefix(api, "unix://")
+	if !ok {
+		return nil, fmt.Errorf("attach daemon on %s: API %q is not a unix:// socket", p.host.Name, api)
+	}
+	return &Daemon{
+		Process: p,
+		Bin:     bin,
+		API:     api,
 		http: &http.Client{Transport: &http.Transport{
 			Proxy: nil,
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -55,17 +77,7 @@ func (h *Host) StartDaemon(ctx context.Context, spec DaemonSpec) (*Daemon, error
 				return dl.DialContext(ctx, "unix", sock)
 			},
 		}},
-	}
-	args := append([]string{"daemon", "--node-name", h.Name, "--data-dir", h.DataDir, "--api", d.API}, spec.Args...)
-	p, err := h.Start(ProcSpec{Name: "warmfleet", Path: spec.Bin, Args: args, Env: spec.Env})
-	if err != nil {
-		return nil, err
-	}
-	d.Process = p
-	if err := d.WaitAPI(ctx); err != nil {
-		return nil, err
-	}
-	return d, nil
+	}, nil
 }
 
 // WaitAPI waits until the daemon's API answers /healthz, e.g. after Restart.
