@@ -164,13 +164,7 @@ func TestFleetGossip(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, d := range daemons {
-		wait.Err(t, d.Host().Name+" removed", func() error {
-			st, err := d.CacheStatus(ctx, "small")
-			if err == nil {
-				return fmt.Errorf("still there: %s", st.State)
-			}
-			return nil
-		}, wait.Context(ctx))
+		waitRemoved(t, ctx, d, "small")
 	}
 
 	// A node with another key cannot join: it stays alone and unseen.

@@ -133,12 +133,7 @@ func (sl *stallLab) remove(tb testing.TB, ctx context.Context, name string) {
 		tb.Fatal(err)
 	}
 	for _, d := range sl.fleet {
-		wait.Err(tb, d.Host().Name+" removed "+name, func() error {
-			if st, err := d.CacheStatus(ctx, name); err == nil {
-				return fmt.Errorf("still there: %s", st.State)
-			}
-			return nil
-		}, wait.Context(ctx))
+		waitRemoved(tb, ctx, d, name)
 	}
 }
 
@@ -160,18 +155,13 @@ func TestSwarmCompletesUnderStalledHandshakes(t *testing.T) {
 		return nil
 	}, wait.Context(ctx))
 	took := sl.warm(t, ctx, "stalled")
-	var s3Total float64
 	for _, d := range sl.fleet {
 		refused, found, err := d.Metric(ctx, "warmfleet_peer_connections_refused_total")
 		if err != nil || !found || refused == 0 {
 			t.Fatalf("%s refused %v connections (exported: %v, err %v), want the attack's refused", d.Host().Name, refused, found, err)
 		}
-		s3, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
-		if err != nil {
-			t.Fatal(err)
-		}
-		s3Total += s3
 	}
+	s3Total := s3Bytes(t, ctx, sl.fleet...)
 	t.Logf("warm under %d stalled connections opened: %v, %.2fx the model from S3", opened(), took, s3Total/float64(sl.model.Size()))
 	if s3Total > 1.2*float64(sl.model.Size()) {
 		t.Fatalf("the fleet read %.2fx the model from S3 under attack, want the swarm to carry it", s3Total/float64(sl.model.Size()))

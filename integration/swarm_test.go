@@ -43,14 +43,7 @@ func TestSwarmPullsOnceFromS3(t *testing.T) {
 	size := float64(model.Size())
 	var s3Total float64
 	for _, d := range cold {
-		s3, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
-		if err != nil {
-			t.Fatal(err)
-		}
-		peerIn, _, err := d.Metric(ctx, `warmfleet_peer_bytes_total{direction="in"}`)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s3, peerIn := s3Bytes(t, ctx, d), metricOf(t, ctx, d, `warmfleet_peer_bytes_total{direction="in"}`)
 		t.Logf("%s: %.2f of the model from S3, %.2f from peers", d.Host().Name, s3/size, peerIn/size)
 		s3Total += s3
 	}
@@ -73,11 +66,7 @@ func TestSwarmPullsOnceFromS3(t *testing.T) {
 	}
 	late := start(hosts[3])
 	ready(late)
-	s3, _, err := late.Metric(ctx, "warmfleet_s3_bytes_total")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s3 != 0 {
+	if s3 := s3Bytes(t, ctx, late); s3 != 0 {
 		t.Fatalf("joining node read %.0f bytes from S3, want 0", s3)
 	}
 }
@@ -125,11 +114,7 @@ func TestSwarmSurvivesOriginDeath(t *testing.T) {
 			continue
 		}
 		waitReady(t, ctx, d, "fault", model)
-		s3, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
-		if err != nil {
-			t.Fatal(err)
-		}
-		s3Total += s3
+		s3Total += s3Bytes(t, ctx, d)
 	}
 	// One survivor takes over each of the victim's shards; the others keep
 	// following, so the survivors together still read the model about once.
@@ -184,13 +169,7 @@ func TestSwarmBansCorruptingPeer(t *testing.T) {
 	})
 	joiner := startSwarmDaemon(t, ctx, lab, hosts[2], bin, key, seed)
 	waitReady(t, ctx, joiner, "corrupt", model)
-	metric := func(name string) float64 {
-		v, _, err := joiner.Metric(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
+	metric := func(name string) float64 { return metricOf(t, ctx, joiner, name) }
 	banned, failed, s3 := metric("warmfleet_peers_banned_total"), metric(`warmfleet_pieces_total{result="failed"}`), metric("warmfleet_s3_bytes_total")
 	t.Logf("joiner: %v peers banned, %v pieces failed, %v bytes from S3", banned, failed, s3)
 	if failed < 1 || banned < 1 {
@@ -246,4 +225,36 @@ func waitReady(t testing.TB, ctx context.Context, d *netlab.Daemon, name string,
 		}
 		return model.Verify(st.Path)
 	}, wait.Context(ctx))
+}
+
+// waitRemoved waits until d no longer has cache name.
+func waitRemoved(t testing.TB, ctx context.Context, d *netlab.Daemon, name string) {
+	t.Helper()
+	wait.Err(t, d.Host().Name+" removed "+name, func() error {
+		if st, err := d.CacheStatus(ctx, name); err == nil {
+			return fmt.Errorf("still there: %s", st.State)
+		}
+		return nil
+	}, wait.Context(ctx))
+}
+
+// metricOf returns d's metric name (a sum over its label sets; a selector
+// such as name{label="v"} narrows it).
+func metricOf(t testing.TB, ctx context.Context, d *netlab.Daemon, name string) float64 {
+	t.Helper()
+	v, _, err := d.Metric(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// s3Bytes returns the bytes the daemons read from S3 together.
+func s3Bytes(t testing.TB, ctx context.Context, ds ...*netlab.Daemon) float64 {
+	t.Helper()
+	var sum float64
+	for _, d := range ds {
+		sum += metricOf(t, ctx, d, "warmfleet_s3_bytes_total")
+	}
+	return sum
 }

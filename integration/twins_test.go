@@ -2,13 +2,11 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
-	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // TestSwarmTwinModels caches three models from identical files (same
@@ -50,14 +48,7 @@ func TestSwarmTwinModels(t *testing.T) {
 		}
 	}
 	size := float64(models[0].Size())
-	var s3Total float64
-	for _, d := range fleet {
-		s3, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
-		if err != nil {
-			t.Fatal(err)
-		}
-		s3Total += s3
-	}
+	s3Total := s3Bytes(t, ctx, fleet...)
 	t.Logf("three names of one content read %.2fx the content from S3", s3Total/size)
 	if s3Total > 1.5*size {
 		t.Fatalf("the fleet read %.2fx the content from S3 for three names of it, want about 1x", s3Total/size)
@@ -67,12 +58,7 @@ func TestSwarmTwinModels(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, d := range fleet {
-		wait.Err(t, d.Host().Name+" removed tw1", func() error {
-			if st, err := d.CacheStatus(ctx, "tw1"); err == nil {
-				return fmt.Errorf("still there: %s", st.State)
-			}
-			return nil
-		}, wait.Context(ctx))
+		waitRemoved(t, ctx, d, "tw1")
 	}
 	late := startSwarmDaemon(t, ctx, lab, hosts[3], bin, key, seed)
 	for _, d := range append(fleet, late) {
@@ -80,11 +66,7 @@ func TestSwarmTwinModels(t *testing.T) {
 			waitReady(t, ctx, d, name, models[i+1])
 		}
 	}
-	s3, _, err := late.Metric(ctx, "warmfleet_s3_bytes_total")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s3 > 0.1*size {
+	if s3 := s3Bytes(t, ctx, late); s3 > 0.1*size {
 		t.Fatalf("the node joining after tw1 went read %.2fx the content from S3, want it from its peers", s3/size)
 	}
 }
