@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,7 +170,7 @@ func TestFleetGossip(t *testing.T) {
 
 	// A node with another key cannot join: it stays alone and unseen.
 	intruder := start(hosts[5], writeKey(t, "other.key"))
-	time.Sleep(3 * time.Second) // give it time to try; membership converges in about a second
+	wait.For(t, "the intruder's join refused", func() bool { return strings.Contains(intruder.Log(), "gossip: join failed") }, wait.Context(ctx))
 	f, err := fleetView(ctx, daemons[0])
 	if err != nil {
 		t.Fatal(err)
