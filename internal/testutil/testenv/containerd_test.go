@@ -47,12 +47,7 @@ func TestStartContainerdProcessStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	if err := stop(); err != nil { // idempotent
-		t.Fatal(err)
-	}
+	stopTwice(t, stop)
 	if err := syscall.Kill(c.PID, 0); err == nil {
 		t.Fatalf("containerd pid %d still alive after stop", c.PID)
 	}

@@ -89,12 +89,7 @@ func TestStartS3ProcessStopAndTakenPort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	if err := stop(); err != nil { // idempotent
-		t.Fatal(err)
-	}
+	stopTwice(t, stop)
 	if err := WaitTCP(canceledSoon(t), s.Addr); err == nil {
 		t.Errorf("gateway still accepts connections on %s after stop", s.Addr)
 	}
@@ -119,4 +114,16 @@ func listen(t *testing.T) string {
 	}
 	t.Cleanup(func() { _ = l.Close() })
 	return l.Addr().String()
+}
+
+// stopTwice calls a service's stop function twice: the second call, after
+// the service is gone, must succeed too.
+func stopTwice(t *testing.T, stop func() error) {
+	t.Helper()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("second stop: %v", err)
+	}
 }
