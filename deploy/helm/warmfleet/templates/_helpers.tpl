@@ -55,6 +55,29 @@ app.kubernetes.io/component: {{ .component }}
 /etc/warmfleet/cluster/{{ required "clusterKey.key: the key's file name in the Secret" .Values.clusterKey.key }}
 {{- end -}}
 
+{{/* A volume holding one key of a Secret as a file only its owner reads:
+dict "name" VOLUME "secret" SECRET "key" KEY. The router's user reads it
+through the pod's fsGroup. */}}
+{{- define "warmfleet.secretVolume" -}}
+- name: {{ .name }}
+  secret:
+    secretName: {{ .secret }}
+    defaultMode: 0400
+    items:
+      - key: {{ .key }}
+        path: {{ .key }}
+{{- end -}}
+
+{{/* GOMEMLIMIT from the container's memory limit, so the Go runtime collects
+before the kernel kills it: dict "container" NAME. */}}
+{{- define "warmfleet.goMemLimit" -}}
+- name: GOMEMLIMIT
+  valueFrom:
+    resourceFieldRef:
+      containerName: {{ .container }}
+      resource: limits.memory
+{{- end -}}
+
 {{/* Checks values whose errors the schema cannot phrase. */}}
 {{- define "warmfleet.validate" -}}
 {{- if and .Values.daemon.enabled (not .Values.daemon.dataDir) -}}
