@@ -78,7 +78,9 @@ before the kernel kills it: dict "container" NAME. */}}
       resource: limits.memory
 {{- end -}}
 
-{{/* Checks values whose errors the schema cannot phrase. */}}
+{{/* Checks across values, which the schema cannot express (the router needs
+the daemons), and the data directory again with a fuller message for an
+install that skips the schema (--skip-schema-validation). */}}
 {{- define "warmfleet.validate" -}}
 {{- if and .Values.daemon.enabled (not .Values.daemon.dataDir) -}}
 {{- fail "daemon.dataDir: give the node's cache directory (an absolute host path on the NVMe, e.g. /opt/dlami/nvme/warmfleet)" -}}
