@@ -14,7 +14,7 @@ DEB_PACKAGES := containerd runc docker-registry skopeo umoci rclone iproute2 chr
 DEB_BINARIES := containerd runc docker-registry skopeo umoci rclone ip tc chromium chromedriver
 TEST_TIMEOUT ?= 25m
 
-.PHONY: all build test deps lint fmt vet fuzz bench-s3 clean
+.PHONY: all build test deps deb-packages lint fmt vet fuzz bench-s3 clean
 
 all: build
 
@@ -26,10 +26,13 @@ build:
 # deps installs what the tests need and is missing: Debian packages when
 # root (skipped otherwise: the tests that need them skip, except in CI), and
 # versitygw, helm and llm-d-inference-sim (an engine simulator that publishes
-# vLLM's KV-cache events) into the project-local bin/. The simulator is built
-# in a scratch module: `go install pkg@version` asks the proxy for the
-# module's version list, which it refuses for this module.
-deps:
+# vLLM's KV-cache events) into the project-local bin/, each a file target
+# made only when it is not there yet.
+TOOLS := $(BIN)/versitygw $(BIN)/helm $(BIN)/llm-d-inference-sim
+
+deps: deb-packages $(TOOLS)
+
+deb-packages:
 	@missing=""; for b in $(DEB_BINARIES); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
@@ -39,21 +42,23 @@ deps:
 			echo "not root: cannot install$$missing; tests that need them will skip"; \
 		fi; \
 	fi
-	@if [ ! -x $(BIN)/versitygw ]; then \
-		echo "installing versitygw $(VERSITYGW_VERSION) into $(BIN)"; \
-		GOBIN=$(BIN) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION); \
-	fi
-	@if [ ! -x $(BIN)/helm ]; then \
-		echo "installing helm $(HELM_VERSION) into $(BIN)"; \
-		GOBIN=$(BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
-	fi
-	@if [ ! -x $(BIN)/llm-d-inference-sim ]; then \
-		echo "installing llm-d-inference-sim $(INFERENCE_SIM_VERSION) into $(BIN)"; \
-		tmp=$$(mktemp -d) && cd $$tmp && $(GO) mod init sim >/dev/null 2>&1 && \
-		$(GO) get github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim@$(INFERENCE_SIM_VERSION) && \
-		CGO_ENABLED=0 $(GO) build -o $(BIN)/llm-d-inference-sim github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim && \
-		cd / && rm -rf $$tmp; \
-	fi
+
+$(BIN)/versitygw:
+	@echo "installing versitygw $(VERSITYGW_VERSION) into $(BIN)"
+	GOBIN=$(BIN) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+
+$(BIN)/helm:
+	@echo "installing helm $(HELM_VERSION) into $(BIN)"
+	GOBIN=$(BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+# The simulator is built in a scratch module: `go install pkg@version` asks
+# the proxy for the module's version list, which it refuses for this module.
+$(BIN)/llm-d-inference-sim:
+	@echo "installing llm-d-inference-sim $(INFERENCE_SIM_VERSION) into $(BIN)"
+	tmp=$$(mktemp -d) && cd $$tmp && $(GO) mod init sim >/dev/null 2>&1 && \
+	$(GO) get github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim@$(INFERENCE_SIM_VERSION) && \
+	CGO_ENABLED=0 $(GO) build -o $@ github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim && \
+	cd / && rm -rf $$tmp
 
 # test runs every test with the race detector. The tests start the real
 # services they use themselves (versitygw S3 servers, containerd daemons, a
@@ -77,7 +82,7 @@ vet:
 # testdata/fuzz/ by the Go fuzzer, to be committed as a seed. `make test`
 # already runs every target's seed corpus as an ordinary test.
 fuzz:
-	FUZZTIME=$${FUZZTIME:-5s} GO=$(GO) scripts/fuzz-short.sh
+	GO=$(GO) scripts/fuzz-short.sh
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

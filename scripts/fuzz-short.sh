@@ -13,9 +13,11 @@ count=0
 for pkg in $(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do
 	for target in $(cat "$pkg"/*_test.go | grep -o '^func Fuzz[A-Za-z0-9_]*' | sed 's/^func //' | sort -u); do
 		count=$((count + 1))
-		if ! "$go" test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg" >"/tmp/fuzz-${target}.log" 2>&1; then
-			echo "FAIL $pkg $target (log: /tmp/fuzz-${target}.log)"
-			tail -20 "/tmp/fuzz-${target}.log"
+		# Two packages may hold a target of the same name: the log is named by both.
+		log="/tmp/fuzz-$(echo "${pkg#./}" | tr / -)-${target}.log"
+		if ! "$go" test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg" >"$log" 2>&1; then
+			echo "FAIL $pkg $target (log: $log)"
+			tail -20 "$log"
 			failed+=("$pkg:$target")
 		else
 			echo "ok   $pkg $target"

@@ -55,7 +55,32 @@ app.kubernetes.io/component: {{ .component }}
 /etc/warmfleet/cluster/{{ required "clusterKey.key: the key's file name in the Secret" .Values.clusterKey.key }}
 {{- end -}}
 
-{{/* Checks values whose errors the schema cannot phrase. */}}
+{{/* A volume holding one key of a Secret as a file only its owner reads:
+dict "name" VOLUME "secret" SECRET "key" KEY. The router's user reads it
+through the pod's fsGroup. */}}
+{{- define "warmfleet.secretVolume" -}}
+- name: {{ .name }}
+  secret:
+    secretName: {{ .secret }}
+    defaultMode: 0400
+    items:
+      - key: {{ .key }}
+        path: {{ .key }}
+{{- end -}}
+
+{{/* GOMEMLIMIT from the container's memory limit, so the Go runtime collects
+before the kernel kills it: dict "container" NAME. */}}
+{{- define "warmfleet.goMemLimit" -}}
+- name: GOMEMLIMIT
+  valueFrom:
+    resourceFieldRef:
+      containerName: {{ .container }}
+      resource: limits.memory
+{{- end -}}
+
+{{/* Checks across values, which the schema cannot express (the router needs
+the daemons), and the data directory again with a fuller message for an
+install that skips the schema (--skip-schema-validation). */}}
 {{- define "warmfleet.validate" -}}
 {{- if and .Values.daemon.enabled (not .Values.daemon.dataDir) -}}
 {{- fail "daemon.dataDir: give the node's cache directory (an absolute host path on the NVMe, e.g. /opt/dlami/nvme/warmfleet)" -}}
