@@ -26,8 +26,20 @@ type nodeMetrics struct {
 	members, lag, behind, bytesSent, bytesRecv, packetDrops *prometheus.Desc
 }
 
+// dropReasons and receivedTypes are every label value of the dropped and
+// received counters.
+var (
+	dropReasons   = []string{dropDecode, dropOversize, dropInvalid, dropUnexpected, dropQueueFull}
+	receivedTypes = []msgType{msgSpecs, msgInventory, msgWant, msgInventories, msgState, msgBye, msgDigest, msgKeyOp, msgKeyAck}
+)
+
+// newNodeMetrics starts every series of the dropped and received counters
+// at zero, so a scrape shows them before the first message: a rate over
+// the first drop is not lost to a series that did not exist yet, and the
+// collector's kind of metric is visible in what it collects (the metrics
+// reference reads it there).
 func newNodeMetrics(n *Node) *nodeMetrics {
-	return &nodeMetrics{
+	m := &nodeMetrics{
 		n: n,
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmfleet_gossip_messages_dropped_total",
@@ -54,6 +66,13 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		packetDrops: prometheus.NewDesc("warmfleet_gossip_packets_overflow_total",
 			"Inbound packets dropped because the receive buffer was full.", nil, nil),
 	}
+	for _, r := range dropReasons {
+		m.dropped.WithLabelValues(r)
+	}
+	for _, t := range receivedTypes {
+		m.received.WithLabelValues(t.String())
+	}
+	return m
 }
 
 func (m *nodeMetrics) drop(reason string) { m.dropped.WithLabelValues(reason).Inc() }

@@ -12,7 +12,7 @@
 //
 // Nothing else is served: another method on those paths is refused with 405
 // (net/http's ServeMux answers it, with an Allow header) and any other path
-// is 404. A listener that serves only this handler can therefore be left
+// is 404. A listener that serves only these endpoints can therefore be left
 // without authentication: it changes nothing and shows only what metrics
 // show.
 package health
@@ -44,13 +44,6 @@ func Mount(mux *http.ServeMux, g prometheus.Gatherer, ready func() error) {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-}
-
-// Handler serves only the probes and metrics: nothing that changes state.
-func Handler(g prometheus.Gatherer, ready func() error) http.Handler {
-	mux := http.NewServeMux()
-	Mount(mux, g, ready)
-	return mux
 }
 
 // Readiness is an ordered list of named conditions, all of which must hold

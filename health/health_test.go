@@ -27,7 +27,8 @@ func TestReadinessNamesTheFirstMissingCondition(t *testing.T) {
 		}
 		return nil
 	})
-	h := Handler(prometheus.NewRegistry(), r.Err)
+	h := http.NewServeMux()
+	Mount(h, prometheus.NewRegistry(), r.Err)
 	for _, step := range []struct {
 		loaded, joined bool
 		code           int

@@ -154,17 +154,20 @@ func waitReady(ctx context.Context, e *Env, cl *api.Client, name string, timeout
 	defer tick.Stop()
 	var st api.CacheStatus
 	var lastErr string
-	timedOut := func() error {
+	// ended says why the wait ended once waitCtx has: the caller's ctx
+	// (a signal), else the timeout.
+	ended := func() error {
+		if ctx.Err() != nil {
+			return fmt.Errorf("stopped waiting for %s: %w (%s)", name, context.Cause(ctx), standing(st))
+		}
 		return fmt.Errorf("%w: %s is not ready after %s: %s; the daemon keeps working on it: follow it with `warmfleet cache status %s`",
 			errTimeout, name, timeout, standing(st), name)
 	}
 	for {
 		cur, err := cl.Cache(waitCtx, name)
 		switch {
-		case err != nil && ctx.Err() == nil && waitCtx.Err() != nil:
-			return st, timedOut()
-		case err != nil && ctx.Err() != nil:
-			return st, fmt.Errorf("stopped waiting for %s: %w (%s)", name, context.Cause(ctx), standing(st))
+		case err != nil && waitCtx.Err() != nil:
+			return st, ended()
 		case err != nil:
 			return st, err
 		}
@@ -183,10 +186,7 @@ func waitReady(ctx context.Context, e *Env, cl *api.Client, name string, timeout
 		}
 		select {
 		case <-waitCtx.Done():
-			if ctx.Err() != nil {
-				return st, fmt.Errorf("stopped waiting for %s: %w (%s)", name, context.Cause(ctx), standing(st))
-			}
-			return st, timedOut()
+			return st, ended()
 		case <-tick.C:
 		}
 	}
@@ -219,12 +219,16 @@ func standing(st api.CacheStatus) string {
 	if st.State == "" {
 		return "no status received yet"
 	}
-	pct := 0.0
-	if st.BytesTotal > 0 {
-		pct = 100 * float64(st.BytesDone) / float64(st.BytesTotal)
-	}
 	return fmt.Sprintf("state %s, %s of %s (%.0f%%), last error: %s", st.State,
-		bytesize.Format(st.BytesDone), bytesize.Format(st.BytesTotal), pct, orNone(st.Error))
+		bytesize.Format(st.BytesDone), bytesize.Format(st.BytesTotal), percent(st.BytesDone, st.BytesTotal), orNone(st.Error))
+}
+
+// percent is done as a percentage of total, 0 while the total is unknown.
+func percent(done, total int64) float64 {
+	if total <= 0 {
+		return 0
+	}
+	return 100 * float64(done) / float64(total)
 }
 
 // targetsText renders a spec's targets as the flags that set them.
@@ -395,11 +399,7 @@ func printTable(w io.Writer, all []api.CacheStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSTATE\tREADY\tPROGRESS\tSIZE\tREVISION\tPATH\tERROR")
 	for _, st := range all {
-		pct := 0.0
-		if st.BytesTotal > 0 {
-			pct = 100 * float64(st.BytesDone) / float64(st.BytesTotal)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%t\t%.0f%%\t%s\t%s\t%s\t%s\n", st.Name, st.State, st.Ready, pct,
+		fmt.Fprintf(tw, "%s\t%s\t%t\t%.0f%%\t%s\t%s\t%s\t%s\n", st.Name, st.State, st.Ready, percent(st.BytesDone, st.BytesTotal),
 			bytesize.Format(st.BytesTotal), st.RevisionID, st.Path, st.Error)
 	}
 	return tw.Flush()

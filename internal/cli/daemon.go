@@ -16,6 +16,7 @@ import (
 	"github.com/warmfleet/warmfleet/daemon"
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
+	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/sdnotify"
 	"github.com/warmfleet/warmfleet/p2p"
@@ -304,12 +305,16 @@ func leaveFleet(log *slog.Logger, node *gossip.Node) {
 	}
 }
 
-// apiServer serves the daemon's API. Requests are small and come from
-// this host or the fleet's tooling: a client that stalls mid-request or
-// leaves a connection idle is cut off, so abandoned connections do not pile
-// up (each holds a descriptor and a goroutine) or stall a shutdown.
+// apiServer serves the daemon's API with the probe listener's timeouts:
+// requests are small and come from this host or the fleet's tooling, so a
+// client that stalls mid-request or leaves a connection idle is cut off,
+// and abandoned connections do not pile up (each holds a descriptor and a
+// goroutine) or stall a shutdown. Answers are not bounded: `cache verify`
+// answers when the whole cache is re-hashed.
 func apiServer(h http.Handler) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+	srv := health.Server(h)
+	srv.WriteTimeout = 0
+	return srv
 }
 
 // defaultContainerdSocket is where containerd listens on a Kubernetes node.

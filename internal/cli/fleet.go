@@ -30,11 +30,7 @@ func printFleet(w io.Writer, f api.Fleet) error {
 			case api.StateFailed:
 				busy = append(busy, name+" (failed)")
 			default:
-				pct := 0.0
-				if mm.BytesTotal > 0 {
-					pct = 100 * float64(mm.BytesDone) / float64(mm.BytesTotal)
-				}
-				busy = append(busy, fmt.Sprintf("%s %.0f%%", name, pct))
+				busy = append(busy, fmt.Sprintf("%s %.0f%%", name, percent(mm.BytesDone, mm.BytesTotal)))
 			}
 		}
 		name := m.Name

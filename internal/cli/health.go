@@ -26,7 +26,6 @@ import (
 type daemonProbes struct {
 	ready   health.Readiness
 	daemon  atomic.Pointer[daemon.Daemon]
-	fleet   *atomic.Pointer[gossip.Node]
 	serving atomic.Bool
 }
 
@@ -34,7 +33,7 @@ type daemonProbes struct {
 // order: state loaded, API serving, and with join set at least one other
 // fleet member alive.
 func newDaemonProbes(join []string, fleet *atomic.Pointer[gossip.Node]) *daemonProbes {
-	p := &daemonProbes{fleet: fleet}
+	p := &daemonProbes{}
 	p.ready.Add("state", func() error {
 		d := p.daemon.Load()
 		if d == nil {

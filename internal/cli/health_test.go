@@ -39,21 +39,9 @@ func get(t *testing.T, method, url, token string) (int, string, error) {
 
 // launchDaemon runs `warmfleet daemon args` in-process until the test ends
 // and returns its output so far, on demand.
-func launchDaemon(t *testing.T, getenv func(string) string, args ...string) (out *syncBuffer, exited <-chan int) {
+func launchDaemon(t *testing.T, getenv func(string) string, args ...string) *syncBuffer {
 	t.Helper()
-	out = &syncBuffer{}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan int, 1)
-	go func() {
-		done <- Run(ctx, append([]string{"daemon"}, args...), &Env{Stdout: out, Stderr: out, Getenv: getenv})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if code := <-done; code != 0 {
-			t.Errorf("daemon exited %d: %s", code, out.String())
-		}
-	})
-	return out, done
+	return runInBackgroundEnv(t, getenv, append([]string{"daemon"}, args...)...)
 }
 
 // TestMetricsListenerProbes: the metrics listener answers before the
@@ -79,7 +67,7 @@ func TestMetricsListenerProbes(t *testing.T) {
 	}
 	apiAddr, metricsAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	gossipAddr, peerAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
-	out, _ := launchDaemon(t, noEnv, "--data-dir", dataDir, "--api", apiAddr, "--api-token-file", tokenFile,
+	out := launchDaemon(t, noEnv, "--data-dir", dataDir, "--api", apiAddr, "--api-token-file", tokenFile,
 		"--metrics-listen", metricsAddr, "--containerd", "off", "--reserve", "0", "--reserve-fraction", "0",
 		"--node-name", "node-a", "--gossip", gossipAddr, "--insecure-gossip", "--join", peerAddr)
 	metrics := "http://" + metricsAddr

@@ -69,8 +69,13 @@ func runDaemon(ctx context.Context, e *Env, args []string) error {
 // program name and a context that ends on SIGINT or SIGTERM, and its result
 // is the exit code.
 func Main(run func(ctx context.Context, args []string, e *Env) int) {
+	os.Exit(runUntilSignal(run, os.Args[1:]))
+}
+
+// runUntilSignal runs run on args with a context that ends on SIGINT or
+// SIGTERM and returns its exit code.
+func runUntilSignal(run func(ctx context.Context, args []string, e *Env) int, args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], StdEnv())
-	stop()
-	os.Exit(code)
+	defer stop()
+	return run(ctx, args, StdEnv())
 }

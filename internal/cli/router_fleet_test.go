@@ -20,11 +20,18 @@ import (
 // runInBackground runs a long-running command until the test ends.
 func runInBackground(t *testing.T, args ...string) *syncBuffer {
 	t.Helper()
+	return runInBackgroundEnv(t, os.Getenv, args...)
+}
+
+// runInBackgroundEnv is runInBackground with the environment getenv
+// reads; the test fails if the command exits non-zero when stopped.
+func runInBackgroundEnv(t *testing.T, getenv func(string) string, args ...string) *syncBuffer {
+	t.Helper()
 	out := &syncBuffer{}
 	ctx, cancel := context.WithCancel(t.Context())
 	exited := make(chan int, 1)
 	go func() {
-		exited <- Run(ctx, args, &Env{Stdout: out, Stderr: out, Getenv: os.Getenv})
+		exited <- Run(ctx, args, &Env{Stdout: out, Stderr: out, Getenv: getenv})
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"syscall"
@@ -26,11 +25,7 @@ func TestHelperWarmfleet(t *testing.T) {
 	if os.Getenv(helperEnv) == "" {
 		t.Skip("entry point for warmfleet processes started by tests")
 	}
-	args := os.Args[slices.Index(os.Args, "--")+1:]
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := Run(ctx, args, StdEnv())
-	stop()
-	os.Exit(code)
+	os.Exit(runUntilSignal(Run, os.Args[slices.Index(os.Args, "--")+1:]))
 }
 
 // runWarmfleet starts `warmfleet args` as a process with env added; the

@@ -2,9 +2,10 @@ package lab
 
 import (
 	"bytes"
-	"github.com/warmfleet/warmfleet/internal/cli"
 	"strings"
 	"testing"
+
+	"github.com/warmfleet/warmfleet/internal/cli"
 )
 
 // TestBenchBadFlags: every bench's bad flags end in a usage error (exit 2)

@@ -3,7 +3,6 @@ package lab
 import (
 	"context"
 	"fmt"
-	"github.com/warmfleet/warmfleet/internal/cli"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/integration/fleetbench"
 	"github.com/warmfleet/warmfleet/integration/netlab"
+	"github.com/warmfleet/warmfleet/internal/cli"
 )
 
 // runBenchFleet builds a fleet of network-namespace hosts on shaped links

@@ -3,11 +3,11 @@ package lab
 import (
 	"context"
 	"fmt"
-	"github.com/warmfleet/warmfleet/internal/cli"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/warmfleet/warmfleet/internal/cli"
 	"github.com/warmfleet/warmfleet/router/balance"
 	"github.com/warmfleet/warmfleet/router/bench"
 )

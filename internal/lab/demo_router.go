@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/warmfleet/warmfleet/internal/cli"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/cli"
 	"github.com/warmfleet/warmfleet/router"
 	"github.com/warmfleet/warmfleet/router/llmsim"
 )

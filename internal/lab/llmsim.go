@@ -5,13 +5,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/warmfleet/warmfleet/internal/cli"
 	"log/slog"
 	"net"
 	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmfleet/warmfleet/internal/cli"
 	"github.com/warmfleet/warmfleet/router/llmsim"
 )
 

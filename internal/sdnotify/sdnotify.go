@@ -20,9 +20,9 @@ import (
 	sd "github.com/coreos/go-systemd/v22/daemon"
 )
 
-// sender delivers one notification; it reports false when there is no
-// socket to send to.
-type sender func(state string) (bool, error)
+// sender delivers one notification; without a socket it sends nothing and
+// reports no error.
+type sender func(state string) error
 
 // Notifier sends a process's notifications.
 type Notifier struct {
@@ -39,11 +39,11 @@ func FromEnv(log *slog.Logger) *Notifier {
 		log.Warn("systemd watchdog off", "err", err)
 		wd = 0
 	}
-	return &Notifier{log: log, send: func(s string) (bool, error) { return sd.SdNotify(false, s) }, watchdog: wd}
+	return &Notifier{log: log, send: func(s string) error { _, err := sd.SdNotify(false, s); return err }, watchdog: wd}
 }
 
 func (n *Notifier) notify(state string) {
-	if _, err := n.send(state); err != nil {
+	if err := n.send(state); err != nil {
 		n.log.Warn("systemd notification", "state", state, "err", err)
 	}
 }

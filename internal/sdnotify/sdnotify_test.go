@@ -28,11 +28,11 @@ type recorder struct {
 	msgs  []sent
 }
 
-func (r *recorder) send(state string) (bool, error) {
+func (r *recorder) send(state string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.msgs = append(r.msgs, sent{time.Since(r.start), state})
-	return true, nil
+	return nil
 }
 
 func (r *recorder) got() []sent {

@@ -22,12 +22,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/warmfleet/warmfleet/internal/testutil/s3put"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
 )
@@ -50,7 +48,10 @@ type Options struct {
 
 // Server is a running embedded S3 server.
 type Server struct {
-	ln        net.Listener
+	// s3 describes the server as the tests' S3 helpers know one (its
+	// endpoint and keys), so seeding it and pointing a process at it go
+	// through the same code as for versitygw.
+	s3        testenv.S3
 	srv       *http.Server
 	serveDone chan struct{}
 	closeOnce sync.Once
@@ -79,7 +80,8 @@ func Start(ctx context.Context, addr string, opts Options) (*Server, error) {
 		gofakes3.WithHostBucket(false),
 	)
 	s := &Server{
-		ln: ln,
+		s3: testenv.S3{Endpoint: "http://" + ln.Addr().String(), Addr: ln.Addr().String(),
+			AccessKey: AccessKey, SecretKey: SecretKey, Region: Region},
 		srv: &http.Server{
 			Handler:           fake.Server(),
 			ReadHeaderTimeout: 10 * time.Second,
@@ -97,7 +99,7 @@ func Start(ctx context.Context, addr string, opts Options) (*Server, error) {
 
 // Endpoint is the server's base URL, for AWS_ENDPOINT_URL_S3 or
 // s3origin.Options.Endpoint.
-func (s *Server) Endpoint() string { return "http://" + s.ln.Addr().String() }
+func (s *Server) Endpoint() string { return s.s3.Endpoint }
 
 // Credentials returns a static provider with the demo keys.
 func (s *Server) Credentials() aws.CredentialsProvider {
@@ -105,15 +107,7 @@ func (s *Server) Credentials() aws.CredentialsProvider {
 }
 
 // Env returns AWS_* variables pointing a child process at the server.
-func (s *Server) Env() []string {
-	return []string{
-		"AWS_ACCESS_KEY_ID=" + AccessKey,
-		"AWS_SECRET_ACCESS_KEY=" + SecretKey,
-		"AWS_REGION=" + Region,
-		"AWS_ENDPOINT_URL_S3=" + s.Endpoint(),
-		"AWS_EC2_METADATA_DISABLED=true",
-	}
-}
+func (s *Server) Env() []string { return s.s3.Env() }
 
 // Close stops the server; objects are gone.
 func (s *Server) Close() error {
@@ -138,25 +132,13 @@ func (s *Server) Close() error {
 	return s.closeErr
 }
 
-// client is an SDK client for seeding the server over its own HTTP API.
-func (s *Server) client() *s3.Client {
-	return s3.New(s3.Options{
-		Region:                     Region,
-		BaseEndpoint:               aws.String(s.Endpoint()),
-		UsePathStyle:               true,
-		Credentials:                s.Credentials(),
-		HTTPClient:                 awshttp.NewBuildableClient(),
-		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
-	})
-}
-
 // CreateBucket creates a bucket.
 func (s *Server) CreateBucket(ctx context.Context, name string) error {
-	return s3put.MakeBucket(ctx, s.client(), name)
+	return s.s3.MakeBucket(ctx, name)
 }
 
 // PutObject stores size bytes from r as bucket/key, streaming them through
 // the S3 API. It fits synthmodel's Upload.
 func (s *Server) PutObject(ctx context.Context, bucket, key string, r io.Reader, size int64) error {
-	return s3put.Put(ctx, s.client(), bucket, key, r, size)
+	return s.s3.Put(ctx, bucket, key, r, size)
 }

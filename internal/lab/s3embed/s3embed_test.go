@@ -158,7 +158,7 @@ func TestStopsWithContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := s.ln.Addr().String()
+	addr := s.s3.Addr
 	cancel()
 	// Close is idempotent and waits for the server; after it, nobody
 	// listens.

@@ -1,19 +1,15 @@
 // Package metricsdoc writes the metrics reference (docs/metrics.md) from
 // the collectors the daemon and router register. It is test support: only
-// the reference's test imports it, so the reflection it needs to read a
-// custom collector's unexported vectors never ships in the product.
+// the reference's test imports it.
 package metricsdoc
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
-	"maps"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
-	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -29,14 +25,15 @@ type Metric struct {
 // Reference lists the metrics collectors export whose names start with
 // prefix, sorted by name; several collectors of one name (one per constant
 // label value) make one entry. A metric's type comes from the collector's
-// kind (a vector) or from what it collects; one whose type cannot be
-// told is an error rather than a guess.
+// kind (a vector, which may have no series yet) or from what it collects:
+// a custom collector shows each of its metrics' types by collecting a
+// series of it (gossip's starts its counters at zero for that). One whose
+// type cannot be told is an error rather than a guess.
 func Reference(prefix string, cs []prometheus.Collector) ([]Metric, error) {
 	byName := map[string]*Metric{}
 	var errs []error
 	for _, c := range cs {
 		types := collectedTypes(c)
-		maps.Copy(types, innerVecTypes(c))
 		descs := make(chan *prometheus.Desc)
 		go func() { c.Describe(descs); close(descs) }()
 		for d := range descs {
@@ -88,37 +85,6 @@ func vecType(c prometheus.Collector) string {
 		return "summary"
 	}
 	return ""
-}
-
-// innerVecTypes maps the descriptions of the vectors a collector struct
-// holds in its fields to their types: a custom collector (gossip's) may
-// hold a vector with no series yet, which neither its kind nor a collect
-// tells. The fields are unexported, so they are read through their
-// address; this runs only to write the reference.
-func innerVecTypes(c prometheus.Collector) map[string]string {
-	types := map[string]string{}
-	v := reflect.ValueOf(c)
-	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
-		return types
-	}
-	s := v.Elem()
-	for i := range s.NumField() {
-		f := s.Field(i)
-		inner, ok := reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().Interface().(prometheus.Collector)
-		if !ok || f.IsNil() {
-			continue
-		}
-		t := vecType(inner)
-		if t == "" {
-			continue
-		}
-		descs := make(chan *prometheus.Desc)
-		go func() { inner.Describe(descs); close(descs) }()
-		for d := range descs {
-			types[d.String()] = t
-		}
-	}
-	return types
 }
 
 // collectedTypes maps each description c collects to its type.
