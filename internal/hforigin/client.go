@@ -244,7 +244,7 @@ func New(opts Options) (*Client, error) {
 		t.DisableCompression = true
 		tr = t
 	}
-	c := &Client{opts: opts, hubHost: u.Host, sleep: sleepCtx}
+	c := &Client{opts: opts, hubHost: u.Host, sleep: s3origin.SleepCtx}
 	c.api = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	c.get = &http.Client{Transport: tr, CheckRedirect: func(req *http.Request, via []*http.Request) error {
 		if len(via) >= 5 {
@@ -263,17 +263,6 @@ func (c *Client) Endpoint() string { return c.opts.Endpoint }
 
 // PartSize is the configured part size.
 func (c *Client) PartSize() int64 { return c.opts.PartSize }
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
-	}
-}
 
 // newRequest builds a request to u, with the token when u is on the Hub's
 // own host.

@@ -3,15 +3,22 @@ package hforigin
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
@@ -485,3 +492,101 @@ func TestDownloadResumesAndChecksPartsFromAnEarlierRun(t *testing.T) {
 		}
 	}
 }
+
+// A body that keeps delivering, however slowly, is no stall: the stall
+// timer restarts at every read, not every copy buffer (1 MiB, which this
+// body takes 64 StallTimeouts to fill). Run in a synctest bubble against
+// a real http.Server over in-memory pipes, so the minutes pass at once.
+func TestSlowSteadyBodyIsNoStall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const stall = time.Minute
+		data := randBytes(9, 1<<20)
+		sum := sha256.Sum256(data)
+		obj := s3origin.Object{Bucket: "org/m", Key: "w.bin", Path: "w.bin", Size: int64(len(data)),
+			ETag: hex.EncodeToString(sum[:]), VersionID: strings.Repeat("a", 40)}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodHead {
+				return
+			}
+			var first, last int
+			if _, err := fmt.Sscanf(r.Header.Get("Range"), "bytes=%d-%d", &first, &last); err != nil || first > last || last >= len(data) {
+				http.Error(w, "bad range", http.StatusRequestedRangeNotSatisfiable)
+				return
+			}
+			w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", first, last, len(data)))
+			w.Header().Set("Content-Length", strconv.Itoa(last-first+1))
+			w.WriteHeader(http.StatusPartialContent)
+			for b := data[first : last+1]; len(b) > 0; b = b[min(4<<10, len(b)):] {
+				select {
+				case <-time.After(stall / 4):
+				case <-r.Context().Done():
+					return
+				}
+				w.Write(b[:min(4<<10, len(b))])
+				w.(http.Flusher).Flush()
+			}
+		})}
+		l := newPipeListener()
+		go srv.Serve(l)
+		defer srv.Close()
+		tr := &http.Transport{DialContext: l.dial}
+		defer tr.CloseIdleConnections()
+		c, err := New(Options{Endpoint: "http://hub.test", Transport: tr, StallTimeout: stall, PartSize: s3origin.MinPartSize})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &sleeps{}
+		c.sleep = s.sleep
+		if err := c.Download(t.Context(), obj, tempFile(t), s3origin.Plan{}); err != nil {
+			t.Fatal(err)
+		}
+		if d := s.all(); len(d) != 0 {
+			t.Errorf("%d retries: a body that keeps delivering was taken for a stall", len(d))
+		}
+	})
+}
+
+// pipeListener hands an http.Server the server ends of net.Pipe
+// connections that an http.Transport dials.
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newPipeListener() *pipeListener {
+	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	client, server := net.Pipe()
+	select {
+	case l.conns <- server:
+		return client, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "pipe" }

@@ -146,7 +146,7 @@ func New(ctx context.Context, opts Options) (*Client, error) {
 				so.MaxAttempts = opts.MaxAttempts
 				so.RateLimiter = ratelimit.None
 				so.Backoff = retry.BackoffDelayerFunc(func(attempt int, _ error) (time.Duration, error) {
-					return backoff(attempt, opts.RetryBackoff, rand.Float64()), nil
+					return Backoff(attempt, opts.RetryBackoff, rand.Float64()), nil
 				})
 			})
 		}),

@@ -107,15 +107,12 @@ func isUnreachable(err error) bool {
 		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
 }
 
-// errShortBody: a body ended before the promised length.
-var errShortBody = errors.New("body ended early")
-
 // retryable tells whether a failed GET (or a body read) may succeed when
 // tried again: throttling, 5xx, request timeouts, and connections that break
 // or stall. Changes of the source, missing objects and permission problems
 // are final.
 func retryable(err error) bool {
-	var local localError
+	var local LocalError
 	if errors.As(err, &local) {
 		return false
 	}
@@ -123,7 +120,7 @@ func retryable(err error) bool {
 	case err == nil, contextError(err) != nil,
 		errors.Is(err, ErrSourceChanged), errors.Is(err, ErrServer), errors.Is(err, ErrNotFound):
 		return false
-	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, errShortBody),
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, ErrShortBody),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE):
 		return true
 	}
