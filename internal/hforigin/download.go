@@ -147,7 +147,7 @@ func (c *Client) Download(ctx context.Context, obj s3origin.Object, dst s3origin
 	}
 	loc := &locator{c: c, obj: obj}
 	// Asking first also fails fast on a gated repository or a moved file.
-	if err := c.withRetries(ctx, obj.Bucket, "resolve "+URL(obj), func() error {
+	if err := c.retrier(obj.Bucket, "retrying Hub request").Do(ctx, "resolve "+URL(obj), func() error {
 		_, err := loc.get(ctx)
 		return err
 	}); err != nil {
@@ -264,22 +264,27 @@ func (c *Client) fetchParts(ctx context.Context, loc *locator, dst s3origin.File
 }
 
 // fetchRange writes bytes [start, end) of the file into dst, resuming
-// where a broken connection stopped, retrying with s3origin's loop.
+// where a broken connection stopped.
 func (c *Client) fetchRange(ctx context.Context, loc *locator, start, end int64, what string, dst io.WriterAt, buf []byte) error {
-	r := s3origin.Retrier{
+	return c.retrier(loc.obj.Bucket, "retrying Hub range").FetchRange(ctx, start, end, what, func(off int64) (int64, error) {
+		return c.getRange(ctx, loc, off, end, dst, buf)
+	})
+}
+
+// retrier is s3origin's retry loop with the Hub's errors and delays
+// (Retry-After), its failures explained for repo, note logged on a retry.
+func (c *Client) retrier(repo, note string) s3origin.Retrier {
+	return s3origin.Retrier{
 		MaxAttempts: c.opts.MaxAttempts,
 		Retryable:   retryable,
 		Delay: func(err error, failures int) time.Duration {
 			return retryDelay(err, failures, c.opts.RetryBackoff, c.opts.MaxRetryAfter, rand.Float64())
 		},
-		Explain: func(err error, what string) error { return c.explain(err, loc.obj.Bucket, what) },
+		Explain: func(err error, what string) error { return c.explain(err, repo, what) },
 		Sleep:   c.sleep,
 		Logger:  c.opts.Logger,
-		Note:    "retrying Hub range",
+		Note:    note,
 	}
-	return r.FetchRange(ctx, start, end, what, func(off int64) (int64, error) {
-		return c.getRange(ctx, loc, off, end, dst, buf)
-	})
 }
 
 // errExpired: the CDN refused an address it gave before (signed URLs

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"path"
@@ -95,30 +94,11 @@ func escapePath(p string) string {
 // apiGet GETs an API document, retrying throttling and server errors, and
 // reads at most MaxAPIBody bytes of it.
 func (c *Client) apiGet(ctx context.Context, u, repo, what string) (body []byte, hdr http.Header, err error) {
-	err = c.withRetries(ctx, repo, what, func() error {
+	err = c.retrier(repo, "retrying Hub request").Do(ctx, what, func() error {
 		body, hdr, err = c.apiGetOnce(ctx, u)
 		return err
 	})
 	return body, hdr, err
-}
-
-// withRetries runs a request until it succeeds, fails for good or runs out
-// of MaxAttempts, waiting between tries as retryDelay says.
-func (c *Client) withRetries(ctx context.Context, repo, what string, try func() error) error {
-	for attempt := 1; ; attempt++ {
-		err := try()
-		if err == nil {
-			return nil
-		}
-		if !retryable(err) || attempt >= c.opts.MaxAttempts {
-			return c.explain(err, repo, what)
-		}
-		delay := retryDelay(err, attempt, c.opts.RetryBackoff, c.opts.MaxRetryAfter, rand.Float64())
-		c.opts.Logger.Info("retrying Hub request", "what", what, "attempt", attempt+1, "delay", delay, "err", err)
-		if err := c.sleep(ctx, delay); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-	}
 }
 
 func (c *Client) apiGetOnce(ctx context.Context, u string) ([]byte, http.Header, error) {

@@ -129,6 +129,17 @@ func (r Retrier) FetchRange(ctx context.Context, start, end int64, what string, 
 	return nil
 }
 
+// Do runs try until it succeeds, fails for good or fails MaxAttempts
+// times: a request that has no bytes to resume from.
+func (r Retrier) Do(ctx context.Context, what string, try func() error) error {
+	return r.FetchRange(ctx, 0, 1, what, func(int64) (int64, error) {
+		if err := try(); err != nil {
+			return 0, err
+		}
+		return 1, nil
+	})
+}
+
 // SleepCtx waits d, or until ctx ends (returning its cause).
 func SleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
