@@ -117,8 +117,7 @@ func retryable(err error) bool {
 func (c *Client) explain(err error, repo, what string) error {
 	var se *statusError
 	if !errors.As(err, &se) {
-		var ne net.Error
-		if errors.As(err, &ne) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		if s3origin.IsUnreachable(err) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("%s: %w: %s: %w", what, s3origin.ErrUnreachable, c.opts.Endpoint, err)
 		}
 		return fmt.Errorf("%s: %w", what, err)

@@ -11,12 +11,14 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -590,3 +592,18 @@ type pipeAddr struct{}
 
 func (pipeAddr) Network() string { return "pipe" }
 func (pipeAddr) String() string  { return "pipe" }
+
+// ErrUnreachable means the Hub could not be reached (s3origin's meaning),
+// not that an open connection broke.
+func TestUnreachableMeansNoConnection(t *testing.T) {
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	c, _ := New(Options{Endpoint: gone.URL, MaxAttempts: 1})
+	if _, err := c.List(t.Context(), mustParse(t, "hf://org/m")); !errors.Is(err, s3origin.ErrUnreachable) {
+		t.Errorf("List from a closed port: %v, want ErrUnreachable", err)
+	}
+	broken := c.explain(fmt.Errorf("giving up: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), "org/m", "get hf://org/m")
+	if errors.Is(broken, s3origin.ErrUnreachable) {
+		t.Errorf("a connection reset mid-body explained as %v", broken)
+	}
+}

@@ -81,7 +81,7 @@ func (c *Client) explain(err error, what string) error {
 			what, ErrSourceChanged, err)
 	case code == "NoSuchKey" || code == "NoSuchVersion" || code == "NotFound" || status == 404:
 		return fmt.Errorf("%s: %w: %w", what, ErrNotFound, err)
-	case isUnreachable(err):
+	case IsUnreachable(err):
 		return fmt.Errorf("%s: %w: cannot connect to %s: %w", what, ErrUnreachable, c.endpoint, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
@@ -97,7 +97,9 @@ func contextError(err error) error {
 	return nil
 }
 
-func isUnreachable(err error) bool {
+// IsUnreachable tells a failure to reach the endpoint at all (dial, DNS,
+// refused, no route) from one on a connection that was open.
+func IsUnreachable(err error) bool {
 	var opErr *net.OpError
 	if errors.As(err, &opErr) && opErr.Op == "dial" {
 		return true
