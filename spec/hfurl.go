@@ -41,9 +41,6 @@ var (
 	hfRevisionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 )
 
-// IsHFSource reports whether a spec's source names a Hub repository.
-func IsHFSource(s string) bool { return strings.HasPrefix(s, "hf://") }
-
 // ParseHFURL parses hf://org/model[@revision][/subdir].
 func ParseHFURL(s string) (HFURL, error) {
 	rest, ok := strings.CutPrefix(s, "hf://")
