@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -605,5 +606,25 @@ func TestUnreachableMeansNoConnection(t *testing.T) {
 	broken := c.explain(fmt.Errorf("giving up: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), "org/m", "get hf://org/m")
 	if errors.Is(broken, s3origin.ErrUnreachable) {
 		t.Errorf("a connection reset mid-body explained as %v", broken)
+	}
+}
+
+// A tree page is refused at the first entry past the listing's limit,
+// before the rest is decoded: a page of MaxAPIBody bytes of tiny entries
+// would otherwise cost dozens of bytes of Go memory per byte read.
+func TestTreePageStopsAtTheLimit(t *testing.T) {
+	body := []byte("[" + strings.Repeat(`{},`, 200_000) + `{}]`)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := decodeTreePage(body, 5, 10)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, s3origin.ErrServer) || !strings.Contains(err.Error(), "more than 10 entries") {
+		t.Errorf("decodeTreePage past the limit: %v", err)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > uint64(len(body)) {
+		t.Errorf("refusing the page at entry 6 allocated %d bytes, more than the %d-byte page", n, len(body))
+	}
+	if got, err := decodeTreePage([]byte(`[{"type":"file"},{"type":"directory"}]`), 8, 10); err != nil || len(got) != 2 {
+		t.Errorf("a page at the limit: %v, %v", got, err)
 	}
 }

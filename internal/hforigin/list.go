@@ -50,12 +50,9 @@ func (c *Client) List(ctx context.Context, src spec.HFURL) ([]s3origin.Object, e
 		if err != nil {
 			return nil, err
 		}
-		got, err := decodeTreePage(body)
+		got, err := decodeTreePage(body, len(entries), MaxFiles)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		if len(entries)+len(got) > MaxFiles {
-			return nil, fmt.Errorf("%s: %w: more than %d entries", what, s3origin.ErrServer, MaxFiles)
 		}
 		entries = append(entries, got...)
 		if next, err = c.nextPage(next, hdr.Values("Link")); err != nil {
@@ -180,16 +177,28 @@ type treeEntry struct {
 	} `json:"lfs"`
 }
 
-// decodeTreePage decodes one page of a tree listing: a JSON array of
-// entries and nothing after it.
-func decodeTreePage(body []byte) ([]treeEntry, error) {
+// decodeTreePage decodes one page of a tree listing: a JSON array and
+// nothing after it. With listed entries from earlier pages it refuses entry
+// limit+1 of the listing before decoding it, so a hostile page costs no more
+// than the entries we keep.
+func decodeTreePage(body []byte, listed, limit int) ([]treeEntry, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
-	var entries []treeEntry
-	if err := dec.Decode(&entries); err != nil {
-		return nil, fmt.Errorf("%w: tree page: %w", s3origin.ErrServer, err)
-	}
-	if entries == nil {
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
 		return nil, fmt.Errorf("%w: tree page is not a list", s3origin.ErrServer)
+	}
+	entries := []treeEntry{}
+	for dec.More() {
+		if listed+len(entries) == limit {
+			return nil, fmt.Errorf("%w: more than %d entries", s3origin.ErrServer, limit)
+		}
+		var e treeEntry
+		if err := dec.Decode(&e); err != nil {
+			return nil, fmt.Errorf("%w: tree page: %w", s3origin.ErrServer, err)
+		}
+		entries = append(entries, e)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, fmt.Errorf("%w: tree page: %w", s3origin.ErrServer, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%w: tree page: data after the list", s3origin.ErrServer)
