@@ -26,6 +26,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/testutil/hubserver"
+	"github.com/warmfleet/warmfleet/internal/testutil/pipenet"
 	"github.com/warmfleet/warmfleet/spec"
 )
 
@@ -499,7 +500,7 @@ func TestDownloadResumesAndChecksPartsFromAnEarlierRun(t *testing.T) {
 // A body that keeps delivering, however slowly, is no stall: the stall
 // timer restarts at every read, not every copy buffer (1 MiB, which this
 // body takes 64 StallTimeouts to fill). Run in a synctest bubble against
-// a real http.Server over in-memory pipes, so the minutes pass at once.
+// a real http.Server over pipenet, so the minutes pass at once.
 func TestSlowSteadyBodyIsNoStall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const stall = time.Minute
@@ -529,10 +530,10 @@ func TestSlowSteadyBodyIsNoStall(t *testing.T) {
 				w.(http.Flusher).Flush()
 			}
 		})}
-		l := newPipeListener()
+		l := pipenet.Listen()
 		go srv.Serve(l)
 		defer srv.Close()
-		tr := &http.Transport{DialContext: l.dial}
+		tr := &http.Transport{DialContext: l.Dial}
 		defer tr.CloseIdleConnections()
 		c, err := New(Options{Endpoint: "http://hub.test", Transport: tr, StallTimeout: stall, PartSize: s3origin.MinPartSize})
 		if err != nil {
@@ -548,51 +549,6 @@ func TestSlowSteadyBodyIsNoStall(t *testing.T) {
 		}
 	})
 }
-
-// pipeListener hands an http.Server the server ends of net.Pipe
-// connections that an http.Transport dials.
-type pipeListener struct {
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-}
-
-func newPipeListener() *pipeListener {
-	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) {
-	client, server := net.Pipe()
-	select {
-	case l.conns <- server:
-		return client, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
-
-type pipeAddr struct{}
-
-func (pipeAddr) Network() string { return "pipe" }
-func (pipeAddr) String() string  { return "pipe" }
 
 // ErrUnreachable means the Hub could not be reached (s3origin's meaning),
 // not that an open connection broke.
