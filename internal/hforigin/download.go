@@ -170,10 +170,10 @@ func (c *Client) Download(ctx context.Context, obj s3origin.Object, dst s3origin
 	hashed := make(chan error, 1)
 	h, method := digestOf(obj)
 	go func() {
-		buf := make([]byte, min(readBackBuf, max(c.opts.PartSize, 1)))
+		buf := make([]byte, min(s3origin.ReadBackBuf, max(c.opts.PartSize, 1)))
 		hashed <- fr.each(ctx, func(part int) error {
 			off, length := s3origin.PartRange(part, obj.Size, c.opts.PartSize)
-			return readInto(ctx, h, dst, off, off+length, buf)
+			return s3origin.ReadRange(ctx, dst, off, length, buf, func(p []byte) { h.Write(p) })
 		})
 	}()
 	onPart := func(part int, size int64) {

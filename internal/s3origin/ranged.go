@@ -43,15 +43,25 @@ func PartRange(part int, size, partSize int64) (off, n int64) {
 // its own copy buffer; the first failure stops the others and is returned.
 // A cancelled ctx is reported as "download name: ...".
 func FetchParts(ctx context.Context, concurrency int, name string, parts []int, fetch func(ctx context.Context, part int, buf []byte) error) error {
+	err := eachPart(ctx, concurrency, bufSize, parts, fetch)
+	if contextError(err) != nil {
+		return fmt.Errorf("download %s: %w", name, err)
+	}
+	return err
+}
+
+// eachPart runs fn for each part on workers goroutines, each with a buffer
+// of bufLen bytes, and returns the first error (or ctx's cause).
+func eachPart(ctx context.Context, workers, bufLen int, parts []int, fn func(ctx context.Context, part int, buf []byte) error) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	work := make(chan int)
 	var wg sync.WaitGroup
-	for range min(concurrency, len(parts)) {
+	for range min(workers, len(parts)) {
 		wg.Go(func() {
-			buf := make([]byte, bufSize)
+			buf := make([]byte, bufLen)
 			for part := range work {
-				if err := fetch(ctx, part, buf); err != nil {
+				if err := fn(ctx, part, buf); err != nil {
 					cancel(err)
 					return
 				}
@@ -68,13 +78,7 @@ feed:
 	}
 	close(work)
 	wg.Wait()
-	if err := context.Cause(ctx); err != nil {
-		if contextError(err) != nil {
-			return fmt.Errorf("download %s: %w", name, err)
-		}
-		return err
-	}
-	return nil
+	return context.Cause(ctx)
 }
 
 // Retrier runs a ranged transfer to its end, resuming each retry at the
