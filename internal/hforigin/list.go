@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"path"
 	"regexp"
-	"sort"
 	"strings"
 	"time"
 
@@ -216,8 +215,7 @@ func objectsFromTree(src spec.HFURL, commit string, entries []treeEntry, include
 	if src.Subdir != "" {
 		prefix = src.Subdir + "/"
 	}
-	objs := make([]s3origin.Object, 0, len(entries))
-	seen := make(map[string]bool, len(entries))
+	all := make([]s3origin.Object, 0, len(entries))
 	for _, e := range entries {
 		switch e.Type {
 		case "directory":
@@ -246,27 +244,21 @@ func objectsFromTree(src spec.HFURL, commit string, entries []treeEntry, include
 		} else if !commitRE.MatchString(digest) {
 			return nil, fmt.Errorf("%s: %w: file %q: oid %q is not a git blob id", what, s3origin.ErrServer, e.Path, digest)
 		}
-		if seen[rel] {
-			return nil, fmt.Errorf("%s: %w: file %q is listed twice", what, s3origin.ErrServer, e.Path)
-		}
-		seen[rel] = true
-		if !keep(rel, include, exclude) {
-			continue
-		}
-		objs = append(objs, s3origin.Object{Bucket: src.Repo, Key: e.Path, Path: rel, Size: e.Size, ETag: digest, VersionID: commit})
+		all = append(all, s3origin.Object{Bucket: src.Repo, Key: e.Path, Path: rel, Size: e.Size, ETag: digest, VersionID: commit})
 	}
-	// A file that would also have to be a directory: no filesystem holds both.
-	for rel := range seen {
-		for dir := path.Dir(rel); dir != "."; dir = path.Dir(dir) {
-			if seen[dir] {
-				return nil, fmt.Errorf("%s: %w: %q needs %q to be a directory, but it is also a file", what, s3origin.ErrUnsafeKey, rel, dir)
-			}
+	// Every listed file, kept or not: the commit must make sense as a tree.
+	if err := s3origin.CheckPathClashes(all); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	var objs []s3origin.Object
+	for _, o := range all {
+		if keep(o.Path, include, exclude) {
+			objs = append(objs, o)
 		}
 	}
 	if len(objs) == 0 {
-		return nil, fmt.Errorf("%s: %w at commit %s (%d files listed before --include/--exclude)", what, s3origin.ErrEmpty, commit, len(seen))
+		return nil, fmt.Errorf("%s: %w at commit %s (%d files listed before --include/--exclude)", what, s3origin.ErrEmpty, commit, len(all))
 	}
-	sort.Slice(objs, func(i, j int) bool { return objs[i].Path < objs[j].Path })
 	return objs, nil
 }
 
