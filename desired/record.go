@@ -48,6 +48,9 @@ func (r Record) validate() error {
 	return nil
 }
 
+// ValidateNodeName checks a node name from outside (a peer's message, a
+// timestamp read from disk, the daemon's flag): 1 to 128 bytes, none of
+// them a space or control character. Gossip checks names with it too.
 func ValidateNodeName(name string) error {
 	if name == "" || len(name) > maxNodeNameLen {
 		return fmt.Errorf("node name length %d: want 1..%d", len(name), maxNodeNameLen)

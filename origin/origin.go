@@ -1,9 +1,10 @@
 // Package origin defines what the daemon and a model origin say to each
 // other: the objects a listing returns, the file a download writes into, the
 // download plan (resume and progress), and how a copy was verified. The
-// origins (internal/s3origin, internal/hforigin) use these types, and the
-// daemon's Origin interface speaks them, so a caller outside this module can
-// implement or call an Origin.
+// origins (internal/s3origin, internal/hforigin) use these types (s3origin
+// under alias names), and so does the daemon's Origin interface. Its
+// NewRangeCheck still answers with internal/s3origin's *RangeCheck, so only
+// code inside this module can implement an Origin.
 //
 // It holds data types only: no client, no IO, no import of an origin.
 package origin

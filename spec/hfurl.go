@@ -41,9 +41,6 @@ var (
 	hfRevisionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 )
 
-// IsHFSource reports whether a spec's source names a Hub repository.
-func IsHFSource(s string) bool { return strings.HasPrefix(s, "hf://") }
-
 // ParseHFURL parses hf://org/model[@revision][/subdir].
 func ParseHFURL(s string) (HFURL, error) {
 	rest, ok := strings.CutPrefix(s, "hf://")
@@ -62,30 +59,11 @@ func ParseHFURL(s string) (HFURL, error) {
 		return HFURL{}, fmt.Errorf("source %q: revision %q: want a branch, tag or commit of letters, digits, '.', '_', '-'", s, rev)
 	}
 	subdir = strings.TrimSuffix(subdir, "/")
-	if err := checkHFSubdir(subdir); err != nil {
-		return HFURL{}, fmt.Errorf("source %q: subdir %q: %w", s, subdir, err)
+	if subdir != "" {
+		// '?' and '#' would end the path of the API URLs the subdir goes into.
+		if err := checkFolder(subdir, `\?#`); err != nil {
+			return HFURL{}, fmt.Errorf("source %q: subdir %q: %w", s, subdir, err)
+		}
 	}
 	return HFURL{Repo: org + "/" + name, Revision: rev, Subdir: subdir}, nil
-}
-
-// checkHFSubdir keeps the subdir a plain relative folder: it becomes part
-// of API URLs and of the prefix every listed path must carry.
-func checkHFSubdir(p string) error {
-	if p == "" {
-		return nil
-	}
-	if len(p) > 900 {
-		return fmt.Errorf("longer than 900 bytes")
-	}
-	for _, r := range p {
-		if r < 0x20 || r == 0x7f || r == '\\' || r == '?' || r == '#' {
-			return fmt.Errorf("has character %q", r)
-		}
-	}
-	for _, seg := range strings.Split(p, "/") {
-		if seg == "" || seg == "." || seg == ".." {
-			return fmt.Errorf("has an empty, '.' or '..' segment")
-		}
-	}
-	return nil
 }

@@ -30,24 +30,34 @@ func ParseS3URL(s string) (S3URL, error) {
 	if !bucketRE.MatchString(bucket) || strings.Contains(bucket, "..") {
 		return S3URL{}, fmt.Errorf("source %q: bucket %q is not a valid S3 bucket name", s, bucket)
 	}
-	if len(prefix) > 900 {
-		return S3URL{}, fmt.Errorf("source %q: prefix longer than 900 bytes", s)
-	}
-	for _, r := range prefix {
-		if r < 0x20 || r == 0x7f {
-			return S3URL{}, fmt.Errorf("source %q: prefix has a control character", s)
-		}
-	}
-	if strings.HasPrefix(prefix, "/") || strings.Contains(prefix, "//") {
-		return S3URL{}, fmt.Errorf("source %q: prefix has an empty path segment", s)
-	}
-	for _, seg := range strings.Split(strings.TrimSuffix(prefix, "/"), "/") {
-		if seg == "." || seg == ".." {
-			return S3URL{}, fmt.Errorf("source %q: prefix has a %q segment", s, seg)
+	if prefix != "" {
+		if err := checkFolder(strings.TrimSuffix(prefix, "/"), ""); err != nil {
+			return S3URL{}, fmt.Errorf("source %q: prefix %q: %w", s, prefix, err)
 		}
 	}
 	if prefix != "" && !strings.HasSuffix(prefix, "/") {
 		prefix += "/"
 	}
 	return S3URL{Bucket: bucket, Prefix: prefix}, nil
+}
+
+// checkFolder checks the folder part of a source URL (without its trailing
+// '/'), which becomes part of the requests made and of the prefix every
+// listed name must carry: at most 900 bytes, no control character nor any
+// rune of bad, and no empty, '.' or '..' segment.
+func checkFolder(p, bad string) error {
+	if len(p) > 900 {
+		return fmt.Errorf("longer than 900 bytes")
+	}
+	for _, r := range p {
+		if r < 0x20 || r == 0x7f || strings.ContainsRune(bad, r) {
+			return fmt.Errorf("has character %q", r)
+		}
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "" || seg == "." || seg == ".." {
+			return fmt.Errorf("has an empty, '.' or '..' segment")
+		}
+	}
+	return nil
 }

@@ -18,8 +18,9 @@ import (
 // benchFileSize bytes, through the resolve redirect to the CDN server) with
 // this client (files in parallel, each in parallel parts, verified by
 // sha256) and with one curl -L per file, all at once (the plain-HTTP
-// baseline), with and without sha256sum after it. Compare the MB/s of the two sub-benchmarks; run with
-// -benchtime=1x -count=N for medians.
+// baseline), with and without sha256sum after it. Compare the MB/s of
+// hforigin with curl+sha256sum (the same job); run with -benchtime=1x
+// -count=N for medians.
 func BenchmarkDownload(b *testing.B) {
 	const benchFiles, benchFileSize = 4, 64 << 20
 	hub := hubserver.New(b)

@@ -64,15 +64,15 @@ import (
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 )
 
-// Defaults and limits for Options.
+// Defaults and limits for Options: s3origin's, so both origins accept the
+// same daemon settings.
 const (
 	DefaultEndpoint      = "https://huggingface.co"
-	DefaultConcurrency   = 8
-	DefaultPartSize      = 16 << 20
-	DefaultMaxAttempts   = 8
-	DefaultStallTimeout  = 60 * time.Second
+	DefaultConcurrency   = s3origin.DefaultConcurrency
+	DefaultPartSize      = s3origin.DefaultPartSize
+	DefaultMaxAttempts   = s3origin.DefaultMaxAttempts
+	DefaultStallTimeout  = s3origin.DefaultStallTimeout
 	DefaultMaxRetryAfter = 5 * time.Minute
-	maxConcurrency       = 256
 )
 
 // Bounds on what the Hub's API answers may make us hold.
@@ -187,17 +187,16 @@ func (o Options) withDefaults() (Options, error) {
 			return o, fmt.Errorf("file pattern %q: not a valid path.Match pattern", p)
 		}
 	}
-	// Zero picks the default; the limits are s3origin's, so both origins
-	// accept the same daemon settings.
+	// Zero picks the default.
 	o.Concurrency = cmp.Or(o.Concurrency, DefaultConcurrency)
 	o.PartSize = cmp.Or(o.PartSize, DefaultPartSize)
 	o.MaxAttempts = cmp.Or(o.MaxAttempts, DefaultMaxAttempts)
-	o.RetryBackoff = cmp.Or(max(o.RetryBackoff, 0), 200*time.Millisecond)
+	o.RetryBackoff = cmp.Or(max(o.RetryBackoff, 0), s3origin.DefaultRetryBackoff)
 	o.StallTimeout = cmp.Or(max(o.StallTimeout, 0), DefaultStallTimeout)
 	o.MaxRetryAfter = cmp.Or(max(o.MaxRetryAfter, 0), DefaultMaxRetryAfter)
 	switch {
-	case o.Concurrency < 1 || o.Concurrency > maxConcurrency:
-		return o, fmt.Errorf("hub concurrency %d: want 1..%d", o.Concurrency, maxConcurrency)
+	case o.Concurrency < 1 || o.Concurrency > s3origin.MaxConcurrency:
+		return o, fmt.Errorf("hub concurrency %d: want 1..%d", o.Concurrency, s3origin.MaxConcurrency)
 	case o.PartSize < s3origin.MinPartSize || o.PartSize > s3origin.MaxPartSize:
 		return o, fmt.Errorf("hub part size %d: want %d (1 MiB) .. %d (1 GiB)", o.PartSize, s3origin.MinPartSize, s3origin.MaxPartSize)
 	case o.MaxAttempts < 1:
@@ -244,7 +243,7 @@ func New(opts Options) (*Client, error) {
 		t.DisableCompression = true
 		tr = t
 	}
-	c := &Client{opts: opts, hubHost: u.Host, sleep: sleepCtx}
+	c := &Client{opts: opts, hubHost: u.Host, sleep: s3origin.SleepCtx}
 	c.api = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	c.get = &http.Client{Transport: tr, CheckRedirect: func(req *http.Request, via []*http.Request) error {
 		if len(via) >= 5 {
@@ -263,17 +262,6 @@ func (c *Client) Endpoint() string { return c.opts.Endpoint }
 
 // PartSize is the configured part size.
 func (c *Client) PartSize() int64 { return c.opts.PartSize }
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
-	}
-}
 
 // newRequest builds a request to u, with the token when u is on the Hub's
 // own host.

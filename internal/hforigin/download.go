@@ -7,21 +7,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-
-	"golang.org/x/sync/errgroup"
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 )
-
-// bufSize is each worker's copy buffer: memory stays Concurrency*bufSize
-// whatever the file and part sizes.
-const bufSize = 1 << 20
 
 // URL names obj for messages: hf://repo@commit/path.
 func URL(obj s3origin.Object) string {
@@ -154,7 +147,7 @@ func (c *Client) Download(ctx context.Context, obj s3origin.Object, dst s3origin
 	}
 	loc := &locator{c: c, obj: obj}
 	// Asking first also fails fast on a gated repository or a moved file.
-	if err := c.withRetries(ctx, obj.Bucket, "resolve "+URL(obj), func() error {
+	if err := c.retrier(obj.Bucket, "retrying Hub request").Do(ctx, "resolve "+URL(obj), func() error {
 		_, err := loc.get(ctx)
 		return err
 	}); err != nil {
@@ -177,10 +170,10 @@ func (c *Client) Download(ctx context.Context, obj s3origin.Object, dst s3origin
 	hashed := make(chan error, 1)
 	h, method := digestOf(obj)
 	go func() {
-		buf := make([]byte, min(readBackBuf, max(c.opts.PartSize, 1)))
+		buf := make([]byte, min(s3origin.ReadBackBuf, max(c.opts.PartSize, 1)))
 		hashed <- fr.each(ctx, func(part int) error {
 			off, length := s3origin.PartRange(part, obj.Size, c.opts.PartSize)
-			return readInto(ctx, h, dst, off, off+length, buf)
+			return s3origin.ReadRange(ctx, dst, off, length, buf, func(p []byte) { h.Write(p) })
 		})
 	}()
 	onPart := func(part int, size int64) {
@@ -255,82 +248,52 @@ func (f *frontier) each(ctx context.Context, fn func(part int) error) error {
 	return nil
 }
 
-// fetchParts fetches parts, Concurrency at a time, each worker with its
-// own copy buffer; the first failure stops the others.
+// fetchParts fetches parts, Concurrency at a time; the first failure stops
+// the others.
 func (c *Client) fetchParts(ctx context.Context, loc *locator, dst s3origin.File, parts []int, onPart func(int, int64)) error {
 	obj := loc.obj
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(c.opts.Concurrency)
-	bufs := make(chan []byte, c.opts.Concurrency)
-	for _, part := range parts {
-		g.Go(func() error {
-			if err := gctx.Err(); err != nil {
-				return fmt.Errorf("download %s: %w", URL(obj), err)
-			}
-			var buf []byte
-			select {
-			case buf = <-bufs:
-			default:
-				buf = make([]byte, bufSize)
-			}
-			defer func() { bufs <- buf }()
-			off, n := s3origin.PartRange(part, obj.Size, c.opts.PartSize)
-			what := fmt.Sprintf("get %s part %d (bytes %d-%d)", URL(obj), part, off, off+n-1)
-			if err := c.fetchRange(gctx, loc, off, off+n, what, dst.WriteAt, buf); err != nil {
-				return err
-			}
-			if onPart != nil {
-				onPart(part, n)
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil { // canceled after the last part began
-		return fmt.Errorf("download %s: %w", URL(obj), err)
-	}
-	return nil
+	return s3origin.FetchParts(ctx, c.opts.Concurrency, URL(obj), parts, func(ctx context.Context, part int, buf []byte) error {
+		off, n := s3origin.PartRange(part, obj.Size, c.opts.PartSize)
+		what := fmt.Sprintf("get %s part %d (bytes %d-%d)", URL(obj), part, off, off+n-1)
+		if err := c.fetchRange(ctx, loc, off, off+n, what, dst, buf); err != nil {
+			return err
+		}
+		onPart(part, n)
+		return nil
+	})
 }
 
-// fetchRange writes bytes [start, end) of the file through write, resuming
-// where a broken connection stopped. The attempt budget is for failures in
-// a row without progress, so a flaky link that keeps delivering finishes.
-func (c *Client) fetchRange(ctx context.Context, loc *locator, start, end int64, what string, write func([]byte, int64) (int, error), buf []byte) error {
-	failures := 0
-	for off := start; off < end; {
-		got, err := c.getRange(ctx, loc, off, end, write, buf)
-		off += got
-		if err == nil {
-			continue
-		}
-		if !retryable(err) {
-			return c.explain(err, loc.obj.Bucket, what)
-		}
-		if got > 0 {
-			failures = 0
-		}
-		failures++
-		if failures >= c.opts.MaxAttempts {
-			return c.explain(fmt.Errorf("giving up after %d attempts without progress: %w", failures, err), loc.obj.Bucket, what)
-		}
-		delay := retryDelay(err, failures, c.opts.RetryBackoff, c.opts.MaxRetryAfter, rand.Float64())
-		c.opts.Logger.Info("retrying Hub range", "what", what, "resume_at", off, "attempt", failures+1, "delay", delay, "err", err)
-		if err := c.sleep(ctx, delay); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
+// fetchRange writes bytes [start, end) of the file into dst, resuming
+// where a broken connection stopped.
+func (c *Client) fetchRange(ctx context.Context, loc *locator, start, end int64, what string, dst io.WriterAt, buf []byte) error {
+	return c.retrier(loc.obj.Bucket, "retrying Hub range").FetchRange(ctx, start, end, what, func(off int64) (int64, error) {
+		return c.getRange(ctx, loc, off, end, dst, buf)
+	})
+}
+
+// retrier is s3origin's retry loop with the Hub's errors and delays
+// (Retry-After), its failures explained for repo, note logged on a retry.
+func (c *Client) retrier(repo, note string) s3origin.Retrier {
+	return s3origin.Retrier{
+		MaxAttempts: c.opts.MaxAttempts,
+		Retryable:   retryable,
+		Delay: func(err error, failures int) time.Duration {
+			return retryDelay(err, failures, c.opts.RetryBackoff, c.opts.MaxRetryAfter, rand.Float64())
+		},
+		Explain: func(err error, what string) error { return c.explain(err, repo, what) },
+		Sleep:   c.sleep,
+		Logger:  c.opts.Logger,
+		Note:    note,
 	}
-	return nil
 }
 
 // errExpired: the CDN refused an address it gave before (signed URLs
 // expire). Retried after asking the Hub again.
 var errExpired = errors.New("the CDN refused the file's address")
 
-// getRange streams bytes [off, end) of the file into write through buf
-// and returns how many bytes it wrote, also on failure.
-func (c *Client) getRange(ctx context.Context, loc *locator, off, end int64, write func([]byte, int64) (int, error), buf []byte) (int64, error) {
+// getRange streams bytes [off, end) of the file into dst through buf and
+// returns how many bytes it wrote, also on failure.
+func (c *Client) getRange(ctx context.Context, loc *locator, off, end int64, dst io.WriterAt, buf []byte) (int64, error) {
 	u, err := loc.get(ctx)
 	if err != nil {
 		return 0, err
@@ -356,67 +319,35 @@ func (c *Client) getRange(ctx context.Context, loc *locator, off, end int64, wri
 		}
 		return 0, se
 	}
-	if err := checkRange(loc.obj, off, end, resp); err != nil {
-		return 0, err
+	cr := ""
+	if resp.StatusCode == http.StatusPartialContent {
+		cr = resp.Header.Get("Content-Range")
+	}
+	// The CDN's ETag is its own: the listing's digest was checked on resolve.
+	if err := s3origin.CheckRange(loc.obj, off, end, "", cr, resp.ContentLength); err != nil {
+		return 0, fmt.Errorf("%s: %w", resp.Request.URL.Host, err)
 	}
 	// A connection that delivers nothing for StallTimeout is dropped (and
 	// retried, resuming where it stopped).
 	var stalled atomic.Bool
 	stall := time.AfterFunc(c.opts.StallTimeout, func() { stalled.Store(true); cancel() })
 	defer stall.Stop()
-	var written int64
-	for written < end-off {
-		want := min(int64(len(buf)), end-off-written)
-		n, rerr := io.ReadFull(resp.Body, buf[:want])
+	body := readerFunc(func(p []byte) (int, error) {
+		n, err := resp.Body.Read(p)
 		stall.Reset(c.opts.StallTimeout)
-		if n > 0 {
-			c.opts.OnBytes(n)
-			if _, werr := write(buf[:n], off+written); werr != nil {
-				return written, localError{fmt.Errorf("write %s at offset %d: %w", loc.obj.Path, off+written, werr)}
-			}
-			written += int64(n)
-		}
-		if rerr != nil {
-			if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
-				rerr = fmt.Errorf("%w after %d of %d bytes", errShortBody, written, end-off)
-			} else if stalled.Load() {
-				rerr = fmt.Errorf("%w: no byte for %s after %d of %d bytes", errShortBody, c.opts.StallTimeout, written, end-off)
-			}
-			return written, rerr
-		}
+		return n, err
+	})
+	written, err := s3origin.CopyRange(body, dst, loc.obj.Path, off, end, buf, c.opts.OnBytes, nil)
+	if err != nil && stalled.Load() && !errors.As(err, new(s3origin.LocalError)) {
+		err = fmt.Errorf("%w: no byte for %s after %d of %d bytes", s3origin.ErrShortBody, c.opts.StallTimeout, written, end-off)
 	}
-	return written, nil
+	return written, err
 }
 
-var contentRangeRE = regexp.MustCompile(`^bytes ([0-9]{1,18})-([0-9]{1,18})/([0-9]{1,18}|\*)$`)
+// readerFunc is an io.Reader from a function.
+type readerFunc func([]byte) (int, error)
 
-// checkRange makes sure a ranged GET answers with bytes off..end-1 of the
-// file listed: a server that ignores Range would otherwise have us write the
-// file's head at off.
-func checkRange(obj s3origin.Object, off, end int64, resp *http.Response) error {
-	cr := resp.Header.Get("Content-Range")
-	if resp.StatusCode == http.StatusOK {
-		if off == 0 && end == obj.Size && resp.ContentLength == obj.Size {
-			return nil // the whole file asked for, the whole file sent
-		}
-		return fmt.Errorf("%w: %s answered a GET for bytes %d-%d with the whole file (Range ignored)", s3origin.ErrServer, resp.Request.URL.Host, off, end-1)
-	}
-	m := contentRangeRE.FindStringSubmatch(cr)
-	if m == nil {
-		return fmt.Errorf("%w: bad Content-Range %q", s3origin.ErrServer, cr)
-	}
-	first, _ := strconv.ParseInt(m[1], 10, 64)
-	last, _ := strconv.ParseInt(m[2], 10, 64)
-	if m[3] != "*" {
-		if total, _ := strconv.ParseInt(m[3], 10, 64); total != obj.Size {
-			return fmt.Errorf("%s: %w: size is now %d, was %d", URL(obj), s3origin.ErrSourceChanged, total, obj.Size)
-		}
-	}
-	if first != off || last != end-1 || (resp.ContentLength >= 0 && resp.ContentLength != end-off) {
-		return fmt.Errorf("%w: asked for bytes %d-%d, got %q (%d bytes)", s3origin.ErrServer, off, end-1, cr, resp.ContentLength)
-	}
-	return nil
-}
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 
 // OpenRange streams bytes [off, off+n) of obj, pinned to its commit, with
 // the same retries and resumption as Download: the byte source of a swarm
@@ -428,20 +359,8 @@ func (c *Client) OpenRange(ctx context.Context, obj s3origin.Object, off, n int6
 	if off < 0 || n < 0 || off > obj.Size || n > obj.Size-off {
 		return nil, fmt.Errorf("range %d+%d of %s (%d bytes): out of bounds", off, n, URL(obj), obj.Size)
 	}
-	pr, pw := io.Pipe()
-	go func() {
-		what := fmt.Sprintf("get %s bytes %d-%d", URL(obj), off, off+n-1)
-		next := off
-		write := func(p []byte, at int64) (int, error) {
-			if at != next {
-				return 0, fmt.Errorf("hforigin: stream write at %d, expected %d", at, next)
-			}
-			k, err := pw.Write(p)
-			next += int64(k)
-			return k, err
-		}
-		loc := &locator{c: c, obj: obj}
-		pw.CloseWithError(c.fetchRange(ctx, loc, off, off+n, what, write, make([]byte, min(bufSize, max(n, 1)))))
-	}()
-	return pr, nil
+	what := fmt.Sprintf("get %s bytes %d-%d", URL(obj), off, off+n-1)
+	return s3origin.OpenStream(off, n, func(dst io.WriterAt, buf []byte) error {
+		return c.fetchRange(ctx, &locator{c: c, obj: obj}, off, off+n, what, dst, buf)
+	}), nil
 }

@@ -79,12 +79,10 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 }
 
 // retryDelay is the wait before retry number attempt (1-based):
-// exponential from base, capped at 64x, half fixed and half random from r
-// in [0,1) so nodes throttled together do not come back together; never
-// less than a Retry-After the error carries, capped at maxAfter.
+// s3origin.Backoff, but never less than a Retry-After the error carries,
+// capped at maxAfter.
 func retryDelay(err error, attempt int, base, maxAfter time.Duration, r float64) time.Duration {
-	d := base << min(max(attempt-1, 0), 6)
-	d = d/2 + time.Duration(r*float64(d/2))
+	d := s3origin.Backoff(attempt, base, r)
 	var se *statusError
 	if errors.As(err, &se) && se.retryAfter > d {
 		d = min(se.retryAfter, maxAfter)
@@ -92,19 +90,10 @@ func retryDelay(err error, attempt int, base, maxAfter time.Duration, r float64)
 	return d
 }
 
-// errShortBody: a body ended before the promised length.
-var errShortBody = errors.New("body ended early")
-
-// localError marks a failure writing the local file: never retried.
-type localError struct{ err error }
-
-func (e localError) Error() string { return e.err.Error() }
-func (e localError) Unwrap() error { return e.err }
-
 // retryable tells whether a failed request may succeed when tried again:
 // throttling, server errors, broken or stalled connections.
 func retryable(err error) bool {
-	var local localError
+	var local s3origin.LocalError
 	var se *statusError
 	var ne net.Error
 	switch {
@@ -115,7 +104,7 @@ func retryable(err error) bool {
 		return true
 	case errors.As(err, &se):
 		return se.status == http.StatusTooManyRequests || se.status == http.StatusRequestTimeout || se.status >= 500
-	case errors.Is(err, errShortBody), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF),
+	case errors.Is(err, s3origin.ErrShortBody), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EPIPE),
 		errors.As(err, &ne):
 		return true
@@ -128,8 +117,7 @@ func retryable(err error) bool {
 func (c *Client) explain(err error, repo, what string) error {
 	var se *statusError
 	if !errors.As(err, &se) {
-		var ne net.Error
-		if errors.As(err, &ne) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		if s3origin.IsUnreachable(err) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("%s: %w: %s: %w", what, s3origin.ErrUnreachable, c.opts.Endpoint, err)
 		}
 		return fmt.Errorf("%s: %w", what, err)

@@ -34,7 +34,7 @@ func FuzzAPIAnswers(f *testing.F) {
 				t.Fatalf("next page %q leaves the Hub", next)
 			}
 		}
-		entries, err := decodeTreePage(body)
+		entries, err := decodeTreePage(body, 0, MaxFiles)
 		if err != nil {
 			return
 		}

@@ -3,19 +3,30 @@ package hforigin
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/testutil/hubserver"
+	"github.com/warmfleet/warmfleet/internal/testutil/pipenet"
 	"github.com/warmfleet/warmfleet/spec"
 )
 
@@ -483,5 +494,93 @@ func TestDownloadResumesAndChecksPartsFromAnEarlierRun(t *testing.T) {
 		if len(fetched) != 3 || slices.Contains(fetched, 1) {
 			t.Errorf("fetched parts %v, want 0, 2, 3", fetched)
 		}
+	}
+}
+
+// A body that keeps delivering, however slowly, is no stall: the stall
+// timer restarts at every read, not every copy buffer (1 MiB, which this
+// body takes 64 StallTimeouts to fill). Run in a synctest bubble against
+// a real http.Server over pipenet, so the minutes pass at once.
+func TestSlowSteadyBodyIsNoStall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const stall = time.Minute
+		data := randBytes(9, 1<<20)
+		sum := sha256.Sum256(data)
+		obj := s3origin.Object{Bucket: "org/m", Key: "w.bin", Path: "w.bin", Size: int64(len(data)),
+			ETag: hex.EncodeToString(sum[:]), VersionID: strings.Repeat("a", 40)}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodHead {
+				return
+			}
+			var first, last int
+			if _, err := fmt.Sscanf(r.Header.Get("Range"), "bytes=%d-%d", &first, &last); err != nil || first > last || last >= len(data) {
+				http.Error(w, "bad range", http.StatusRequestedRangeNotSatisfiable)
+				return
+			}
+			w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", first, last, len(data)))
+			w.Header().Set("Content-Length", strconv.Itoa(last-first+1))
+			w.WriteHeader(http.StatusPartialContent)
+			for b := data[first : last+1]; len(b) > 0; b = b[min(4<<10, len(b)):] {
+				select {
+				case <-time.After(stall / 4):
+				case <-r.Context().Done():
+					return
+				}
+				w.Write(b[:min(4<<10, len(b))])
+				w.(http.Flusher).Flush()
+			}
+		})}
+		l := pipenet.Listen()
+		go srv.Serve(l)
+		defer srv.Close()
+		tr := &http.Transport{DialContext: l.Dial}
+		defer tr.CloseIdleConnections()
+		c, err := New(Options{Endpoint: "http://hub.test", Transport: tr, StallTimeout: stall, PartSize: s3origin.MinPartSize})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &sleeps{}
+		c.sleep = s.sleep
+		if err := c.Download(t.Context(), obj, tempFile(t), s3origin.Plan{}); err != nil {
+			t.Fatal(err)
+		}
+		if d := s.all(); len(d) != 0 {
+			t.Errorf("%d retries: a body that keeps delivering was taken for a stall", len(d))
+		}
+	})
+}
+
+// ErrUnreachable means the Hub could not be reached (s3origin's meaning),
+// not that an open connection broke.
+func TestUnreachableMeansNoConnection(t *testing.T) {
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	c, _ := New(Options{Endpoint: gone.URL, MaxAttempts: 1})
+	if _, err := c.List(t.Context(), mustParse(t, "hf://org/m")); !errors.Is(err, s3origin.ErrUnreachable) {
+		t.Errorf("List from a closed port: %v, want ErrUnreachable", err)
+	}
+	broken := c.explain(fmt.Errorf("giving up: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), "org/m", "get hf://org/m")
+	if errors.Is(broken, s3origin.ErrUnreachable) {
+		t.Errorf("a connection reset mid-body explained as %v", broken)
+	}
+}
+
+// A tree page is refused at the first entry past the listing's limit,
+// before the rest is decoded: a page of MaxAPIBody bytes of tiny entries
+// would otherwise cost dozens of bytes of Go memory per byte read.
+func TestTreePageStopsAtTheLimit(t *testing.T) {
+	body := []byte("[" + strings.Repeat(`{},`, 200_000) + `{}]`)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := decodeTreePage(body, 5, 10)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, s3origin.ErrServer) || !strings.Contains(err.Error(), "more than 10 entries") {
+		t.Errorf("decodeTreePage past the limit: %v", err)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > uint64(len(body)) {
+		t.Errorf("refusing the page at entry 6 allocated %d bytes, more than the %d-byte page", n, len(body))
+	}
+	if got, err := decodeTreePage([]byte(`[{"type":"file"},{"type":"directory"}]`), 8, 10); err != nil || len(got) != 2 {
+		t.Errorf("a page at the limit: %v, %v", got, err)
 	}
 }

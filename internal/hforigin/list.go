@@ -6,12 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"path"
 	"regexp"
-	"sort"
 	"strings"
 	"time"
 
@@ -51,12 +49,9 @@ func (c *Client) List(ctx context.Context, src spec.HFURL) ([]s3origin.Object, e
 		if err != nil {
 			return nil, err
 		}
-		got, err := decodeTreePage(body)
+		got, err := decodeTreePage(body, len(entries), MaxFiles)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		if len(entries)+len(got) > MaxFiles {
-			return nil, fmt.Errorf("%s: %w: more than %d entries", what, s3origin.ErrServer, MaxFiles)
 		}
 		entries = append(entries, got...)
 		if next, err = c.nextPage(next, hdr.Values("Link")); err != nil {
@@ -95,30 +90,11 @@ func escapePath(p string) string {
 // apiGet GETs an API document, retrying throttling and server errors, and
 // reads at most MaxAPIBody bytes of it.
 func (c *Client) apiGet(ctx context.Context, u, repo, what string) (body []byte, hdr http.Header, err error) {
-	err = c.withRetries(ctx, repo, what, func() error {
+	err = c.retrier(repo, "retrying Hub request").Do(ctx, what, func() error {
 		body, hdr, err = c.apiGetOnce(ctx, u)
 		return err
 	})
 	return body, hdr, err
-}
-
-// withRetries runs a request until it succeeds, fails for good or runs out
-// of MaxAttempts, waiting between tries as retryDelay says.
-func (c *Client) withRetries(ctx context.Context, repo, what string, try func() error) error {
-	for attempt := 1; ; attempt++ {
-		err := try()
-		if err == nil {
-			return nil
-		}
-		if !retryable(err) || attempt >= c.opts.MaxAttempts {
-			return c.explain(err, repo, what)
-		}
-		delay := retryDelay(err, attempt, c.opts.RetryBackoff, c.opts.MaxRetryAfter, rand.Float64())
-		c.opts.Logger.Info("retrying Hub request", "what", what, "attempt", attempt+1, "delay", delay, "err", err)
-		if err := c.sleep(ctx, delay); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-	}
 }
 
 func (c *Client) apiGetOnce(ctx context.Context, u string) ([]byte, http.Header, error) {
@@ -200,16 +176,28 @@ type treeEntry struct {
 	} `json:"lfs"`
 }
 
-// decodeTreePage decodes one page of a tree listing: a JSON array of
-// entries and nothing after it.
-func decodeTreePage(body []byte) ([]treeEntry, error) {
+// decodeTreePage decodes one page of a tree listing: a JSON array and
+// nothing after it. With listed entries from earlier pages it refuses entry
+// limit+1 of the listing before decoding it, so a hostile page costs no more
+// than the entries we keep.
+func decodeTreePage(body []byte, listed, limit int) ([]treeEntry, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
-	var entries []treeEntry
-	if err := dec.Decode(&entries); err != nil {
-		return nil, fmt.Errorf("%w: tree page: %w", s3origin.ErrServer, err)
-	}
-	if entries == nil {
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
 		return nil, fmt.Errorf("%w: tree page is not a list", s3origin.ErrServer)
+	}
+	entries := []treeEntry{}
+	for dec.More() {
+		if listed+len(entries) == limit {
+			return nil, fmt.Errorf("%w: more than %d entries", s3origin.ErrServer, limit)
+		}
+		var e treeEntry
+		if err := dec.Decode(&e); err != nil {
+			return nil, fmt.Errorf("%w: tree page: %w", s3origin.ErrServer, err)
+		}
+		entries = append(entries, e)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, fmt.Errorf("%w: tree page: %w", s3origin.ErrServer, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%w: tree page: data after the list", s3origin.ErrServer)
@@ -227,8 +215,7 @@ func objectsFromTree(src spec.HFURL, commit string, entries []treeEntry, include
 	if src.Subdir != "" {
 		prefix = src.Subdir + "/"
 	}
-	objs := make([]s3origin.Object, 0, len(entries))
-	seen := make(map[string]bool, len(entries))
+	all := make([]s3origin.Object, 0, len(entries))
 	for _, e := range entries {
 		switch e.Type {
 		case "directory":
@@ -257,27 +244,21 @@ func objectsFromTree(src spec.HFURL, commit string, entries []treeEntry, include
 		} else if !commitRE.MatchString(digest) {
 			return nil, fmt.Errorf("%s: %w: file %q: oid %q is not a git blob id", what, s3origin.ErrServer, e.Path, digest)
 		}
-		if seen[rel] {
-			return nil, fmt.Errorf("%s: %w: file %q is listed twice", what, s3origin.ErrServer, e.Path)
-		}
-		seen[rel] = true
-		if !keep(rel, include, exclude) {
-			continue
-		}
-		objs = append(objs, s3origin.Object{Bucket: src.Repo, Key: e.Path, Path: rel, Size: e.Size, ETag: digest, VersionID: commit})
+		all = append(all, s3origin.Object{Bucket: src.Repo, Key: e.Path, Path: rel, Size: e.Size, ETag: digest, VersionID: commit})
 	}
-	// A file that would also have to be a directory: no filesystem holds both.
-	for rel := range seen {
-		for dir := path.Dir(rel); dir != "."; dir = path.Dir(dir) {
-			if seen[dir] {
-				return nil, fmt.Errorf("%s: %w: %q needs %q to be a directory, but it is also a file", what, s3origin.ErrUnsafeKey, rel, dir)
-			}
+	// Every listed file, kept or not: the commit must make sense as a tree.
+	if err := s3origin.CheckPathClashes(all); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	var objs []s3origin.Object
+	for _, o := range all {
+		if keep(o.Path, include, exclude) {
+			objs = append(objs, o)
 		}
 	}
 	if len(objs) == 0 {
-		return nil, fmt.Errorf("%s: %w at commit %s (%d files listed before --include/--exclude)", what, s3origin.ErrEmpty, commit, len(seen))
+		return nil, fmt.Errorf("%s: %w at commit %s (%d files listed before --include/--exclude)", what, s3origin.ErrEmpty, commit, len(all))
 	}
-	sort.Slice(objs, func(i, j int) bool { return objs[i].Path < objs[j].Path })
 	return objs, nil
 }
 

@@ -17,9 +17,6 @@ import (
 // LFS): its git blob id, sha1("blob <size>\x00" + content).
 const MethodGitBlob = "git-blob-sha1"
 
-// readBackBuf: large sequential reads keep read-back near disk speed.
-const readBackBuf = 4 << 20
-
 // digestOf returns the hash to check obj with and its method: sha256 for
 // an LFS file, the git blob id (primed with its header) for the others.
 func digestOf(obj s3origin.Object) (hash.Hash, string) {
@@ -40,31 +37,11 @@ func (c *Client) Verify(ctx context.Context, obj s3origin.Object, r io.ReaderAt)
 		return s3origin.Verification{}, fmt.Errorf("verify %w", err)
 	}
 	h, method := digestOf(obj)
-	buf := make([]byte, min(readBackBuf, max(obj.Size, 1)))
-	if err := readInto(ctx, h, r, 0, obj.Size, buf); err != nil {
+	buf := make([]byte, min(s3origin.ReadBackBuf, max(obj.Size, 1)))
+	if err := s3origin.ReadRange(ctx, r, 0, obj.Size, buf, func(p []byte) { h.Write(p) }); err != nil {
 		return s3origin.Verification{}, fmt.Errorf("verify %s: %w", URL(obj), err)
 	}
 	return compareDigest(obj, method, h, "read back")
-}
-
-// readInto hashes bytes [off, end) of r through buf.
-func readInto(ctx context.Context, h hash.Hash, r io.ReaderAt, off, end int64, buf []byte) error {
-	for off < end {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		want := min(int64(len(buf)), end-off)
-		n, err := r.ReadAt(buf[:want], off)
-		h.Write(buf[:n])
-		off += int64(n)
-		if err != nil && !(err == io.EOF && int64(n) == want) {
-			if err == io.EOF {
-				return fmt.Errorf("%w: local copy ends at %d, want %d bytes", s3origin.ErrCorrupt, off, end)
-			}
-			return fmt.Errorf("read back: %w", err)
-		}
-	}
-	return nil
 }
 
 // compareDigest compares the digest h holds with the one listed for obj.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -29,42 +28,24 @@ func PlainCopy(ctx context.Context, client *s3.Client, bucket, key, dstPath stri
 	if err != nil {
 		return fmt.Errorf("plain copy: %w", err)
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	parts := make(chan int)
-	var wg sync.WaitGroup
-	for range concurrency {
-		wg.Go(func() {
-			for part := range parts {
-				off, n := PartRange(part, size, partSize)
-				out, err := client.GetObject(ctx, &s3.GetObjectInput{
-					Bucket: aws.String(bucket), Key: aws.String(key),
-					Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+n-1)),
-				})
-				if err != nil {
-					cancel(err)
-					return
-				}
-				_, err = io.Copy(io.NewOffsetWriter(f, off), out.Body)
-				_ = out.Body.Close()
-				if err != nil {
-					cancel(err)
-					return
-				}
-			}
+	parts := make([]int, Parts(size, partSize))
+	for i := range parts {
+		parts[i] = i
+	}
+	err = eachPart(ctx, concurrency, 0, parts, func(ctx context.Context, part int, _ []byte) error {
+		off, n := PartRange(part, size, partSize)
+		out, err := client.GetObject(ctx, &s3.GetObjectInput{
+			Bucket: aws.String(bucket), Key: aws.String(key),
+			Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+n-1)),
 		})
-	}
-feed:
-	for part := range Parts(size, partSize) {
-		select {
-		case parts <- part:
-		case <-ctx.Done():
-			break feed
+		if err != nil {
+			return err
 		}
-	}
-	close(parts)
-	wg.Wait()
-	if err := context.Cause(ctx); err != nil {
+		_, err = io.Copy(io.NewOffsetWriter(f, off), out.Body)
+		_ = out.Body.Close()
+		return err
+	})
+	if err != nil {
 		_ = f.Close()
 		return fmt.Errorf("plain copy s3://%s/%s: %w", bucket, key, err)
 	}

@@ -30,8 +30,9 @@ const (
 	MaxPartSize         = 1 << 30
 	DefaultMaxAttempts  = 8
 	DefaultStallTimeout = 60 * time.Second
+	DefaultRetryBackoff = 200 * time.Millisecond
 	DefaultRegion       = "us-east-1"
-	maxConcurrency      = 256
+	MaxConcurrency      = 256
 )
 
 // Options tune a Client. The zero value is usable.
@@ -76,8 +77,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Concurrency == 0 {
 		o.Concurrency = DefaultConcurrency
 	}
-	if o.Concurrency < 1 || o.Concurrency > maxConcurrency {
-		return o, fmt.Errorf("s3 concurrency %d: want 1..%d", o.Concurrency, maxConcurrency)
+	if o.Concurrency < 1 || o.Concurrency > MaxConcurrency {
+		return o, fmt.Errorf("s3 concurrency %d: want 1..%d", o.Concurrency, MaxConcurrency)
 	}
 	if o.PartSize == 0 {
 		o.PartSize = DefaultPartSize
@@ -92,7 +93,7 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("s3 max attempts %d: want >= 1", o.MaxAttempts)
 	}
 	if o.RetryBackoff <= 0 {
-		o.RetryBackoff = 200 * time.Millisecond
+		o.RetryBackoff = DefaultRetryBackoff
 	}
 	if o.StallTimeout <= 0 {
 		o.StallTimeout = DefaultStallTimeout
@@ -146,7 +147,7 @@ func New(ctx context.Context, opts Options) (*Client, error) {
 				so.MaxAttempts = opts.MaxAttempts
 				so.RateLimiter = ratelimit.None
 				so.Backoff = retry.BackoffDelayerFunc(func(attempt int, _ error) (time.Duration, error) {
-					return backoff(attempt, opts.RetryBackoff, rand.Float64()), nil
+					return Backoff(attempt, opts.RetryBackoff, rand.Float64()), nil
 				})
 			})
 		}),

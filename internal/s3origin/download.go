@@ -2,40 +2,16 @@ package s3origin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 )
-
-// bufSize is each worker's copy buffer: memory stays Concurrency*bufSize
-// whatever the part and object sizes.
-const bufSize = 1 << 20
-
-// Parts is the number of parts of partSize bytes an object of size bytes is
-// split into (the last one may be shorter). Zero for an empty object.
-func Parts(size, partSize int64) int {
-	if size <= 0 || partSize <= 0 {
-		return 0
-	}
-	return int((size-1)/partSize + 1) // size+partSize-1 could overflow
-}
-
-// PartRange is the offset and length of part in an object of size bytes.
-func PartRange(part int, size, partSize int64) (off, n int64) {
-	off = int64(part) * partSize
-	if part < 0 || off >= size {
-		return 0, 0
-	}
-	return off, min(partSize, size-off)
-}
 
 // Download writes obj into dst: the parts plan.Done does not claim are
 // fetched by parallel ranged GETs pinned to obj.ETag, then the whole file is
@@ -110,91 +86,40 @@ func (c *Client) Download(ctx context.Context, obj Object, dst File, plan Plan) 
 // fetchParts fetches parts with Concurrency workers. With kind set, the CRC
 // of each part's bytes lands in crcs[part].
 func (c *Client) fetchParts(ctx context.Context, obj Object, dst File, parts []int, onPart func(int, int64), kind *crcKind, crcs []uint64) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	work := make(chan int)
-	var wg sync.WaitGroup
-	for range min(c.opts.Concurrency, len(parts)) {
-		wg.Go(func() {
-			buf := make([]byte, bufSize)
-			for part := range work {
-				var sink func([]byte)
-				if kind != nil {
-					sink = func(p []byte) { crcs[part] = kind.update(crcs[part], p) }
-				}
-				if err := c.fetchPart(ctx, obj, part, dst, buf, sink); err != nil {
-					cancel(err)
-					return
-				}
-				if onPart != nil {
-					_, n := PartRange(part, obj.Size, c.opts.PartSize)
-					onPart(part, n)
-				}
-			}
-		})
-	}
-feed:
-	for _, part := range parts {
-		select {
-		case work <- part:
-		case <-ctx.Done():
-			break feed
+	return FetchParts(ctx, c.opts.Concurrency, obj.URL(), parts, func(ctx context.Context, part int, buf []byte) error {
+		var sink func([]byte)
+		if kind != nil {
+			sink = func(p []byte) { crcs[part] = kind.update(crcs[part], p) }
 		}
-	}
-	close(work)
-	wg.Wait()
-	if err := context.Cause(ctx); err != nil {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("download %s: %w", obj.URL(), err)
+		start, n := PartRange(part, obj.Size, c.opts.PartSize)
+		what := fmt.Sprintf("get %s part %d (bytes %d-%d)", obj.URL(), part, start, start+n-1)
+		if err := c.fetchRange(ctx, obj, start, start+n, what, dst, buf, sink); err != nil {
+			return err
 		}
-		return err
-	}
-	return nil
-}
-
-// fetchPart fetches one part, resuming from the last byte written after a
-// retryable failure. The attempt budget is for failures in a row without
-// progress, so a flaky link that keeps delivering still finishes.
-// sink, if set, sees every byte of the part once, in order.
-func (c *Client) fetchPart(ctx context.Context, obj Object, part int, dst File, buf []byte, sink func([]byte)) error {
-	start, n := PartRange(part, obj.Size, c.opts.PartSize)
-	what := fmt.Sprintf("get %s part %d (bytes %d-%d)", obj.URL(), part, start, start+n-1)
-	return c.fetchRange(ctx, obj, start, start+n, what, dst, buf, sink)
+		if onPart != nil {
+			onPart(part, n)
+		}
+		return nil
+	})
 }
 
 // fetchRange writes bytes [start, end) of obj into dst, resuming a broken
 // connection at the byte where it stopped and retrying throttling and
-// server errors with backoff.
-func (c *Client) fetchRange(ctx context.Context, obj Object, start, end int64, what string, dst File, buf []byte, sink func([]byte)) error {
-	failures := 0
-	for off := start; off < end; {
-		got, err := c.getRange(ctx, obj, off, end, dst, buf, sink)
-		off += got
-		if err == nil {
-			continue
-		}
-		if !retryable(err) {
-			return c.explain(err, what)
-		}
-		if got > 0 {
-			failures = 0
-		}
-		failures++
-		if failures >= c.opts.MaxAttempts {
-			return c.explain(fmt.Errorf("giving up after %d attempts without progress: %w", failures, err), what)
-		}
-		delay := backoff(failures, c.opts.RetryBackoff, rand.Float64())
-		c.opts.Logger.Info("retrying S3 range", "what", what, "resume_at", off,
-			"attempt", failures+1, "delay", delay, "err", err)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%s: %w", what, context.Cause(ctx))
-		case <-t.C:
-		}
+// server errors with backoff. sink, if set, sees every byte once, in order.
+func (c *Client) fetchRange(ctx context.Context, obj Object, start, end int64, what string, dst io.WriterAt, buf []byte, sink func([]byte)) error {
+	r := Retrier{
+		MaxAttempts: c.opts.MaxAttempts,
+		Retryable:   retryable,
+		Delay: func(_ error, failures int) time.Duration {
+			return Backoff(failures, c.opts.RetryBackoff, rand.Float64())
+		},
+		Explain: c.explain,
+		Logger:  c.opts.Logger,
+		Note:    "retrying S3 range",
 	}
-	return nil
+	return r.FetchRange(ctx, start, end, what, func(off int64) (int64, error) {
+		return c.getRange(ctx, obj, off, end, dst, buf, sink)
+	})
 }
 
 // OpenRange streams bytes [off, off+n) of obj, pinned to its ETag, with
@@ -204,52 +129,15 @@ func (c *Client) OpenRange(ctx context.Context, obj Object, off, n int64) (io.Re
 	if off < 0 || n < 0 || off > obj.Size || n > obj.Size-off { // off+n could overflow
 		return nil, fmt.Errorf("range %d+%d of %s (%d bytes): out of bounds", off, n, obj.URL(), obj.Size)
 	}
-	pr, pw := io.Pipe()
-	go func() {
-		what := fmt.Sprintf("get %s bytes %d-%d", obj.URL(), off, off+n-1)
-		buf := make([]byte, min(bufSize, max(n, 1)))
-		pw.CloseWithError(c.fetchRange(ctx, obj, off, off+n, what, &pipeFile{w: pw, next: off}, buf, nil))
-	}()
-	return pr, nil
+	what := fmt.Sprintf("get %s bytes %d-%d", obj.URL(), off, off+n-1)
+	return OpenStream(off, n, func(dst io.WriterAt, buf []byte) error {
+		return c.fetchRange(ctx, obj, off, off+n, what, dst, buf, nil)
+	}), nil
 }
-
-// pipeFile turns the in-order writes of fetchRange into a stream.
-type pipeFile struct {
-	w    *io.PipeWriter
-	next int64
-}
-
-func (p *pipeFile) WriteAt(b []byte, off int64) (int, error) {
-	if off != p.next {
-		return 0, fmt.Errorf("s3origin: stream write at %d, expected %d", off, p.next)
-	}
-	n, err := p.w.Write(b)
-	p.next += int64(n)
-	return n, err
-}
-
-func (p *pipeFile) ReadAt([]byte, int64) (int, error) {
-	return 0, errors.New("s3origin: a stream cannot be read back")
-}
-
-// backoff is the delay before retry number attempt (1-based): exponential
-// from base, capped at 64x, with "equal jitter" (half fixed, half random
-// from r in [0,1)) so a fleet of workers throttled together does not come
-// back together.
-func backoff(attempt int, base time.Duration, r float64) time.Duration {
-	d := base << min(max(attempt-1, 0), 6)
-	return d/2 + time.Duration(r*float64(d/2))
-}
-
-// localError marks a failure writing the local file: never retried.
-type localError struct{ err error }
-
-func (e localError) Error() string { return e.err.Error() }
-func (e localError) Unwrap() error { return e.err }
 
 // getRange streams bytes [off, end) of obj into dst through buf and returns
 // how many bytes it wrote, also on failure.
-func (c *Client) getRange(ctx context.Context, obj Object, off, end int64, dst File, buf []byte, sink func([]byte)) (int64, error) {
+func (c *Client) getRange(ctx context.Context, obj Object, off, end int64, dst io.WriterAt, buf []byte, sink func([]byte)) (int64, error) {
 	in := &s3.GetObjectInput{
 		Bucket:  aws.String(obj.Bucket),
 		Key:     aws.String(obj.Key),
@@ -259,68 +147,17 @@ func (c *Client) getRange(ctx context.Context, obj Object, off, end int64, dst F
 	if obj.VersionID != "" {
 		in.VersionId = aws.String(obj.VersionID)
 	}
-	// fetchPart retries, resuming mid-part; the SDK would restart the
+	// fetchRange retries, resuming mid-part; the SDK would restart the
 	// request from scratch and count attempts its own way.
 	out, err := c.s3.GetObject(ctx, in, func(o *s3.Options) { o.Retryer = aws.NopRetryer{} })
 	if err != nil {
 		return 0, err
 	}
 	defer out.Body.Close()
-	if err := checkRange(obj, off, end, aws.ToString(out.ETag), aws.ToString(out.ContentRange), aws.ToInt64(out.ContentLength)); err != nil {
+	if err := CheckRange(obj, off, end, aws.ToString(out.ETag), aws.ToString(out.ContentRange), aws.ToInt64(out.ContentLength)); err != nil {
 		return 0, err
 	}
-	var written int64
-	for written < end-off {
-		want := min(int64(len(buf)), end-off-written)
-		n, rerr := io.ReadFull(out.Body, buf[:want])
-		if n > 0 {
-			c.opts.OnBytes(n)
-			if _, werr := dst.WriteAt(buf[:n], off+written); werr != nil {
-				return written, localError{fmt.Errorf("write %s at offset %d: %w", obj.Path, off+written, werr)}
-			}
-			if sink != nil {
-				sink(buf[:n])
-			}
-			written += int64(n)
-		}
-		if rerr != nil {
-			if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
-				rerr = fmt.Errorf("%w after %d of %d bytes", errShortBody, written, end-off)
-			}
-			return written, rerr
-		}
-	}
-	return written, nil
-}
-
-// checkRange makes sure a ranged GET answers with bytes off..end-1 of the
-// object we listed. S3 enforces If-Match itself; comparing the ETag and
-// total size here also catches servers that ignore it, and a server that
-// ignores Range would otherwise have us write the object's head at off.
-func checkRange(obj Object, off, end int64, etag, contentRange string, contentLength int64) error {
-	if got := strings.Trim(etag, `"`); got != "" && got != obj.ETag {
-		return fmt.Errorf("%w: ETag is now %q, was %q", ErrSourceChanged, got, obj.ETag)
-	}
-	if contentRange == "" {
-		if off == 0 && end == obj.Size && contentLength == obj.Size {
-			return nil // whole object asked for, whole object sent
-		}
-		return fmt.Errorf("%w: answered a GET for bytes %d-%d without Content-Range (Range ignored)", ErrServer, off, end-1)
-	}
-	first, last, total, err := parseContentRange(contentRange)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrServer, err)
-	}
-	if total >= 0 && total != obj.Size {
-		return fmt.Errorf("%w: size is now %d, was %d", ErrSourceChanged, total, obj.Size)
-	}
-	if first != off || last != end-1 {
-		return fmt.Errorf("%w: asked for bytes %d-%d, got %q", ErrServer, off, end-1, contentRange)
-	}
-	if contentLength != end-off {
-		return fmt.Errorf("%w: Content-Length %d for %d bytes %q", ErrServer, contentLength, end-off, contentRange)
-	}
-	return nil
+	return CopyRange(out.Body, dst, obj.Path, off, end, buf, c.opts.OnBytes, sink)
 }
 
 // parseContentRange parses "bytes FIRST-LAST/TOTAL" (TOTAL may be "*",

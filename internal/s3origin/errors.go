@@ -81,7 +81,7 @@ func (c *Client) explain(err error, what string) error {
 			what, ErrSourceChanged, err)
 	case code == "NoSuchKey" || code == "NoSuchVersion" || code == "NotFound" || status == 404:
 		return fmt.Errorf("%s: %w: %w", what, ErrNotFound, err)
-	case isUnreachable(err):
+	case IsUnreachable(err):
 		return fmt.Errorf("%s: %w: cannot connect to %s: %w", what, ErrUnreachable, c.endpoint, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
@@ -97,7 +97,9 @@ func contextError(err error) error {
 	return nil
 }
 
-func isUnreachable(err error) bool {
+// IsUnreachable tells a failure to reach the endpoint at all (dial, DNS,
+// refused, no route) from one on a connection that was open.
+func IsUnreachable(err error) bool {
 	var opErr *net.OpError
 	if errors.As(err, &opErr) && opErr.Op == "dial" {
 		return true
@@ -107,15 +109,12 @@ func isUnreachable(err error) bool {
 		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
 }
 
-// errShortBody: a body ended before the promised length.
-var errShortBody = errors.New("body ended early")
-
 // retryable tells whether a failed GET (or a body read) may succeed when
 // tried again: throttling, 5xx, request timeouts, and connections that break
 // or stall. Changes of the source, missing objects and permission problems
 // are final.
 func retryable(err error) bool {
-	var local localError
+	var local LocalError
 	if errors.As(err, &local) {
 		return false
 	}
@@ -123,7 +122,7 @@ func retryable(err error) bool {
 	case err == nil, contextError(err) != nil,
 		errors.Is(err, ErrSourceChanged), errors.Is(err, ErrServer), errors.Is(err, ErrNotFound):
 		return false
-	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, errShortBody),
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, ErrShortBody),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE):
 		return true
 	}

@@ -141,16 +141,16 @@ func objectsFromListing(src spec.S3URL, raw []types.Object) ([]Object, error) {
 	if len(objs) == 0 {
 		return nil, fmt.Errorf("list %s: %w under %s", src, ErrEmpty, src)
 	}
-	if err := checkPathClashes(objs); err != nil {
+	if err := CheckPathClashes(objs); err != nil {
 		return nil, fmt.Errorf("list %s: %w", src, err)
 	}
 	return objs, nil
 }
 
-// checkPathClashes rejects a file that would also have to be a directory
+// CheckPathClashes rejects a file that would also have to be a directory
 // ("a" and "a/b"), which no local filesystem can hold, and a key listed
 // twice, which S3 never does. It sorts objs by Path.
-func checkPathClashes(objs []Object) error {
+func CheckPathClashes(objs []Object) error {
 	sort.Slice(objs, func(i, j int) bool { return objs[i].Path < objs[j].Path })
 	files := make(map[string]bool, len(objs))
 	for _, o := range objs {

@@ -210,8 +210,8 @@ func TestBackoff(t *testing.T) {
 		{0, 0, 50 * time.Millisecond},
 	}
 	for _, tt := range tests {
-		if got := backoff(tt.attempt, base, tt.r); got != tt.want {
-			t.Errorf("backoff(%d, %v, %v) = %v, want %v", tt.attempt, base, tt.r, got, tt.want)
+		if got := Backoff(tt.attempt, base, tt.r); got != tt.want {
+			t.Errorf("Backoff(%d, %v, %v) = %v, want %v", tt.attempt, base, tt.r, got, tt.want)
 		}
 	}
 }
@@ -276,7 +276,7 @@ func TestCheckRange(t *testing.T) {
 		{"garbage range", 10, 20, `"abc"`, "bytes x", 10, ErrServer, "bad Content-Range"},
 	}
 	for _, tt := range tests {
-		err := checkRange(o, tt.off, tt.end, tt.etag, tt.cr, tt.length)
+		err := CheckRange(o, tt.off, tt.end, tt.etag, tt.cr, tt.length)
 		if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) ||
 			(err != nil && !strings.Contains(err.Error(), tt.wantSubstr)) {
 			t.Errorf("%s: err %v, want %v containing %q", tt.name, err, tt.wantErr, tt.wantSubstr)
@@ -358,7 +358,7 @@ func TestRetryable(t *testing.T) {
 		{"request timeout", apiErr("RequestTimeout", 400), true},
 		{"bad gateway", apiErr("", 502), true},
 		{"unexpected eof", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true},
-		{"short body", fmt.Errorf("x: %w", errShortBody), true},
+		{"short body", fmt.Errorf("x: %w", ErrShortBody), true},
 		{"reset", &net.OpError{Op: "read", Err: syscall.ECONNRESET}, true},
 		{"refused", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, true},
 		{"stall", &awshttp.ResponseTimeoutError{TimeoutDur: time.Second}, true},
@@ -367,7 +367,7 @@ func TestRetryable(t *testing.T) {
 		{"access denied", apiErr("AccessDenied", 403), false},
 		{"no such key", apiErr("NoSuchKey", 404), false},
 		{"canceled", fmt.Errorf("x: %w", context.Canceled), false},
-		{"local write", localError{fmt.Errorf("write: %w", syscall.EPIPE)}, false},
+		{"local write", LocalError{fmt.Errorf("write: %w", syscall.EPIPE)}, false},
 		{"server misbehaved", fmt.Errorf("%w: range ignored", ErrServer), false},
 	}
 	for _, tt := range tests {

@@ -78,7 +78,7 @@ func (c *Client) combineCRCs(ctx context.Context, obj Object, kind *crcKind, r i
 	addGap(at, obj.Size)
 	err = forEachPart(ctx, len(gaps), func(i int, buf []byte) error {
 		g := &all[gaps[i]]
-		return readRange(ctx, r, g.Off, g.Len, buf, func(p []byte) { g.CRC = kind.update(g.CRC, p) })
+		return ReadRange(ctx, r, g.Off, g.Len, buf, func(p []byte) { g.CRC = kind.update(g.CRC, p) })
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("read back: %w", err)

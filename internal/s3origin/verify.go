@@ -17,7 +17,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -170,7 +169,7 @@ func (c *Client) checkCopy(ctx context.Context, obj Object, r io.ReaderAt, chk c
 		return c.compareCombined(obj, kind, chk, got, "read back")
 	}
 	h := newHash(chk.method)
-	if err := readRange(ctx, r, 0, obj.Size, make([]byte, readBackBuf), func(p []byte) { h.Write(p) }); err != nil {
+	if err := ReadRange(ctx, r, 0, obj.Size, make([]byte, ReadBackBuf), func(p []byte) { h.Write(p) }); err != nil {
 		return Verification{}, fmt.Errorf("%s: read back: %w", what, err)
 	}
 	sum := h.Sum(nil)
@@ -323,8 +322,9 @@ func (c *Client) partLengths(ctx context.Context, obj Object, n int) ([]int64, e
 	return lengths, nil
 }
 
-// readBackBuf: large sequential reads keep read-back near disk speed.
-const readBackBuf = 4 << 20
+// ReadBackBuf is the read buffer of a read-back: large sequential reads
+// keep it near disk speed.
+const ReadBackBuf = 4 << 20
 
 // md5Parts hashes each upload part, several at a time (MD5 is serial, so
 // parallel parts are the only way to use more than one core), and returns
@@ -337,7 +337,7 @@ func md5Parts(ctx context.Context, r io.ReaderAt, lengths []int64) ([]byte, erro
 	sums := make([]byte, len(lengths)*md5.Size)
 	err := forEachPart(ctx, len(lengths), func(part int, buf []byte) error {
 		h := md5.New()
-		if err := readRange(ctx, r, offs[part], lengths[part], buf, func(p []byte) { h.Write(p) }); err != nil {
+		if err := ReadRange(ctx, r, offs[part], lengths[part], buf, func(p []byte) { h.Write(p) }); err != nil {
 			return fmt.Errorf("part %d: %w", part+1, err)
 		}
 		copy(sums[part*md5.Size:], h.Sum(nil))
@@ -349,36 +349,18 @@ func md5Parts(ctx context.Context, r io.ReaderAt, lengths []int64) ([]byte, erro
 // forEachPart runs fn for parts 0..n-1 on one worker per core (at most 4),
 // each with its own read buffer, and returns the first error.
 func forEachPart(ctx context.Context, n int, fn func(part int, buf []byte) error) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), 4, n) {
-		wg.Go(func() {
-			buf := make([]byte, readBackBuf)
-			for part := range next {
-				if err := fn(part, buf); err != nil {
-					cancel(err)
-					return
-				}
-			}
-		})
+	parts := make([]int, n)
+	for i := range parts {
+		parts[i] = i
 	}
-feed:
-	for part := range n {
-		select {
-		case next <- part:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(next)
-	wg.Wait()
-	return context.Cause(ctx)
+	return eachPart(ctx, min(runtime.GOMAXPROCS(0), 4), ReadBackBuf, parts, func(_ context.Context, part int, buf []byte) error {
+		return fn(part, buf)
+	})
 }
 
-// readRange passes bytes [off, off+n) of r to sink in large chunks.
-func readRange(ctx context.Context, r io.ReaderAt, off, n int64, buf []byte, sink func([]byte)) error {
+// ReadRange passes bytes [off, off+n) of r to sink through buf: a local
+// copy read back to be checked (ErrCorrupt when it is short).
+func ReadRange(ctx context.Context, r io.ReaderAt, off, n int64, buf []byte, sink func([]byte)) error {
 	for done := int64(0); done < n; {
 		if err := ctx.Err(); err != nil {
 			return err
