@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/warmfleet/warmfleet/desired"
 )
 
 // Rumor + digest.
@@ -59,14 +60,14 @@ func decodeDigest(p []byte) (digestMsg, error) {
 	if err := json.Unmarshal(p, &m); err != nil {
 		return m, fmt.Errorf("digest: %w", err)
 	}
-	if err := validateNodeName(m.From); err != nil {
+	if err := desired.ValidateNodeName(m.From); err != nil {
 		return m, fmt.Errorf("%w: digest: from: %w", errInvalid, err)
 	}
 	if len(m.Entries) == 0 || len(m.Entries) > maxDigestEntries {
 		return m, fmt.Errorf("%w: digest: %d entries, want 1..%d", errInvalid, len(m.Entries), maxDigestEntries)
 	}
 	for n, v := range m.Entries {
-		if err := validateNodeName(n); err != nil {
+		if err := desired.ValidateNodeName(n); err != nil {
 			return m, fmt.Errorf("%w: digest: %w", errInvalid, err)
 		}
 		if v == 0 {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/warmfleet/warmfleet/desired"
 )
 
 // Fleet-wide keyring operations, like serf's keyring queries: the node asked
@@ -117,7 +118,7 @@ func decodeKeyOp(p []byte) (keyOpMsg, error) {
 	if m.ID == "" || len(m.ID) > maxKeyOpID {
 		return m, fmt.Errorf("%w: keyop: id length %d", errInvalid, len(m.ID))
 	}
-	if err := validateNodeName(m.From); err != nil {
+	if err := desired.ValidateNodeName(m.From); err != nil {
 		return m, fmt.Errorf("%w: keyop: from: %w", errInvalid, err)
 	}
 	if _, err := ParseKeyOp(string(m.Op)); err != nil {
@@ -144,7 +145,7 @@ func decodeKeyAck(p []byte) (keyAckMsg, error) {
 	if m.ID == "" || len(m.ID) > maxKeyOpID {
 		return m, fmt.Errorf("%w: keyack: id length %d", errInvalid, len(m.ID))
 	}
-	if err := validateNodeName(m.Node); err != nil {
+	if err := desired.ValidateNodeName(m.Node); err != nil {
 		return m, fmt.Errorf("%w: keyack: %w", errInvalid, err)
 	}
 	if len(m.Keys) > 64 || len(m.Err) > 1024 {

@@ -153,7 +153,7 @@ var ErrInsecure = errors.New("gossip runs without a keyring (insecure mode)")
 // Start joins (or founds) the fleet. It returns once the local member runs;
 // when no join address answers, it keeps retrying in the background.
 func Start(ctx context.Context, cfg Config) (*Node, error) {
-	if err := validateNodeName(cfg.NodeName); err != nil {
+	if err := desired.ValidateNodeName(cfg.NodeName); err != nil {
 		return nil, fmt.Errorf("gossip: %w", err)
 	}
 	if cfg.Role == "" {

@@ -93,7 +93,7 @@ type invRecord struct {
 }
 
 func (r invRecord) validate() error {
-	if err := validateNodeName(r.Node); err != nil {
+	if err := desired.ValidateNodeName(r.Node); err != nil {
 		return err
 	}
 	if r.Version == 0 {
@@ -325,14 +325,14 @@ func decodeWant(p []byte) (wantMsg, error) {
 	if err := json.Unmarshal(p, &m); err != nil {
 		return m, fmt.Errorf("want: %w", err)
 	}
-	if err := validateNodeName(m.From); err != nil {
+	if err := desired.ValidateNodeName(m.From); err != nil {
 		return m, fmt.Errorf("%w: want: from: %w", errInvalid, err)
 	}
 	if len(m.Nodes) == 0 || len(m.Nodes) > maxDigest {
 		return m, fmt.Errorf("%w: want: %d names: want 1..%d", errInvalid, len(m.Nodes), maxDigest)
 	}
 	for _, n := range m.Nodes {
-		if err := validateNodeName(n); err != nil {
+		if err := desired.ValidateNodeName(n); err != nil {
 			return m, fmt.Errorf("%w: want: %w", errInvalid, err)
 		}
 	}
@@ -344,7 +344,7 @@ func decodeBye(p []byte) (byeMsg, error) {
 	if err := json.Unmarshal(p, &m); err != nil {
 		return m, fmt.Errorf("bye: %w", err)
 	}
-	if err := validateNodeName(m.Node); err != nil {
+	if err := desired.ValidateNodeName(m.Node); err != nil {
 		return m, fmt.Errorf("%w: bye: %w", errInvalid, err)
 	}
 	return m, nil
@@ -366,14 +366,14 @@ func decodeState(p []byte) (stateMsg, error) {
 	if err := json.Unmarshal(p, &m); err != nil {
 		return m, fmt.Errorf("state: %w", err)
 	}
-	if err := validateNodeName(m.From); err != nil {
+	if err := desired.ValidateNodeName(m.From); err != nil {
 		return m, fmt.Errorf("%w: state: from: %w", errInvalid, err)
 	}
 	if len(m.Records) > maxRecords || len(m.Digest) > maxDigest {
 		return m, fmt.Errorf("%w: state: %d records and %d digest entries, at most %d and %d", errOversize, len(m.Records), len(m.Digest), maxRecords, maxDigest)
 	}
 	for n, v := range m.Digest {
-		if err := validateNodeName(n); err != nil {
+		if err := desired.ValidateNodeName(n); err != nil {
 			return m, fmt.Errorf("%w: state: digest: %w", errInvalid, err)
 		}
 		if v == 0 {
@@ -390,7 +390,3 @@ func decodeState(p []byte) (stateMsg, error) {
 	}
 	return m, nil
 }
-
-// validateNodeName checks a node name from outside. The rule is the desired
-// state's: its timestamps carry the writer's node name.
-func validateNodeName(name string) error { return desired.ValidateNodeName(name) }

@@ -223,11 +223,11 @@ func FuzzDecodeDigestAndKeyMessages(f *testing.F) {
 	f.Add([]byte(`{"id":"x","f":"a","op":"install","k":"AAAA"}`))
 	f.Fuzz(func(t *testing.T, p []byte) {
 		if d, err := decodeDigest(p); err == nil {
-			if validateNodeName(d.From) != nil || len(d.Entries) == 0 || len(d.Entries) > maxDigestEntries {
+			if desired.ValidateNodeName(d.From) != nil || len(d.Entries) == 0 || len(d.Entries) > maxDigestEntries {
 				t.Fatalf("accepted bad digest %+v", d)
 			}
 			for n, v := range d.Entries {
-				if validateNodeName(n) != nil || v == 0 {
+				if desired.ValidateNodeName(n) != nil || v == 0 {
 					t.Fatalf("accepted bad digest entry %q=%d", n, v)
 				}
 			}
