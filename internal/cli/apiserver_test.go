@@ -2,45 +2,17 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
 	"net/http"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/pipenet"
 )
-
-// pipeListener hands out in-memory connections, so the API server's
-// timeouts run on synctest's clock.
-type pipeListener struct {
-	conns chan net.Conn
-	once  sync.Once
-	done  chan struct{}
-}
-
-func newPipeListener() *pipeListener {
-	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error   { l.once.Do(func() { close(l.done) }); return nil }
-func (l *pipeListener) Addr() net.Addr { return &net.UnixAddr{Name: "pipe", Net: "unix"} }
-
-func (l *pipeListener) dial() net.Conn {
-	client, server := net.Pipe()
-	l.conns <- server
-	return client
-}
 
 // TestAPIServerDropsStalledClients: a client that stops half way through a
 // request, or keeps an idle connection open, does not hold a connection
@@ -68,7 +40,7 @@ func TestAPIServerDropsStalledClients(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				ln := newPipeListener()
+				ln := pipenet.Listen()
 				srv := apiServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					if _, err := io.ReadAll(r.Body); err != nil {
 						http.Error(w, err.Error(), http.StatusBadRequest)
@@ -76,7 +48,10 @@ func TestAPIServerDropsStalledClients(t *testing.T) {
 				}))
 				go func() { _ = srv.Serve(ln) }()
 				defer srv.Close()
-				c := ln.dial()
+				c, err := ln.Dial(context.Background(), "", "")
+				if err != nil {
+					t.Fatal(err)
+				}
 				defer c.Close()
 				tt.talk(t, c)
 
