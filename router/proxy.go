@@ -361,10 +361,9 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 		if r.Context().Err() != nil {
 			return true, err // the client left
 		}
-		var de *dialError
-		switch {
-		case errors.As(err, &de):
-			rt.markSent(b, 0, err)
+		switch de, isDial := errors.AsType[*dialError](err); {
+		case isDial:
+			rt.markUnreachable(b, de)
 			return false, err
 		case errors.Is(context.Cause(ctx), errFirstByteTimeout):
 			rt.markFailed(b, "first_byte_timeout", fmt.Sprintf("no first byte within %v", a.firstByte))
@@ -373,7 +372,7 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 		rt.markFailed(b, "broken_before_answer", "failed before answering: "+err.Error())
 		return false, err
 	}
-	rt.markSent(b, resp.StatusCode, nil)
+	rt.markAnswered(b, resp.StatusCode)
 	rt.prefilled(got)
 	h := w.Header()
 	for k, v := range resp.Header {
