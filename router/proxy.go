@@ -325,8 +325,9 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 	}
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
-	timer := time.AfterFunc(a.firstByte, func() { cancel(errFirstByteTimeout) })
-	defer func() { timer.Stop() }() // the idle timer, by the end
+	wd := rt.newWatchdog()
+	defer rt.putWatchdog(wd)
+	wd.start(cancel, errFirstByteTimeout, a.firstByte)
 	out, err := http.NewRequestWithContext(ctx, r.Method, target, bytes.NewReader(a.body))
 	if err != nil {
 		rt.fail(w, &oai.APIError{Status: http.StatusBadRequest, Type: oai.TypeInvalidRequest, Code: "bad_path", Message: "cannot forward this path"})
@@ -387,10 +388,9 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 		_, err = w.Write((*bp)[:n])
 		return true, err
 	}
-	// The first-byte timer is spent: another bounds each wait for more.
-	timer.Stop()
-	timer = time.AfterFunc(a.idle, func() { cancel(errIdleTimeout) })
-	readErr, writeErr := rt.stream(w, resp.Body, (*bp)[:n], *bp, func() { timer.Reset(a.idle) })
+	// The first byte is in: from now on the watchdog bounds each wait for more.
+	wd.start(cancel, errIdleTimeout, a.idle)
+	readErr, writeErr := rt.stream(w, resp.Body, (*bp)[:n], *bp, wd.progress)
 	switch {
 	case writeErr != nil || r.Context().Err() != nil:
 		return true, cmp.Or(writeErr, r.Context().Err()) // the client left

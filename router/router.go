@@ -62,6 +62,8 @@ type Router struct {
 	bufs    sync.Pool // *[]byte copy buffers for streaming
 	keyBufs sync.Pool // *[]uint64 block hash buffers, one per request in flight
 	scans   sync.Pool // *oai.Scanner, so decoding prompts allocates nothing
+	// watchdogs: *watchdog, each with its timer, one per attempt in flight
+	watchdogs sync.Pool
 
 	slowBodies slowBodies
 
