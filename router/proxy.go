@@ -145,7 +145,7 @@ func (rt *Router) readBody(w http.ResponseWriter, r *http.Request, cfg *Config) 
 	}
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(cfg.BodyTimeout))
-	slow := rt.slowBodies.watch(rc, cfg.MaxSlowBodies)
+	slow := rt.slowBodies.watch(w, cfg.MaxSlowBodies)
 	var body []byte
 	var err error
 	if r.ContentLength > 0 {

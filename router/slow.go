@@ -48,7 +48,7 @@ func (rt *Router) Slow() int {
 type bodyWatch struct {
 	alarm
 	s     *slowBodies
-	rc    *http.ResponseController
+	w     http.ResponseWriter // its controller is made only to cut a read short
 	limit int
 	state int // written by the alarm's expire, read after disarm
 }
@@ -59,7 +59,7 @@ const (
 	bodyRefused // no slot: the read was cut short
 )
 
-func (s *slowBodies) watch(rc *http.ResponseController, limit int) *bodyWatch {
+func (s *slowBodies) watch(rw http.ResponseWriter, limit int) *bodyWatch {
 	w, ok := s.watches.Get().(*bodyWatch)
 	if !ok {
 		w = &bodyWatch{s: s}
@@ -67,7 +67,7 @@ func (s *slowBodies) watch(rc *http.ResponseController, limit int) *bodyWatch {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.rc, w.limit, w.state = rc, limit, bodyReading
+	w.w, w.limit, w.state = rw, limit, bodyReading
 	w.armLocked(slowBodyAfter)
 	return w
 }
@@ -79,7 +79,7 @@ func (w *bodyWatch) slow() {
 		return
 	}
 	w.state = bodyRefused
-	_ = w.rc.SetReadDeadline(time.Now()) // the read in progress fails at once
+	_ = http.NewResponseController(w.w).SetReadDeadline(time.Now()) // the read in progress fails at once
 }
 
 // done ends the watch and reports whether the read was cut short for want
@@ -92,7 +92,7 @@ func (w *bodyWatch) done() (refused bool) {
 	case bodyRefused:
 		refused = true
 	}
-	w.rc = nil
+	w.w = nil
 	w.s.watches.Put(w)
 	return refused
 }
