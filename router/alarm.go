@@ -24,7 +24,7 @@ type alarm struct {
 	t      *time.Timer
 	expire func()
 
-	epoch  time.Time // what last counts from, on the monotonic clock
+	epoch time.Time // what last counts from, on the monotonic clock
 
 	mu    sync.Mutex
 	armed bool
