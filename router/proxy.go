@@ -123,7 +123,7 @@ func (rt *Router) fail(w http.ResponseWriter, e *oai.APIError) {
 
 // readBody reads at most MaxBodyBytes within BodyTimeout, counted from the
 // first read however the bytes trickle in. A body still arriving after
-// SlowBodyAfter takes one of MaxSlowBodies slots, or is cut off at once
+// slowBodyAfter takes one of MaxSlowBodies slots, or is cut off at once
 // when none is free: slow senders can hold at most that many requests.
 //
 // The buffer is not pooled: the transport may still be writing a request
