@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,6 +54,17 @@ type State struct {
 
 // Snapshot returns the current state.
 func (rt *Router) Snapshot() State {
+	// The first-byte samples are copied under the lock and summarized
+	// after it: sorting every backend's window would hold up routing.
+	var ttft [][]time.Duration
+	st := rt.snapshot(&ttft)
+	for i := range st.Backends {
+		st.Backends[i].TTFT = latency(ttft[i])
+	}
+	return st
+}
+
+func (rt *Router) snapshot(ttft *[][]time.Duration) State {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	now := rt.now()
@@ -65,7 +77,8 @@ func (rt *Router) Snapshot() State {
 			HoldsWeights: b.ep.HoldsWeights, Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Inflight: b.inflight, Prefilling: b.prefilling,
 			PendingBlock: b.pending, PeerInflight: b.peers.inflight, PeerPending: b.peers.pending, Recent: b.recent, Limit: b.limit,
 			IndexBlocks: rt.index.Len(b.slot), IndexCap: b.kvSize, EjectedUntil: b.ejectedUntil, Failures: b.failures,
-			Requests: b.stats.requests, PromptBlocks: b.stats.promptBlocks, HitRate: b.stats.hitRate(), TTFT: latency(b.stats.ttft)})
+			Requests: b.stats.requests, PromptBlocks: b.stats.promptBlocks, HitRate: b.stats.hitRate()})
+		*ttft = append(*ttft, slices.Clone(b.stats.ttft))
 	}
 	return st
 }

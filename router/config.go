@@ -40,7 +40,7 @@ type Config struct {
 
 	MaxBodyBytes  int64         `yaml:"max_body_bytes"`
 	BodyTimeout   time.Duration `yaml:"body_timeout"`    // to read a whole request body, however it trickles in
-	MaxSlowBodies int           `yaml:"max_slow_bodies"` // bodies still arriving after SlowBodyAfter at once; more are refused (408)
+	MaxSlowBodies int           `yaml:"max_slow_bodies"` // bodies still arriving after slowBodyAfter at once; more are refused (408)
 	QueueTimeout  time.Duration `yaml:"queue_timeout"`   // bounded wait when every backend is at its limit
 	MaxQueue      int           `yaml:"max_queue"`       // waiting requests beyond which 429 is immediate
 	MaxRetries    int           `yaml:"max_retries"`     // extra attempts for requests that could not be sent

@@ -123,7 +123,7 @@ func (rt *Router) fail(w http.ResponseWriter, e *oai.APIError) {
 
 // readBody reads at most MaxBodyBytes within BodyTimeout, counted from the
 // first read however the bytes trickle in. A body still arriving after
-// SlowBodyAfter takes one of MaxSlowBodies slots, or is cut off at once
+// slowBodyAfter takes one of MaxSlowBodies slots, or is cut off at once
 // when none is free: slow senders can hold at most that many requests.
 //
 // The buffer is not pooled: the transport may still be writing a request
@@ -145,7 +145,7 @@ func (rt *Router) readBody(w http.ResponseWriter, r *http.Request, cfg *Config) 
 	}
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(cfg.BodyTimeout))
-	slow := rt.slowBodies.watch(rc, cfg.MaxSlowBodies)
+	slow := rt.slowBodies.watch(w, cfg.MaxSlowBodies)
 	var body []byte
 	var err error
 	if r.ContentLength > 0 {
@@ -325,8 +325,9 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 	}
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
-	timer := time.AfterFunc(a.firstByte, func() { cancel(errFirstByteTimeout) })
-	defer func() { timer.Stop() }() // the idle timer, by the end
+	wd := rt.newWatchdog()
+	defer rt.putWatchdog(wd)
+	wd.start(cancel, errFirstByteTimeout, a.firstByte)
 	out, err := http.NewRequestWithContext(ctx, r.Method, target, bytes.NewReader(a.body))
 	if err != nil {
 		rt.fail(w, &oai.APIError{Status: http.StatusBadRequest, Type: oai.TypeInvalidRequest, Code: "bad_path", Message: "cannot forward this path"})
@@ -361,10 +362,9 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 		if r.Context().Err() != nil {
 			return true, err // the client left
 		}
-		var de *dialError
-		switch {
-		case errors.As(err, &de):
-			rt.markSent(b, 0, err)
+		switch de, isDial := errors.AsType[*dialError](err); {
+		case isDial:
+			rt.markUnreachable(b, de)
 			return false, err
 		case errors.Is(context.Cause(ctx), errFirstByteTimeout):
 			rt.markFailed(b, "first_byte_timeout", fmt.Sprintf("no first byte within %v", a.firstByte))
@@ -373,7 +373,7 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 		rt.markFailed(b, "broken_before_answer", "failed before answering: "+err.Error())
 		return false, err
 	}
-	rt.markSent(b, resp.StatusCode, nil)
+	rt.markAnswered(b, resp.StatusCode)
 	rt.prefilled(got)
 	h := w.Header()
 	for k, v := range resp.Header {
@@ -388,10 +388,9 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 		_, err = w.Write((*bp)[:n])
 		return true, err
 	}
-	// The first-byte timer is spent: another bounds each wait for more.
-	timer.Stop()
-	timer = time.AfterFunc(a.idle, func() { cancel(errIdleTimeout) })
-	readErr, writeErr := rt.stream(w, resp.Body, (*bp)[:n], *bp, func() { timer.Reset(a.idle) })
+	// The first byte is in: from now on the watchdog bounds each wait for more.
+	wd.start(cancel, errIdleTimeout, a.idle)
+	readErr, writeErr := rt.stream(w, resp.Body, (*bp)[:n], *bp, wd.progress)
 	switch {
 	case writeErr != nil || r.Context().Err() != nil:
 		return true, cmp.Or(writeErr, r.Context().Err()) // the client left

@@ -39,7 +39,14 @@ func (p *pathRecorder) seen() []string {
 
 func get(t *testing.T, url string, hdr ...string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
+	return request(t, http.MethodGet, url, hdr...)
+}
+
+// request sends a body-less request with the given header pairs and
+// returns the answer's status and body.
+func request(t *testing.T, method, url string, hdr ...string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +58,10 @@ func get(t *testing.T, url string, hdr ...string) (int, string) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return resp.StatusCode, string(b)
 }
 

@@ -62,6 +62,8 @@ type Router struct {
 	bufs    sync.Pool // *[]byte copy buffers for streaming
 	keyBufs sync.Pool // *[]uint64 block hash buffers, one per request in flight
 	scans   sync.Pool // *oai.Scanner, so decoding prompts allocates nothing
+	// watchdogs: *watchdog, each with its timer, one per attempt in flight
+	watchdogs sync.Pool
 
 	slowBodies slowBodies
 
@@ -643,34 +645,34 @@ func (rt *Router) acquire(ctx context.Context, req *routeRequest) (routed, error
 	}
 }
 
-// markSent records the outcome of an attempt for passive health checking:
-// connect errors and timeouts eject at once, a run of Eject5xx consecutive
-// 5xx answers ejects too (an engine that answers but fails every request).
-func (rt *Router) markSent(b *backend, status int, err error) {
+// markAnswered records an answer's status for passive health checking: a
+// run of Eject5xx consecutive 5xx answers ejects the backend (an engine
+// that answers but fails every request); any other answer readmits it.
+func (rt *Router) markAnswered(b *backend, status int) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	var de *dialError
-	var ne net.Error
-	switch {
-	case err == nil && serverError(status):
-		b.serverErrors++
-		if n := rt.cfg.Eject5xx; n > 0 && b.serverErrors >= n {
-			b.serverErrors = 0
-			b.passive = true
-			rt.ejectLocked(b, fmt.Sprintf("%d consecutive 5xx answers", n))
-		}
-	case err == nil:
+	if !serverError(status) {
 		b.serverErrors = 0
 		if b.failures > 0 {
 			rt.healthyLocked(b)
 		}
-	case errors.As(err, &de):
-		// Not passive: a probe that connects again is evidence enough.
-		b.passive = false
-		rt.ejectLocked(b, de.Error())
-	case errors.As(err, &ne) && ne.Timeout():
-		rt.ejectLocked(b, "timeout")
+		return
 	}
+	b.serverErrors++
+	if n := rt.cfg.Eject5xx; n > 0 && b.serverErrors >= n {
+		b.serverErrors = 0
+		b.passive = true
+		rt.ejectLocked(b, fmt.Sprintf("%d consecutive 5xx answers", n))
+	}
+}
+
+// markUnreachable ejects a backend that could not be connected to. Not
+// passive: a probe that connects again is evidence enough.
+func (rt *Router) markUnreachable(b *backend, de *dialError) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	b.passive = false
+	rt.ejectLocked(b, de.Error())
 }
 
 // markFailed counts a request that the backend failed (kind: first-byte

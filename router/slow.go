@@ -15,6 +15,8 @@ const slowBodyAfter = time.Second
 type slowBodies struct {
 	mu sync.Mutex
 	n  int
+
+	watches sync.Pool // *bodyWatch
 }
 
 func (s *slowBodies) take(limit int) bool {
@@ -42,50 +44,55 @@ func (rt *Router) Slow() int {
 
 // bodyWatch follows one body read: once slowBodyAfter has passed it holds
 // a slot, or, with none free, cuts the read short through its deadline.
+// Watches are pooled, each with its own alarm.
 type bodyWatch struct {
+	alarm
 	s     *slowBodies
-	t     *time.Timer
-	mu    sync.Mutex
-	state int
+	w     http.ResponseWriter // its controller is made only to cut a read short
+	limit int
+	state int // written by the alarm's expire, read after disarm
 }
 
 const (
 	bodyReading = iota
 	bodySlow    // holds a slot
 	bodyRefused // no slot: the read was cut short
-	bodyDone
 )
 
-func (s *slowBodies) watch(rc *http.ResponseController, limit int) *bodyWatch {
-	w := &bodyWatch{s: s}
-	w.t = time.AfterFunc(slowBodyAfter, func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if w.state != bodyReading {
-			return
-		}
-		if s.take(limit) {
-			w.state = bodySlow
-			return
-		}
-		w.state = bodyRefused
-		_ = rc.SetReadDeadline(time.Now()) // the read in progress fails at once
-	})
+func (s *slowBodies) watch(rw http.ResponseWriter, limit int) *bodyWatch {
+	w, ok := s.watches.Get().(*bodyWatch)
+	if !ok {
+		w = &bodyWatch{s: s}
+		w.init(w.slow)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.w, w.limit, w.state = rw, limit, bodyReading
+	w.armLocked(slowBodyAfter)
 	return w
+}
+
+// slow runs once the body has been read for slowBodyAfter.
+func (w *bodyWatch) slow() {
+	if w.s.take(w.limit) {
+		w.state = bodySlow
+		return
+	}
+	w.state = bodyRefused
+	_ = http.NewResponseController(w.w).SetReadDeadline(time.Now()) // the read in progress fails at once
 }
 
 // done ends the watch and reports whether the read was cut short for want
 // of a slot.
 func (w *bodyWatch) done() (refused bool) {
-	w.t.Stop()
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.disarm()
 	switch w.state {
 	case bodySlow:
 		w.s.release()
 	case bodyRefused:
 		refused = true
 	}
-	w.state = bodyDone
+	w.w = nil
+	w.s.watches.Put(w)
 	return refused
 }

@@ -3,7 +3,6 @@ package router
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -80,23 +79,10 @@ func TestStatusPageData(t *testing.T) {
 
 	call := func(method, path, tok string) (int, string) {
 		t.Helper()
-		req, err := http.NewRequest(method, admin.URL+path, nil)
-		if err != nil {
-			t.Fatal(err)
+		if tok == "" {
+			return request(t, method, admin.URL+path)
 		}
-		if tok != "" {
-			req.Header.Set("Authorization", "Bearer "+tok)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, string(b)
+		return request(t, method, admin.URL+path, "Authorization", "Bearer "+tok)
 	}
 	code, body := call("GET", "/ui/router.json", token)
 	if code != http.StatusOK {
