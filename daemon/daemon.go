@@ -87,17 +87,14 @@ func (c *Config) validate() error {
 
 // Daemon is one node's daemon.
 type Daemon struct {
-	cfg     Config
-	log     *slog.Logger
-	clock   func() time.Time
-	base    *Base
-	state   *state
-	store   *nvme.Store
-	origin  Origin
-	metrics *metrics
+	// Base gives the daemon its config, state, store, metrics and desired
+	// state (and the methods Desired and Registry).
+	*Base
+	log    *slog.Logger
+	clock  func() time.Time
+	origin Origin
 	// s3Bytes is warmfleet_s3_bytes_total, kept readable for the inventory.
 	s3Bytes atomic.Int64
-	desired *desired.State
 	kick    chan struct{}
 	// fleet is nil for a daemon without gossip.
 	fleet Fleet
@@ -110,8 +107,6 @@ type Daemon struct {
 	// makes one of them current again, so a revision is never deleted as it
 	// becomes current.
 	revMu sync.Mutex
-	// oldBytes is the space each model's retired revisions take.
-	oldBytes *prometheus.GaugeVec
 
 	mu      sync.Mutex
 	fetches map[string]*fetch
@@ -151,11 +146,12 @@ func (d *Daemon) heldRetry(name string) (cacheRecord, bool) {
 // desired state and the swarm and the image cache register their metrics,
 // and the daemon is built on all of them (New).
 type Base struct {
-	cfg      Config
-	state    *state
-	store    *nvme.Store
-	metrics  *metrics
-	desired  *desired.State
+	cfg     Config
+	state   *state
+	store   *nvme.Store
+	metrics *metrics
+	desired *desired.State
+	// oldBytes is the space each model's retired revisions take.
 	oldBytes *prometheus.GaugeVec
 }
 
@@ -232,10 +228,8 @@ type Deps struct {
 // New builds the daemon on b; origin fetches model files. Once New
 // succeeds the daemon owns b (Close closes it); on an error b stays open.
 func New(b *Base, org Origin, deps Deps) (*Daemon, error) {
-	cfg := b.cfg
 	d := &Daemon{
-		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, base: b, state: b.state, store: b.store, origin: org,
-		metrics: b.metrics, desired: b.desired, oldBytes: b.oldBytes, fleet: deps.Fleet,
+		Base: b, log: b.cfg.Logger, clock: b.cfg.Clock, origin: org, fleet: deps.Fleet,
 		kick: make(chan struct{}, 1), fetches: map[string]*fetch{},
 		held: map[string]cacheRecord{}, claimed: map[string]spec.Spec{},
 	}
@@ -271,12 +265,6 @@ func (d *Daemon) restoreMetrics() error {
 	return nil
 }
 
-// Desired is the fleet's desired state, for the gossip layer to share.
-func (d *Daemon) Desired() *desired.State { return d.desired }
-
-// Registry is the daemon's Prometheus registry, for other parts to add to.
-func (d *Daemon) Registry() *health.Registry { return d.metrics.reg }
-
 // Close stops every fetch and closes the base (state and store).
 func (d *Daemon) Close() error {
 	d.mu.Lock()
@@ -285,7 +273,7 @@ func (d *Daemon) Close() error {
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
-	return d.base.Close()
+	return d.Base.Close()
 }
 
 // Run reconciles until ctx ends, then stops every fetch (progress is kept).
