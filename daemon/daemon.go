@@ -25,7 +25,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,9 +92,7 @@ type Daemon struct {
 	log    *slog.Logger
 	clock  func() time.Time
 	origin Origin
-	// s3Bytes is warmfleet_s3_bytes_total, kept readable for the inventory.
-	s3Bytes atomic.Int64
-	kick    chan struct{}
+	kick   chan struct{}
 	// fleet is nil for a daemon without gossip.
 	fleet Fleet
 	// images is nil when the image cache is off.
@@ -565,7 +562,4 @@ func (d *Daemon) Node() (api.NodeInfo, error) {
 }
 
 // AddS3Bytes counts bytes read from S3 (the origin's OnBytes hook).
-func (d *Daemon) AddS3Bytes(n int) {
-	d.s3Bytes.Add(int64(n))
-	d.metrics.s3Bytes.Add(float64(n))
-}
+func (d *Daemon) AddS3Bytes(n int) { d.metrics.s3Bytes.Add(int64(n)) }

@@ -65,7 +65,7 @@ func (d *Daemon) inventory() (gossip.Inventory, error) {
 		inv.Endpoints = append(inv.Endpoints, gossip.Endpoint{Model: ep.Model, URL: ep.URL})
 	}
 	inv.Images = d.imageInventory()
-	inv.S3Bytes = d.s3Bytes.Load()
+	inv.S3Bytes = d.metrics.s3Bytes.Load()
 	if d.swarm != nil {
 		st := d.swarm.p2p.Stats()
 		inv.PeerBytesIn, inv.PeerBytesOut = st.PeerBytesIn, st.PeerBytesOut
