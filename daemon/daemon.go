@@ -544,7 +544,7 @@ func (d *Daemon) status(s spec.Spec, rec cacheRecord, targeted bool) api.CacheSt
 		}
 	}
 	if !targeted && rec.State == api.StatePending {
-		st.State = StateNotTargeted
+		st.State = api.StateNotTargeted
 	}
 	return st
 }
