@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -171,5 +172,44 @@ func TestThrottledLogCountsWhatItLeavesOut(t *testing.T) {
 	}
 	if !strings.Contains(logs.b.String(), "suppressed=99") {
 		t.Fatalf("the second line does not count the 99 left out:\n%s", logs.b.String())
+	}
+}
+
+// Serve returns with nothing it started left behind: connections refused
+// and held (RefusedHold) are closed when it returns, not a hold later.
+func TestServeClosesHeldRefusalsWhenItReturns(t *testing.T) {
+	n, err := NewNode(Config{NodeID: "a", ClusterKey: testKey, MaxHandshakesPerSource: 1,
+		HandshakeTimeout: time.Hour, RefusedHold: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() { served <- n.Serve(ctx, ln) }()
+	// The first takes the address's one handshake slot; the second is
+	// refused and held.
+	var conns []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	wait.For(t, "the second connection refused", func() bool { return n.Stats().ConnsRefused == 1 })
+	conns[0].Close() // its handshake ends; Serve waits for it
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	held := conns[1]
+	_ = held.SetReadDeadline(time.Now().Add(time.Minute))
+	if k, err := held.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("refused connection still open after Serve returned: read %d bytes, err %v", k, err)
 	}
 }
