@@ -213,3 +213,37 @@ func TestServeClosesHeldRefusalsWhenItReturns(t *testing.T) {
 		t.Fatalf("refused connection still open after Serve returned: read %d bytes, err %v", k, err)
 	}
 }
+
+// A stranger that stalls in its handshake does not hold Serve up past the
+// end of its ctx (the node's stop) for HandshakeTimeout.
+func TestServeReturnsWhileAHandshakeStalls(t *testing.T) {
+	n, err := NewNode(Config{NodeID: "a", ClusterKey: testKey, HandshakeTimeout: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() { served <- n.Serve(ctx, ln) }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(handshakeMagic); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, "the stranger in its handshake", func() bool {
+		n.hello.mu.Lock()
+		defer n.hello.mu.Unlock()
+		return n.hello.total == 1
+	})
+	cancel()
+	wait.For(t, "Serve to return", func() bool { return len(served) == 1 })
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+}

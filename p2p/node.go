@@ -329,7 +329,11 @@ const maxRefusedHeld = 1024
 // bitfield, then have notifications and pieces until either side hangs up.
 func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 	defer raw.Close()
+	// The end of ctx cuts the handshake too: Serve waits for this, and
+	// must not wait out a stalled stranger's deadline.
+	stopHandshake := context.AfterFunc(ctx, func() { raw.Close() })
 	c, peerID, err := n.auth.server(raw, n.cfg.Now().Add(n.cfg.HandshakeTimeout))
+	stopHandshake()
 	n.hello.done(src)
 	if err != nil {
 		if errors.Is(err, ErrUnauthenticated) {
