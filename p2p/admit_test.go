@@ -175,11 +175,12 @@ func TestThrottledLogCountsWhatItLeavesOut(t *testing.T) {
 	}
 }
 
-// Serve returns with nothing it started left behind: connections refused
-// and held (RefusedHold) are closed when it returns, not a hold later.
-func TestServeClosesHeldRefusalsWhenItReturns(t *testing.T) {
-	n, err := NewNode(Config{NodeID: "a", ClusterKey: testKey, MaxHandshakesPerSource: 1,
-		HandshakeTimeout: time.Hour, RefusedHold: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+// serving runs a node with cfg on a loopback port until stop, which
+// returns what Serve returned; the node's address is addr.
+func serving(t *testing.T, cfg Config) (n *Node, addr string, stop func() <-chan error) {
+	t.Helper()
+	cfg.NodeID, cfg.ClusterKey, cfg.Logger = "a", testKey, slog.New(slog.DiscardHandler)
+	n, err := NewNode(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,11 +191,18 @@ func TestServeClosesHeldRefusalsWhenItReturns(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	served := make(chan error, 1)
 	go func() { served <- n.Serve(ctx, ln) }()
+	return n, ln.Addr().String(), func() <-chan error { cancel(); return served }
+}
+
+// Serve returns with nothing it started left behind: connections refused
+// and held (RefusedHold) are closed when it returns, not a hold later.
+func TestServeClosesHeldRefusalsWhenItReturns(t *testing.T) {
+	n, addr, stop := serving(t, Config{MaxHandshakesPerSource: 1, HandshakeTimeout: time.Hour, RefusedHold: time.Hour})
 	// The first takes the address's one handshake slot; the second is
 	// refused and held.
 	var conns []net.Conn
 	for range 2 {
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -203,8 +211,7 @@ func TestServeClosesHeldRefusalsWhenItReturns(t *testing.T) {
 	}
 	wait.For(t, "the second connection refused", func() bool { return n.Stats().ConnsRefused == 1 })
 	conns[0].Close() // its handshake ends; Serve waits for it
-	cancel()
-	if err := <-served; err != nil {
+	if err := <-stop(); err != nil {
 		t.Fatal(err)
 	}
 	held := conns[1]
@@ -217,18 +224,8 @@ func TestServeClosesHeldRefusalsWhenItReturns(t *testing.T) {
 // A stranger that stalls in its handshake does not hold Serve up past the
 // end of its ctx (the node's stop) for HandshakeTimeout.
 func TestServeReturnsWhileAHandshakeStalls(t *testing.T) {
-	n, err := NewNode(Config{NodeID: "a", ClusterKey: testKey, HandshakeTimeout: time.Hour, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	served := make(chan error, 1)
-	go func() { served <- n.Serve(ctx, ln) }()
-	c, err := net.Dial("tcp", ln.Addr().String())
+	n, addr, stop := serving(t, Config{HandshakeTimeout: time.Hour})
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +238,7 @@ func TestServeReturnsWhileAHandshakeStalls(t *testing.T) {
 		defer n.hello.mu.Unlock()
 		return n.hello.total == 1
 	})
-	cancel()
+	served := stop()
 	wait.For(t, "Serve to return", func() bool { return len(served) == 1 })
 	if err := <-served; err != nil {
 		t.Fatal(err)
