@@ -25,7 +25,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -87,18 +86,13 @@ func (c *Config) validate() error {
 
 // Daemon is one node's daemon.
 type Daemon struct {
-	cfg     Config
-	log     *slog.Logger
-	clock   func() time.Time
-	base    *Base
-	state   *state
-	store   *nvme.Store
-	origin  Origin
-	metrics *metrics
-	// s3Bytes is warmfleet_s3_bytes_total, kept readable for the inventory.
-	s3Bytes atomic.Int64
-	desired *desired.State
-	kick    chan struct{}
+	// Base gives the daemon its config, state, store, metrics and desired
+	// state (and the methods Desired and Registry).
+	*Base
+	log    *slog.Logger
+	clock  func() time.Time
+	origin Origin
+	kick   chan struct{}
 	// fleet is nil for a daemon without gossip.
 	fleet Fleet
 	// images is nil when the image cache is off.
@@ -110,8 +104,6 @@ type Daemon struct {
 	// makes one of them current again, so a revision is never deleted as it
 	// becomes current.
 	revMu sync.Mutex
-	// oldBytes is the space each model's retired revisions take.
-	oldBytes *prometheus.GaugeVec
 
 	mu      sync.Mutex
 	fetches map[string]*fetch
@@ -151,11 +143,12 @@ func (d *Daemon) heldRetry(name string) (cacheRecord, bool) {
 // desired state and the swarm and the image cache register their metrics,
 // and the daemon is built on all of them (New).
 type Base struct {
-	cfg      Config
-	state    *state
-	store    *nvme.Store
-	metrics  *metrics
-	desired  *desired.State
+	cfg     Config
+	state   *state
+	store   *nvme.Store
+	metrics *metrics
+	desired *desired.State
+	// oldBytes is the space each model's retired revisions take.
 	oldBytes *prometheus.GaugeVec
 }
 
@@ -232,10 +225,8 @@ type Deps struct {
 // New builds the daemon on b; origin fetches model files. Once New
 // succeeds the daemon owns b (Close closes it); on an error b stays open.
 func New(b *Base, org Origin, deps Deps) (*Daemon, error) {
-	cfg := b.cfg
 	d := &Daemon{
-		cfg: cfg, log: cfg.Logger, clock: cfg.Clock, base: b, state: b.state, store: b.store, origin: org,
-		metrics: b.metrics, desired: b.desired, oldBytes: b.oldBytes, fleet: deps.Fleet,
+		Base: b, log: b.cfg.Logger, clock: b.cfg.Clock, origin: org, fleet: deps.Fleet,
 		kick: make(chan struct{}, 1), fetches: map[string]*fetch{},
 		held: map[string]cacheRecord{}, claimed: map[string]spec.Spec{},
 	}
@@ -271,12 +262,6 @@ func (d *Daemon) restoreMetrics() error {
 	return nil
 }
 
-// Desired is the fleet's desired state, for the gossip layer to share.
-func (d *Daemon) Desired() *desired.State { return d.desired }
-
-// Registry is the daemon's Prometheus registry, for other parts to add to.
-func (d *Daemon) Registry() *health.Registry { return d.metrics.reg }
-
 // Close stops every fetch and closes the base (state and store).
 func (d *Daemon) Close() error {
 	d.mu.Lock()
@@ -285,7 +270,7 @@ func (d *Daemon) Close() error {
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
-	return d.base.Close()
+	return d.Base.Close()
 }
 
 // Run reconciles until ctx ends, then stops every fetch (progress is kept).
@@ -559,7 +544,7 @@ func (d *Daemon) status(s spec.Spec, rec cacheRecord, targeted bool) api.CacheSt
 		}
 	}
 	if !targeted && rec.State == api.StatePending {
-		st.State = StateNotTargeted
+		st.State = api.StateNotTargeted
 	}
 	return st
 }
@@ -577,7 +562,4 @@ func (d *Daemon) Node() (api.NodeInfo, error) {
 }
 
 // AddS3Bytes counts bytes read from S3 (the origin's OnBytes hook).
-func (d *Daemon) AddS3Bytes(n int) {
-	d.s3Bytes.Add(int64(n))
-	d.metrics.s3Bytes.Add(float64(n))
-}
+func (d *Daemon) AddS3Bytes(n int) { d.metrics.s3Bytes.Add(int64(n)) }

@@ -9,9 +9,6 @@ import (
 	"github.com/warmfleet/warmfleet/spec"
 )
 
-// StateNotTargeted marks a desired cache whose targets leave this node out.
-const StateNotTargeted = api.StateNotTargeted
-
 // Fleet is what the daemon needs from fleet membership (gossip.Node).
 type Fleet interface {
 	LocalName() string
@@ -65,7 +62,7 @@ func (d *Daemon) inventory() (gossip.Inventory, error) {
 		inv.Endpoints = append(inv.Endpoints, gossip.Endpoint{Model: ep.Model, URL: ep.URL})
 	}
 	inv.Images = d.imageInventory()
-	inv.S3Bytes = d.s3Bytes.Load()
+	inv.S3Bytes = d.metrics.s3Bytes.Load()
 	if d.swarm != nil {
 		st := d.swarm.p2p.Stats()
 		inv.PeerBytesIn, inv.PeerBytesOut = st.PeerBytesIn, st.PeerBytesOut
@@ -164,12 +161,9 @@ func fillInventory(m *api.Member, inv *gossip.Inventory) {
 	}
 }
 
-// ValidateEndpoint checks an endpoint registration from outside.
-func ValidateEndpoint(ep api.Endpoint) error { return ep.Validate() }
-
 // AddEndpoint registers an inference endpoint on this node.
 func (d *Daemon) AddEndpoint(_ context.Context, ep api.Endpoint) error {
-	if err := ValidateEndpoint(ep); err != nil {
+	if err := ep.Validate(); err != nil {
 		return err
 	}
 	if err := d.state.putEndpoint(ep); err != nil {

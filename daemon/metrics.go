@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -12,8 +14,10 @@ import (
 // (no globals), served at /metrics. The registry remembers what it holds,
 // for the generated metrics reference.
 type metrics struct {
-	reg          *health.Registry
-	s3Bytes      prometheus.Counter
+	reg *health.Registry
+	// s3Bytes counts bytes read from S3: warmfleet_s3_bytes_total reads it,
+	// and so does the inventory.
+	s3Bytes      atomic.Int64
 	written      prometheus.Counter
 	cacheState   *prometheus.GaugeVec
 	cacheBytes   *prometheus.GaugeVec
@@ -32,9 +36,6 @@ func newMetrics() *metrics {
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
 	m := &metrics{
 		reg: reg,
-		s3Bytes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "warmfleet_s3_bytes_total", Help: "Bytes read from S3 object bodies.",
-		}),
 		written: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "warmfleet_cache_written_bytes_total", Help: "Bytes written into the local cache.",
 		}),
@@ -61,7 +62,9 @@ func newMetrics() *metrics {
 			Name: "warmfleet_cache_damaged_total", Help: "Damaged cached files (or current links) found after publish and fetched again.",
 		}, []string{"model"}),
 	}
-	f(m.s3Bytes)
+	f(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "warmfleet_s3_bytes_total", Help: "Bytes read from S3 object bodies.",
+	}, func() float64 { return float64(m.s3Bytes.Load()) }))
 	f(m.written)
 	f(m.cacheState)
 	f(m.cacheBytes)

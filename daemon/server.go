@@ -199,7 +199,7 @@ func (d *Daemon) handleAddEndpoint(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
-	if err := ValidateEndpoint(ep); err != nil {
+	if err := ep.Validate(); err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -171,5 +172,75 @@ func TestThrottledLogCountsWhatItLeavesOut(t *testing.T) {
 	}
 	if !strings.Contains(logs.b.String(), "suppressed=99") {
 		t.Fatalf("the second line does not count the 99 left out:\n%s", logs.b.String())
+	}
+}
+
+// serving runs a node with cfg on a loopback port until stop, which
+// returns what Serve returned; the node's address is addr.
+func serving(t *testing.T, cfg Config) (n *Node, addr string, stop func() <-chan error) {
+	t.Helper()
+	cfg.NodeID, cfg.ClusterKey, cfg.Logger = "a", testKey, slog.New(slog.DiscardHandler)
+	n, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() { served <- n.Serve(ctx, ln) }()
+	return n, ln.Addr().String(), func() <-chan error { cancel(); return served }
+}
+
+// Serve returns with nothing it started left behind: connections refused
+// and held (RefusedHold) are closed when it returns, not a hold later.
+func TestServeClosesHeldRefusalsWhenItReturns(t *testing.T) {
+	n, addr, stop := serving(t, Config{MaxHandshakesPerSource: 1, HandshakeTimeout: time.Hour, RefusedHold: time.Hour})
+	// The first takes the address's one handshake slot; the second is
+	// refused and held.
+	var conns []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	wait.For(t, "the second connection refused", func() bool { return n.Stats().ConnsRefused == 1 })
+	conns[0].Close() // its handshake ends; Serve waits for it
+	if err := <-stop(); err != nil {
+		t.Fatal(err)
+	}
+	held := conns[1]
+	_ = held.SetReadDeadline(time.Now().Add(time.Minute))
+	if k, err := held.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("refused connection still open after Serve returned: read %d bytes, err %v", k, err)
+	}
+}
+
+// A stranger that stalls in its handshake does not hold Serve up past the
+// end of its ctx (the node's stop) for HandshakeTimeout.
+func TestServeReturnsWhileAHandshakeStalls(t *testing.T) {
+	n, addr, stop := serving(t, Config{HandshakeTimeout: time.Hour})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(handshakeMagic); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, "the stranger in its handshake", func() bool {
+		n.hello.mu.Lock()
+		defer n.hello.mu.Unlock()
+		return n.hello.total == 1
+	})
+	served := stop()
+	wait.For(t, "Serve to return", func() bool { return len(served) == 1 })
+	if err := <-served; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -110,7 +110,6 @@ type fetch struct {
 	changedCh    chan struct{}
 	rnd          *rand.Rand
 	originFails  int
-	readsStarted sync.Once
 }
 
 // Fetch fills the shard's missing pieces from peers and the origin, serving

@@ -44,7 +44,7 @@ func (f *fetch) originWorker(ctx context.Context) {
 		started := f.o.ReadsStarted != nil && f.st.allStarted()
 		f.mu.Unlock()
 		if started {
-			f.readsStarted.Do(f.o.ReadsStarted)
+			f.o.ReadsStarted() // once: Fetch made it a sync.OnceFunc
 		}
 		if i < 0 {
 			if !waitChange(ctx, ch, wait) {

@@ -103,8 +103,10 @@ type Node struct {
 	downLim *rate.Limiter
 	conns   chan struct{}
 	hello   *admission
-	// refusedHeld counts refused connections waiting to be reset.
-	refusedHeld atomic.Int64
+	// held are the refused connections waiting to be reset (see refuse),
+	// each with the timer that resets it.
+	heldMu sync.Mutex
+	held   map[net.Conn]*time.Timer
 	// refusedLog and failedLog report refused connections and failed
 	// handshakes, a line per refusalLogEvery at most.
 	refusedLog, failedLog *throttledLog
@@ -183,6 +185,7 @@ func NewNode(cfg Config) (*Node, error) {
 		recv:       newBufPool(cfg.ReceiveBuffers),
 		shards:     map[string]*Shard{},
 		twins:      map[string][]*Shard{},
+		held:       map[net.Conn]*time.Timer{},
 		bans:       map[string]time.Time{},
 	}, nil
 }
@@ -243,6 +246,7 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 			<-closed
 		}
 	}()
+	defer n.closeHeld()
 	defer n.serveWG.Wait()
 	for {
 		c, err := ln.Accept()
@@ -281,17 +285,38 @@ func (n *Node) refuse(c net.Conn, why string, stranger bool) {
 		// on this side.
 		_ = tc.SetLinger(0)
 	}
-	if stranger && n.refusedHeld.Add(1) <= maxRefusedHeld {
-		time.AfterFunc(n.cfg.RefusedHold, func() {
-			c.Close()
-			n.refusedHeld.Add(-1)
-		})
+	if stranger && n.hold(c) {
 		return
 	}
-	if stranger {
-		n.refusedHeld.Add(-1)
-	}
 	c.Close()
+}
+
+// hold keeps a refused connection open for RefusedHold, or says it cannot
+// (maxRefusedHeld are held already).
+func (n *Node) hold(c net.Conn) bool {
+	n.heldMu.Lock()
+	defer n.heldMu.Unlock()
+	if len(n.held) >= maxRefusedHeld {
+		return false
+	}
+	n.held[c] = time.AfterFunc(n.cfg.RefusedHold, func() {
+		n.heldMu.Lock()
+		delete(n.held, c)
+		n.heldMu.Unlock()
+		c.Close()
+	})
+	return true
+}
+
+// closeHeld resets the refused connections still held, when Serve returns.
+func (n *Node) closeHeld() {
+	n.heldMu.Lock()
+	defer n.heldMu.Unlock()
+	for c, t := range n.held {
+		t.Stop()
+		c.Close()
+		delete(n.held, c)
+	}
 }
 
 // maxRefusedHeld bounds the refused connections held open (see refuse):
@@ -304,7 +329,11 @@ const maxRefusedHeld = 1024
 // bitfield, then have notifications and pieces until either side hangs up.
 func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 	defer raw.Close()
+	// The end of ctx cuts the handshake too: Serve waits for this, and
+	// must not wait out a stalled stranger's deadline.
+	stopHandshake := context.AfterFunc(ctx, func() { raw.Close() })
 	c, peerID, err := n.auth.server(raw, n.cfg.Now().Add(n.cfg.HandshakeTimeout))
+	stopHandshake()
 	n.hello.done(src)
 	if err != nil {
 		if errors.Is(err, ErrUnauthenticated) {

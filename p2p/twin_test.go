@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"context"
+	"encoding/hex"
 	"io"
 	"os"
 	"path/filepath"
@@ -132,5 +133,60 @@ func TestCompletionFollowsTheFileAcrossARename(t *testing.T) {
 	defer r.Close()
 	if !r.Complete() {
 		t.Fatal("the renamed shard lost its completion: a restarted node would not serve it")
+	}
+}
+
+// A completion record written before keys named the file (keyed by the
+// skeleton alone) is still found, so an upgraded node serves what it holds
+// without fetching it again; its file identity still has to match.
+func TestCompletionUnderTheSkeletonKeyIsStillRead(t *testing.T) {
+	data := randomData(t, 1<<20)
+	m := manifestFor(t, data, 0, int64(len(data)), 256<<10, BLAKE3)
+	a := startNode(t, "a", nil)
+	s := seedNode(t, a, data, m, nil)
+	key, legacy := s.key, hex.EncodeToString(s.skel[:])
+	path := s.Path()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := a.comp.Load(key)
+	if err != nil || rec == nil {
+		t.Fatalf("no completion record under %s: %v", key, err)
+	}
+	if err := a.comp.Store(legacy, rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.comp.Delete(key); err != nil {
+		t.Fatal(err)
+	}
+	r, err := a.Open(context.Background(), m, path, a.comp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Complete() {
+		t.Fatal("the record under the skeleton key was not read: an upgraded node would fetch what it holds")
+	}
+	r.Close()
+
+	// Another file of the same shard (recreated: another identity) does
+	// not take the record over.
+	if err := a.comp.Delete(r.key); err != nil {
+		t.Fatal(err)
+	}
+	// Written beside the old file, then renamed over it: the old inode is
+	// still held while the new one is made, so their numbers differ.
+	if err := os.WriteFile(path+".new", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".new", path); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := a.Open(context.Background(), m, path, a.comp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if r2.Complete() {
+		t.Fatal("a recreated file took over the record of the file it replaced")
 	}
 }
