@@ -82,9 +82,11 @@ func (e *events) NotifyLeave(mn *memberlist.Node) {
 	n.mu.Unlock()
 	// A member that said goodbye left on purpose (a restart, a stop of the
 	// fleet) and this node's own leave is no news: only a death is worth
-	// an operator's line.
+	// an operator's line. Neither is a death seen while this node is itself
+	// closing: when a whole fleet stops, a peer's goodbye can miss a node
+	// that is already leaving, and that node will not act on the news.
 	level := slog.LevelInfo
-	if state == MemberLeft || mn.Name == n.cfg.NodeName {
+	if state == MemberLeft || mn.Name == n.cfg.NodeName || n.closed.Load() {
 		level = slog.LevelDebug
 	}
 	n.log.Log(context.Background(), level, "gossip: member gone", "member", mn.Name, "state", state)

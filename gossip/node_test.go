@@ -3,13 +3,16 @@ package gossip
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/warmfleet/warmfleet/desired"
+	"github.com/warmfleet/warmfleet/internal/testutil/syncbuf"
 	"github.com/warmfleet/warmfleet/internal/testutil/testbolt"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 	"github.com/warmfleet/warmfleet/spec"
@@ -412,4 +415,28 @@ func TestSetLocalInventoryRejectsInvalid(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = spec.Spec{}
+}
+
+// TestDeathSeenWhileClosingIsQuiet: a member reported gone after this node
+// began to close is logged at debug, not info; a whole-fleet stop must not
+// log each peer as dead on the nodes that stop last.
+func TestDeathSeenWhileClosingIsQuiet(t *testing.T) {
+	c := newMockCluster(t, "a", "b")
+	var logs syncbuf.Buffer
+	a := c.start("a", func(cfg *Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	ev := (*events)(a)
+	ev.NotifyLeave(&memberlist.Node{Name: "x"})
+	if !strings.Contains(logs.String(), "member gone") {
+		t.Fatalf("a death seen while running was not logged at info: %q", logs.String())
+	}
+	if err := a.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	before := logs.String()
+	ev.NotifyLeave(&memberlist.Node{Name: "y"})
+	if after := logs.String(); after != before {
+		t.Fatalf("a death seen while closing was logged at info: %q", after[len(before):])
+	}
 }
