@@ -1,7 +1,6 @@
 package p2p
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmfleet/warmfleet/internal/testutil/syncbuf"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
@@ -124,28 +124,10 @@ func TestMemberConnectsWhileStrangersStall(t *testing.T) {
 	assertFileRange(t, b.dir+"/f", data, m)
 }
 
-// syncBuffer is a log sink safe for the node's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) lines(substr string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Count(s.b.String(), substr)
-}
-
 // Refusals come as fast as anyone connects: they are logged a line per
 // interval at most, with the count left out.
 func TestRefusalsAreLoggedRateLimited(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	a := startNode(t, "a", func(c *Config) {
 		c.MaxHandshakesPerSource, c.HandshakeTimeout, c.RefusedHold = 1, time.Hour, time.Millisecond
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
@@ -153,13 +135,13 @@ func TestRefusalsAreLoggedRateLimited(t *testing.T) {
 	strangers(t, a.addr, "127.0.0.2", 50)
 	wait.For(t, "500 connections refused", func() bool { return a.Stats().ConnsRefused >= 500 })
 	// The first line comes at once; the next one refusalLogEvery later.
-	if n := logs.lines("refusing connections"); n < 1 || n > 2 {
+	if n := strings.Count(logs.String(), "refusing connections"); n < 1 || n > 2 {
 		t.Fatalf("%d log lines for %d refusals, want 1 or 2", n, a.Stats().ConnsRefused)
 	}
 }
 
 func TestThrottledLogCountsWhatItLeavesOut(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	now := time.Unix(0, 0)
 	l := &throttledLog{log: slog.New(slog.NewTextHandler(&logs, nil)), msg: "refused", every: 10 * time.Second, now: func() time.Time { return now }}
 	for range 100 {
@@ -167,11 +149,11 @@ func TestThrottledLogCountsWhatItLeavesOut(t *testing.T) {
 	}
 	now = now.Add(10 * time.Second)
 	l.Log()
-	if n := logs.lines("refused"); n != 2 {
+	if n := strings.Count(logs.String(), "refused"); n != 2 {
 		t.Fatalf("%d lines for 101 events over one interval, want 2", n)
 	}
-	if !strings.Contains(logs.b.String(), "suppressed=99") {
-		t.Fatalf("the second line does not count the 99 left out:\n%s", logs.b.String())
+	if !strings.Contains(logs.String(), "suppressed=99") {
+		t.Fatalf("the second line does not count the 99 left out:\n%s", logs.String())
 	}
 }
 

@@ -7,32 +7,17 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/testutil/syncbuf"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
-// syncBuffer is a bytes.Buffer safe for a daemon goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is the shared test buffer under the name this package's tests use.
+type syncBuffer = syncbuf.Buffer
 
 // TestDaemonAndCacheCommands runs `warmfleet daemon` and the cache client
 // commands in-process against a real S3 server, over a unix socket.
