@@ -58,6 +58,14 @@ type daemonFlags struct {
 	containerdNS    string
 	registryHosts   string
 	registryAuth    string
+	kubernetes      autoFlag
+	nodeEvents      bool
+	// kubeNode is NODE_NAME from the environment: the Node to label.
+	kubeNode string
+	// kubeConnect reaches the Kubernetes API; nil means in-cluster (kube.CoreV1).
+	kubeConnect kubeConnector
+	// labelPoll is how often the node labels read the caches; 0 means nodeLabelPoll.
+	labelPoll time.Duration
 }
 
 func (f *daemonFlags) register(fs *flagSet) {
@@ -92,6 +100,8 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.containerdNS, "containerd-namespace", "k8s.io", "containerd namespace images are pulled into (kubelet's)")
 	fs.StringVar(&f.registryHosts, "registry-hosts-dir", "", "hosts.toml directory for registry mirrors and plain HTTP, e.g. /etc/containerd/certs.d")
 	fs.StringVar(&f.registryAuth, "registry-auth-file", "", "docker config.json with registry credentials (default ~/.docker/config.json)")
+	fs.Var(&f.kubernetes, "kubernetes", "label this node's Kubernetes Node (NODE_NAME, else --node-name) with the caches ready on it: auto (in a pod), true or false")
+	fs.BoolVar(&f.nodeEvents, "node-events", false, "with node labels, also record Events on the Node when a cache or image becomes ready or fails (needs create on events in the default namespace)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 }
@@ -100,6 +110,12 @@ func (f *daemonFlags) register(fs *flagSet) {
 // settings beyond the SDK's standard chain (the lab's embedded server) and
 // started, if not nil, is called once the API listens.
 func ServeDaemon(ctx context.Context, e *Env, args []string, origin s3origin.Options, started func()) error {
+	return serveDaemonArgs(ctx, e, args, origin, started, nil)
+}
+
+// serveDaemonArgs is ServeDaemon with mod, if not nil, applied to the
+// parsed flags: tests set what no flag reaches (the Kubernetes client).
+func serveDaemonArgs(ctx context.Context, e *Env, args []string, origin s3origin.Options, started func(), mod func(*daemonFlags)) error {
 	fs := newFlagSet(e, "daemon")
 	var f daemonFlags
 	f.register(fs)
@@ -133,6 +149,10 @@ func ServeDaemon(ctx context.Context, e *Env, args []string, origin s3origin.Opt
 		return usageError("--old-revision-grace %v: want a duration >= 0 (0 deletes old revisions at once)", f.oldGrace)
 	}
 
+	f.kubeNode = e.Getenv("NODE_NAME")
+	if mod != nil {
+		mod(&f)
+	}
 	return serveDaemon(ctx, log, &f, labels, addr, token, origin, started)
 }
 
@@ -243,6 +263,9 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		return ps.fail(err)
 	}
 	ps.start(stageReconciler, "reconciler", d.Run, nil)
+	if err := startNodeLabels(ps, log, f, d, deps.Images != nil, base.Registry()); err != nil {
+		return ps.fail(err)
+	}
 	srv := apiServer(d.APIHandler(token, probes.ready.Err))
 	ps.start(stageListeners, "api server", serveHTTP(srv, ln), func() {
 		probes.serving.Store(false)
