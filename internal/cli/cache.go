@@ -26,6 +26,7 @@ func runCache(ctx context.Context, e *Env, args []string) error {
 		"status": runCacheStatus,
 		"rm":     runCacheRemove,
 		"verify": runCacheVerify,
+		"wait":   runCacheWait,
 	})
 }
 
