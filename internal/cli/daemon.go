@@ -71,7 +71,7 @@ type daemonFlags struct {
 func (f *daemonFlags) register(fs *flagSet) {
 	host, _ := os.Hostname()
 	fs.StringVar(&f.nodeName, "node-name", host, "this node's name in the fleet")
-	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/warmfleet", "cache directory on the node's NVMe")
+	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir(mountInfoPath), "cache directory on the node's NVMe (default "+dlamiNVMe+"/warmfleet when "+dlamiNVMe+" is a mount point, as on HyperPod and the Deep Learning AMI, else "+fallbackDataDir+")")
 	fs.StringVar(&f.apiAddr, "api", defaultAPI, "API address: unix:///path.sock or host:port")
 	fs.StringVar(&f.apiTokenFile, "api-token-file", "", "file holding the bearer token the API requires (needed for a non-loopback TCP address)")
 	fs.StringVar(&f.metricsListen, "metrics-listen", "", "read-only listener for /metrics, /healthz, /readyz and the /ui status page without a token, e.g. :9464 (empty: off; the API serves them too)")
