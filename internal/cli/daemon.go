@@ -60,6 +60,8 @@ type daemonFlags struct {
 	registryAuth    string
 	kubernetes      autoFlag
 	nodeEvents      bool
+	discover        listFlag
+	discoverEvery   time.Duration
 	// kubeNode is NODE_NAME from the environment: the Node to label.
 	kubeNode string
 	// kubeConnect reaches the Kubernetes API; nil means in-cluster (kube.CoreV1).
@@ -102,6 +104,8 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.registryAuth, "registry-auth-file", "", "docker config.json with registry credentials (default ~/.docker/config.json)")
 	fs.Var(&f.kubernetes, "kubernetes", "label this node's Kubernetes Node (NODE_NAME, else --node-name) with the caches ready on it: auto (in a pod), true or false")
 	fs.BoolVar(&f.nodeEvents, "node-events", false, "with node labels, also record Events on the Node when a cache or image becomes ready or fails (needs create on events in the default namespace)")
+	fs.Var(&f.discover, "discover-endpoints", "base URLs of local OpenAI-compatible servers, e.g. http://127.0.0.1:8000 (repeatable or comma-separated): each is asked for /v1/models and registered as an endpoint for a model it serves, and removed when it stops answering")
+	fs.DurationVar(&f.discoverEvery, "discover-interval", 10*time.Second, "how often --discover-endpoints servers are asked")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 }
@@ -144,6 +148,14 @@ func serveDaemonArgs(ctx context.Context, e *Env, args []string, origin s3origin
 	}
 	if f.s3Concurrency < 1 || f.fileConcurrency < 1 {
 		return usageError("--s3-concurrency and --file-concurrency must be >= 1")
+	}
+	discover, err := parseDiscoverURLs(f.discover)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	f.discover = discover
+	if len(discover) > 0 && f.discoverEvery <= 0 {
+		return usageError("--discover-interval %v: want > 0", f.discoverEvery)
 	}
 	if f.oldGrace < 0 {
 		return usageError("--old-revision-grace %v: want a duration >= 0 (0 deletes old revisions at once)", f.oldGrace)
@@ -265,6 +277,9 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	ps.start(stageReconciler, "reconciler", d.Run, nil)
 	if err := startNodeLabels(ps, log, f, d, deps.Images != nil, base.Registry()); err != nil {
 		return ps.fail(err)
+	}
+	if len(f.discover) > 0 {
+		ps.start(stageListeners, "endpoint discovery", discoverEndpoints(log.With("component", "discovery"), d, f.discover, f.discoverEvery), nil)
 	}
 	srv := apiServer(d.APIHandler(token, probes.ready.Err))
 	ps.start(stageListeners, "api server", serveHTTP(srv, ln), func() {

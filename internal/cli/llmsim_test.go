@@ -11,9 +11,10 @@ import (
 )
 
 // startSim serves a simulated inference backend for model on addr until
-// the test ends. The llmsim command is the lab's (internal/lab); the
-// router's tests here run the same engine directly.
-func startSim(t *testing.T, addr, model string) {
+// the test ends, or until the returned function stops it. The llmsim
+// command is the lab's (internal/lab); the router's tests here run the
+// same engine directly.
+func startSim(t *testing.T, addr, model string) (stop func()) {
 	t.Helper()
 	cfg := llmsim.Defaults()
 	cfg.Model = model
@@ -28,4 +29,5 @@ func startSim(t *testing.T, addr, model string) {
 	srv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { _ = srv.Close() })
+	return func() { _ = srv.Close() }
 }
