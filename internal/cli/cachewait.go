@@ -64,46 +64,23 @@ func runCacheWait(ctx context.Context, e *Env, args []string) error {
 // of them when need is 0) report it ready, printing each change of the
 // count. See fleetVerdict for when it gives up early.
 func waitFleet(ctx context.Context, e *Env, cl *api.Client, name string, need int, timeout time.Duration) (api.CacheStatus, error) {
-	waitCtx := ctx
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		waitCtx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
-	}
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	var st api.CacheStatus
 	lastLine := ""
-	ended := func() error {
-		if ctx.Err() != nil {
-			return fmt.Errorf("stopped waiting for %s: %w (%s)", name, context.Cause(ctx), fleetCount(st, need))
-		}
-		return fmt.Errorf("%w: %s is not ready on enough nodes after %s: %s; where each target stands:\n%s",
-			errTimeout, name, timeout, fleetCount(st, need), fleetStanding(st))
-	}
-	for {
-		cur, err := cl.Cache(waitCtx, name)
-		switch {
-		case err != nil && waitCtx.Err() != nil:
-			return st, ended()
-		case err != nil:
-			return st, err
-		}
-		st = cur
+	check := func(st api.CacheStatus) (bool, error) {
 		done, err := fleetVerdict(st, need)
 		if line := fleetCount(st, need); line != lastLine {
 			fmt.Fprintf(e.Stderr, "%s: %s\n", name, line)
 			lastLine = line
 		}
-		if done {
-			return st, err
-		}
-		select {
-		case <-waitCtx.Done():
-			return st, ended()
-		case <-tick.C:
-		}
+		return done, err
 	}
+	ended := func(st api.CacheStatus, signalled bool) error {
+		if signalled {
+			return fmt.Errorf("stopped waiting for %s: %w (%s)", name, context.Cause(ctx), fleetCount(st, need))
+		}
+		return fmt.Errorf("%w: %s is not ready on enough nodes after %s: %s; where each target stands:\n%s",
+			errTimeout, name, timeout, fleetCount(st, need), fleetStanding(st))
+	}
+	return pollCache(ctx, cl, name, timeout, check, ended)
 }
 
 // fleetVerdict decides from one status whether a fleet-wide wait is over:

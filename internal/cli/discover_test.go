@@ -138,16 +138,6 @@ func TestDiscoveredEndpointsRouted(t *testing.T) {
 		code := Run(t.Context(), append(args, "--api", sock), &Env{Stdout: &out, Stderr: &out, Getenv: os.Getenv})
 		return code, out.String()
 	}
-	complete := func(model string) (int, string) {
-		body := fmt.Sprintf(`{"model":%q,"prompt":"hello fleet","max_tokens":2}`, model)
-		resp, err := http.Post("http://"+routerAddr+"/v1/completions", "application/json", strings.NewReader(body))
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
 	endpoints := func() string {
 		_, out := cli("endpoint", "ls")
 		return out
@@ -160,14 +150,14 @@ func TestDiscoveredEndpointsRouted(t *testing.T) {
 		t.Fatalf("cache add: exit %d: %s", code, out)
 	}
 	wait.Err(t, "a request for sim served through the discovered endpoint", func() error {
-		if code, body := complete("sim"); code != http.StatusOK {
+		if code, body := complete(routerAddr, "sim"); code != http.StatusOK {
 			return fmt.Errorf("status %d: %s; router log:\n%s", code, body, routerLog)
 		}
 		return nil
 	})
 	// The liar's endpoint is known to the router's fleet view by now (it
 	// was registered before sim's): it must still get nothing.
-	if code, body := complete("liar"); code == http.StatusOK {
+	if code, body := complete(routerAddr, "liar"); code == http.StatusOK {
 		t.Fatalf("request for liar routed to a server whose model the node does not hold: %s", body)
 	}
 

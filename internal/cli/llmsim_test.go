@@ -1,8 +1,11 @@
 package cli
 
 import (
+	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,4 +33,17 @@ func startSim(t *testing.T, addr, model string) (stop func()) {
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return func() { _ = srv.Close() }
+}
+
+// complete sends a small completion request for model to the router at
+// addr and returns the status (0 when the request failed) and body.
+func complete(addr, model string) (int, string) {
+	body := fmt.Sprintf(`{"model":%q,"prompt":"hello fleet","max_tokens":2}`, model)
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
