@@ -865,7 +865,7 @@ func checkMonitoring(t *testing.T, r rendered) {
 			}
 		}
 	}
-	for _, a := range []string{"WarmfleetCacheFailed", "WarmfleetS3BytesAboveModelSize", "WarmfleetPeersBanned", "WarmfleetRouterErrors", "WarmfleetRouterNoReadyEndpoint"} {
+	for _, a := range []string{"WarmfleetCacheFailed", "WarmfleetS3BytesAboveModelSize", "WarmfleetPeersBanned", "WarmfleetNodeLabelsFailing", "WarmfleetRouterErrors", "WarmfleetRouterNoReadyEndpoint"} {
 		if !alerts[a] {
 			t.Errorf("no alert %s", a)
 		}
