@@ -31,6 +31,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/desired"
+	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/nvme"
 	"github.com/warmfleet/warmfleet/spec"
@@ -464,6 +465,8 @@ func (d *Daemon) Caches() ([]api.CacheStatus, error) {
 	d.mu.Unlock()
 	byName := map[string]api.CacheStatus{}
 	targeted := d.targeter()
+	members := d.members()
+	targets := map[string][]string{}
 	for _, s := range desired {
 		if s.Kind != spec.KindModel {
 			continue
@@ -476,6 +479,7 @@ func (d *Daemon) Caches() ([]api.CacheStatus, error) {
 			rec = cacheRecord{Spec: s, State: api.StatePending}
 		}
 		byName[s.Name] = d.status(s, rec, targeted(s))
+		targets[s.Name] = d.targetNodes(s, members, targeted(s))
 	}
 	for name, rec := range recs {
 		if _, ok := byName[name]; !ok {
@@ -483,13 +487,44 @@ func (d *Daemon) Caches() ([]api.CacheStatus, error) {
 		}
 	}
 	out := make([]api.CacheStatus, 0, len(byName))
-	members := d.members()
 	for _, name := range slices.Sorted(maps.Keys(byName)) {
 		st := byName[name]
 		st.Nodes = nodeStatuses(name, members)
+		st.TargetNodes = targets[name]
+		st.ReadyNodes = readyNodes(st, d.fleet == nil)
 		out = append(out, st)
 	}
 	return out, nil
+}
+
+// targetNodes are the nodes that must hold s: gossip's choice in a fleet,
+// this node alone (when targeted) without one.
+func (d *Daemon) targetNodes(s spec.Spec, members []gossip.Member, targeted bool) []string {
+	if d.fleet != nil {
+		return gossip.Targets(s, members)
+	}
+	if targeted {
+		return []string{d.cfg.NodeName}
+	}
+	return nil
+}
+
+// readyNodes counts the target nodes that report the cache ready: from the
+// fleet's inventories, or this node's own status when alone.
+func readyNodes(st api.CacheStatus, alone bool) int {
+	if alone {
+		if st.Ready && len(st.TargetNodes) > 0 {
+			return 1
+		}
+		return 0
+	}
+	n := 0
+	for _, ns := range st.Nodes {
+		if ns.Ready && slices.Contains(st.TargetNodes, ns.Node) {
+			n++
+		}
+	}
+	return n
 }
 
 // overlayHeld puts the failures held in memory over the records read from

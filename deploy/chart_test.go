@@ -15,11 +15,13 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
+	"github.com/warmfleet/warmfleet/internal/kube/nodelabels"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/router"
 )
@@ -62,6 +64,10 @@ type rendered struct {
 	services        []corev1.Service
 	configMaps      []corev1.ConfigMap
 	serviceAccounts []corev1.ServiceAccount
+	clusterRoles    []rbacv1.ClusterRole
+	clusterBindings []rbacv1.ClusterRoleBinding
+	roles           []rbacv1.Role
+	roleBindings    []rbacv1.RoleBinding
 	podMonitors     []podMonitor
 	rules           []prometheusRule
 	kinds           []string
@@ -136,6 +142,14 @@ func decode(t *testing.T, manifest []byte) rendered {
 			target = add(&r.configMaps)
 		case "v1 ServiceAccount":
 			target = add(&r.serviceAccounts)
+		case "rbac.authorization.k8s.io/v1 ClusterRole":
+			target = add(&r.clusterRoles)
+		case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+			target = add(&r.clusterBindings)
+		case "rbac.authorization.k8s.io/v1 Role":
+			target = add(&r.roles)
+		case "rbac.authorization.k8s.io/v1 RoleBinding":
+			target = add(&r.roleBindings)
 		case monitoringV + " PodMonitor":
 			target = add(&r.podMonitors)
 		case monitoringV + " PrometheusRule":
@@ -467,6 +481,7 @@ func TestChartValueSets(t *testing.T) {
 		{"defaults", nil, func(t *testing.T, r rendered) {
 			checkDaemonSet(t, r, defaultData)
 			checkRouter(t, r)
+			checkRBAC(t, r, false)
 			if len(r.podMonitors)+len(r.rules) > 0 {
 				t.Error("monitoring objects rendered without the Prometheus Operator's API")
 			}
@@ -496,18 +511,63 @@ func TestChartValueSets(t *testing.T) {
 				t.Errorf("monitoring off still renders %v", r.kinds)
 			}
 		}},
-		{"example inference", []string{"--set", "exampleInference.enabled=true", "--set", "exampleInference.waitForCache=true"}, func(t *testing.T, r rendered) {
-			i := slices.IndexFunc(r.deployments, func(d appsv1.Deployment) bool { return strings.HasSuffix(d.Name, "-inference-example") })
-			if len(r.deployments) != 2 || i < 0 {
-				t.Fatalf("%d Deployments, want the router's and the example's", len(r.deployments))
-			}
-			ex := r.deployments[i].Spec.Template.Spec
+		{"example inference", []string{"--set", "exampleInference.enabled=true", "--set", "image.pullPolicy=Always",
+			"--set", "imagePullSecrets[0].name=regcred", "--set", "exampleInference.waitTimeout=15m"}, func(t *testing.T, r rendered) {
+			ex := exampleInference(t, r)
 			pref := ex.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
-			if len(pref) != 1 || pref[0].Preference.MatchExpressions[0].Key != "cache.warmfleet.io/llama-3-70b" {
-				t.Errorf("example affinity %+v, want a preference for cache.warmfleet.io/<model>=ready", pref)
+			// The key the daemon's labeler writes for the model, value ready.
+			want := corev1.NodeSelectorRequirement{Key: nodelabels.ModelKey("llama-3-70b"), Operator: corev1.NodeSelectorOpIn, Values: []string{nodelabels.ReadyValue}}
+			if len(pref) != 1 || len(pref[0].Preference.MatchExpressions) != 1 || !equalJSON(pref[0].Preference.MatchExpressions[0], want) {
+				t.Errorf("example affinity %+v, want a preference for %+v", pref, want)
 			}
-			if len(ex.InitContainers) != 1 || !slices.Equal(ex.InitContainers[0].Args[:3], []string{"cache", "wait", "--local"}) {
-				t.Errorf("example initContainers %+v, want `warmfleet cache wait --local`", ex.InitContainers)
+			if ex.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+				t.Error("example requires warm nodes: cold ones must stay allowed")
+			}
+			if len(ex.InitContainers) != 1 {
+				t.Fatalf("example initContainers %+v, want `warmfleet cache wait --local`", ex.InitContainers)
+			}
+			ic := ex.InitContainers[0]
+			if !slices.Equal(ic.Args[:3], []string{"cache", "wait", "--local"}) || ic.Args[len(ic.Args)-1] != "llama-3-70b" {
+				t.Errorf("initContainer args %q, want `cache wait --local ... llama-3-70b`", ic.Args)
+			}
+			if v, _ := flagValue(ic.Args, "timeout"); v != "15m" {
+				t.Errorf("--timeout=%q, want exampleInference.waitTimeout", v)
+			}
+			if ic.ImagePullPolicy != corev1.PullAlways || len(ex.ImagePullSecrets) != 1 || ex.ImagePullSecrets[0].Name != "regcred" {
+				t.Errorf("initContainer pull policy %q, pod pull secrets %+v; want image.pullPolicy and imagePullSecrets", ic.ImagePullPolicy, ex.ImagePullSecrets)
+			}
+			// The API socket the initContainer dials is the daemon's.
+			api, _ := flagValue(ic.Args, "api")
+			dsAPI, _ := flagValue(r.daemonSet(t).Spec.Template.Spec.Containers[0].Args, "api")
+			if api != dsAPI || "unix://"+mount(t, &ic, "warmfleet-api").MountPath+"/api.sock" != api {
+				t.Errorf("initContainer --api=%s, daemon --api=%s", api, dsAPI)
+			}
+			initOnly := ex.DeepCopy()
+			initOnly.Containers = nil
+			checkPod(t, "example", initOnly, false)
+		}},
+		{"example inference, defaults", []string{"--set", "exampleInference.enabled=true"}, func(t *testing.T, r rendered) {
+			ex := exampleInference(t, r)
+			if len(ex.InitContainers) != 1 || len(ex.ImagePullSecrets) != 0 {
+				t.Errorf("initContainers %d, pull secrets %+v; want the wait and no secrets", len(ex.InitContainers), ex.ImagePullSecrets)
+			}
+			if _, ok := flagValue(ex.InitContainers[0].Args, "timeout"); ok {
+				t.Errorf("initContainer args %q: no --timeout by default", ex.InitContainers[0].Args)
+			}
+		}},
+		{"node labels with events", []string{"--set", "daemon.nodeLabels.events=true"}, func(t *testing.T, r rendered) {
+			checkDaemonSet(t, r, defaultData)
+			checkRBAC(t, r, true)
+			if !slices.Contains(r.daemonSet(t).Spec.Template.Spec.Containers[0].Args, "--node-events") {
+				t.Error("events on, but the daemon lacks --node-events")
+			}
+		}},
+		{"node labels off", []string{"--set", "daemon.nodeLabels.enabled=false"}, func(t *testing.T, r rendered) {
+			checkDaemonSet(t, r, defaultData)
+			spec := r.daemonSet(t).Spec.Template.Spec
+			if len(r.clusterRoles)+len(r.clusterBindings)+len(r.roles)+len(r.roleBindings) > 0 || !slices.Contains(spec.Containers[0].Args, "--kubernetes=false") ||
+				spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+				t.Errorf("node labels off: RBAC %v, args %q, automount %v; want no RBAC, --kubernetes=false, no token", r.kinds, spec.Containers[0].Args, spec.AutomountServiceAccountToken)
 			}
 		}},
 	} {
@@ -519,6 +579,77 @@ func TestChartValueSets(t *testing.T) {
 			}
 			tc.check(t, decode(t, mustTemplate(t, tc.args...)))
 		})
+	}
+}
+
+func exampleInference(t *testing.T, r rendered) *corev1.PodSpec {
+	t.Helper()
+	i := slices.IndexFunc(r.deployments, func(d appsv1.Deployment) bool { return strings.HasSuffix(d.Name, "-inference-example") })
+	if len(r.deployments) != 2 || i < 0 {
+		t.Fatalf("%d Deployments, want the router's and the example's", len(r.deployments))
+	}
+	return &r.deployments[i].Spec.Template.Spec
+}
+
+func equalJSON(a, b any) bool {
+	ja, err1 := json.Marshal(a)
+	jb, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && bytes.Equal(ja, jb)
+}
+
+// checkRBAC: with node labels on, the chart grants the daemon's service
+// account exactly the rules of deploy/kubernetes/rbac.yaml, which
+// TestRBACIsLeastPrivilege (internal/kube/nodelabels) checks against the
+// labeler's calls (the Events Role only with events on), and only the
+// daemon's pods mount the token.
+func checkRBAC(t *testing.T, r rendered, events bool) {
+	t.Helper()
+	var want rendered
+	b, err := os.ReadFile("kubernetes/rbac.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = decode(t, b)
+	if len(r.clusterRoles) != 1 || len(r.clusterBindings) != 1 || !equalJSON(r.clusterRoles[0].Rules, want.clusterRoles[0].Rules) {
+		t.Fatalf("ClusterRoles %+v, bindings %d; want one with the rules of rbac.yaml %+v", r.clusterRoles, len(r.clusterBindings), want.clusterRoles[0].Rules)
+	}
+	sa := r.serviceAccounts[0].Name
+	bindings := []rbacv1.RoleRef{r.clusterBindings[0].RoleRef}
+	subjects := [][]rbacv1.Subject{r.clusterBindings[0].Subjects}
+	if events {
+		if len(r.roles) != 1 || len(r.roleBindings) != 1 || r.roles[0].Namespace != nodelabels.EventNamespace || !equalJSON(r.roles[0].Rules, want.roles[0].Rules) {
+			t.Fatalf("Roles %+v, want one in %s with the rules of rbac.yaml", r.roles, nodelabels.EventNamespace)
+		}
+		bindings = append(bindings, r.roleBindings[0].RoleRef)
+		subjects = append(subjects, r.roleBindings[0].Subjects)
+		if r.roleBindings[0].RoleRef.Name != r.roles[0].Name {
+			t.Errorf("RoleBinding binds %s, not the Role %s", r.roleBindings[0].RoleRef.Name, r.roles[0].Name)
+		}
+	} else if len(r.roles)+len(r.roleBindings) > 0 {
+		t.Errorf("events off, yet %d Roles and %d RoleBindings", len(r.roles), len(r.roleBindings))
+	}
+	if bindings[0].Name != r.clusterRoles[0].Name {
+		t.Errorf("ClusterRoleBinding binds %s, not the ClusterRole %s", bindings[0].Name, r.clusterRoles[0].Name)
+	}
+	for _, s := range subjects {
+		if len(s) != 1 || s[0].Kind != "ServiceAccount" || s[0].Name != sa || s[0].Namespace != namespace {
+			t.Errorf("binding subjects %+v, want the ServiceAccount %s/%s", s, namespace, sa)
+		}
+	}
+	ds := r.daemonSet(t).Spec.Template.Spec
+	if ds.ServiceAccountName != sa || ds.AutomountServiceAccountToken == nil || !*ds.AutomountServiceAccountToken {
+		t.Errorf("daemon pods: service account %q, automount %v; want %s with its token", ds.ServiceAccountName, ds.AutomountServiceAccountToken, sa)
+	}
+	if a := r.serviceAccounts[0].AutomountServiceAccountToken; a == nil || *a {
+		t.Errorf("ServiceAccount automount %v: want false, so the router's pods get no token", a)
+	}
+	for _, d := range r.deployments {
+		if a := d.Spec.Template.Spec.AutomountServiceAccountToken; a != nil && *a {
+			t.Errorf("Deployment %s mounts the token", d.Name)
+		}
+	}
+	if slices.ContainsFunc(ds.Containers[0].Args, func(a string) bool { return strings.HasPrefix(a, "--kubernetes") }) {
+		t.Errorf("daemon args %q: with node labels on, the daemon finds the cluster by itself", ds.Containers[0].Args)
 	}
 }
 
@@ -540,6 +671,8 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"bad port", []string{"daemon.ports.metrics=70000"}, "metrics"},
 		{"unknown value", []string{"daemon.dataDirectory=/x"}, "dataDirectory"},
 		{"router without daemons", []string{"daemon.enabled=false"}, "daemon.enabled"},
+		{"example model with a hashed label key", []string{"exampleInference.enabled=true", "exampleInference.model=a--b"}, "exampleInference.model"},
+		{"bad wait timeout", []string{"exampleInference.waitTimeout=soon"}, "waitTimeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var args []string
@@ -732,7 +865,7 @@ func checkMonitoring(t *testing.T, r rendered) {
 			}
 		}
 	}
-	for _, a := range []string{"WarmfleetCacheFailed", "WarmfleetS3BytesAboveModelSize", "WarmfleetPeersBanned", "WarmfleetRouterErrors", "WarmfleetRouterNoReadyEndpoint"} {
+	for _, a := range []string{"WarmfleetCacheFailed", "WarmfleetS3BytesAboveModelSize", "WarmfleetPeersBanned", "WarmfleetNodeLabelsFailing", "WarmfleetRouterErrors", "WarmfleetRouterNoReadyEndpoint"} {
 		if !alerts[a] {
 			t.Errorf("no alert %s", a)
 		}

@@ -50,6 +50,13 @@ type CacheStatus struct {
 	// Nodes holds the fleet-wide view, one entry per node, when the daemon
 	// is in a gossip cluster.
 	Nodes []NodeCacheStatus `json:"nodes,omitempty"`
+	// TargetNodes are the nodes the cache's targets select in this
+	// daemon's view of the fleet (this node alone, if selected, without
+	// gossip), sorted; ReadyNodes is how many of them report it ready.
+	// Empty for a cache no longer desired. The view is gossip's: another
+	// node's progress arrives a moment after it happens.
+	TargetNodes []string `json:"target_nodes,omitempty"`
+	ReadyNodes  int      `json:"ready_nodes"`
 
 	// NeedsAction is set on a failed cache whose last error retrying alone
 	// will not fix (no objects under the prefix, no such bucket, credentials

@@ -26,6 +26,7 @@ func runCache(ctx context.Context, e *Env, args []string) error {
 		"status": runCacheStatus,
 		"rm":     runCacheRemove,
 		"verify": runCacheVerify,
+		"wait":   runCacheWait,
 	})
 }
 
@@ -144,6 +145,39 @@ var errTimeout = errors.New("timed out")
 func waitReady(ctx context.Context, e *Env, cl *api.Client, name string, timeout time.Duration) (api.CacheStatus, error) {
 	p := newProgress(e.Stderr)
 	defer p.stop()
+	var lastErr string
+	check := func(st api.CacheStatus) (bool, error) {
+		p.update(st)
+		done, err := waitVerdict(st)
+		if done {
+			if err == nil {
+				p.done(st)
+			}
+			return true, err
+		}
+		if st.State == api.StateFailed && st.Error != lastErr {
+			lastErr = st.Error
+			p.note(fmt.Sprintf("attempt %d failed (will retry): %s", st.Attempts, st.Error))
+		}
+		return false, nil
+	}
+	ended := func(st api.CacheStatus, signalled bool) error {
+		if signalled {
+			return fmt.Errorf("stopped waiting for %s: %w (%s)", name, context.Cause(ctx), standing(st))
+		}
+		return fmt.Errorf("%w: %s is not ready after %s: %s; the daemon keeps working on it: follow it with `warmfleet cache status %s`",
+			errTimeout, name, timeout, standing(st), name)
+	}
+	return pollCache(ctx, cl, name, timeout, check, ended)
+}
+
+// pollCache reads the cache's status every 200 ms until check says the
+// wait is over (with its error), or the caller's ctx ends (signalled) or
+// timeout (if not 0) passes: then ended says why from the last status
+// received, never with the daemon client's own deadline error, which reads
+// as if the daemon were down.
+func pollCache(ctx context.Context, cl *api.Client, name string, timeout time.Duration,
+	check func(api.CacheStatus) (bool, error), ended func(st api.CacheStatus, signalled bool) error) (api.CacheStatus, error) {
 	waitCtx := ctx
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -153,40 +187,21 @@ func waitReady(ctx context.Context, e *Env, cl *api.Client, name string, timeout
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	var st api.CacheStatus
-	var lastErr string
-	// ended says why the wait ended once waitCtx has: the caller's ctx
-	// (a signal), else the timeout.
-	ended := func() error {
-		if ctx.Err() != nil {
-			return fmt.Errorf("stopped waiting for %s: %w (%s)", name, context.Cause(ctx), standing(st))
-		}
-		return fmt.Errorf("%w: %s is not ready after %s: %s; the daemon keeps working on it: follow it with `warmfleet cache status %s`",
-			errTimeout, name, timeout, standing(st), name)
-	}
 	for {
 		cur, err := cl.Cache(waitCtx, name)
 		switch {
 		case err != nil && waitCtx.Err() != nil:
-			return st, ended()
+			return st, ended(st, ctx.Err() != nil)
 		case err != nil:
 			return st, err
 		}
 		st = cur
-		p.update(st)
-		done, err := waitVerdict(st)
-		if done {
-			if err == nil {
-				p.done(st)
-			}
+		if done, err := check(st); done {
 			return st, err
-		}
-		if st.State == api.StateFailed && st.Error != lastErr {
-			lastErr = st.Error
-			p.note(fmt.Sprintf("attempt %d failed (will retry): %s", st.Attempts, st.Error))
 		}
 		select {
 		case <-waitCtx.Done():
-			return st, ended()
+			return st, ended(st, ctx.Err() != nil)
 		case <-tick.C:
 		}
 	}

@@ -42,7 +42,7 @@ type Command struct {
 func commands() []Command {
 	return []Command{
 		{"daemon", "run the node daemon (cache, gossip, swarm, image cache, API)", runDaemon},
-		{"cache", "manage model weight caches: add, ls, status, verify, rm", runCache},
+		{"cache", "manage model weight caches: add, ls, status, wait, verify, rm", runCache},
 		{"fleet", "show fleet members and what each holds", runFleet},
 		{"image", "manage container image caches: add, ls, rm", runImage},
 		{"endpoint", "register inference endpoints on this node: add, ls, rm", runEndpoint},

@@ -58,12 +58,22 @@ type daemonFlags struct {
 	containerdNS    string
 	registryHosts   string
 	registryAuth    string
+	kubernetes      autoFlag
+	nodeEvents      bool
+	discover        listFlag
+	discoverEvery   time.Duration
+	// kubeNode is NODE_NAME from the environment: the Node to label.
+	kubeNode string
+	// kubeConnect reaches the Kubernetes API; nil means in-cluster (kube.CoreV1).
+	kubeConnect kubeConnector
+	// labelPoll is how often the node labels read the caches; 0 means nodeLabelPoll.
+	labelPoll time.Duration
 }
 
 func (f *daemonFlags) register(fs *flagSet) {
 	host, _ := os.Hostname()
 	fs.StringVar(&f.nodeName, "node-name", host, "this node's name in the fleet")
-	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/warmfleet", "cache directory on the node's NVMe")
+	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir(mountInfoPath), "cache directory on the node's NVMe (default "+dlamiNVMe+"/warmfleet when "+dlamiNVMe+" is a mount point, as on HyperPod and the Deep Learning AMI, else "+fallbackDataDir+")")
 	fs.StringVar(&f.apiAddr, "api", defaultAPI, "API address: unix:///path.sock or host:port")
 	fs.StringVar(&f.apiTokenFile, "api-token-file", "", "file holding the bearer token the API requires (needed for a non-loopback TCP address)")
 	fs.StringVar(&f.metricsListen, "metrics-listen", "", "read-only listener for /metrics, /healthz, /readyz and the /ui status page without a token, e.g. :9464 (empty: off; the API serves them too)")
@@ -92,6 +102,10 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.containerdNS, "containerd-namespace", "k8s.io", "containerd namespace images are pulled into (kubelet's)")
 	fs.StringVar(&f.registryHosts, "registry-hosts-dir", "", "hosts.toml directory for registry mirrors and plain HTTP, e.g. /etc/containerd/certs.d")
 	fs.StringVar(&f.registryAuth, "registry-auth-file", "", "docker config.json with registry credentials (default ~/.docker/config.json)")
+	fs.Var(&f.kubernetes, "kubernetes", "label this node's Kubernetes Node (NODE_NAME, else --node-name) with the caches ready on it: auto (in a pod), true or false")
+	fs.BoolVar(&f.nodeEvents, "node-events", false, "with node labels, also record Events on the Node when a cache or image becomes ready or fails (needs create on events in the default namespace)")
+	fs.Var(&f.discover, "discover-endpoints", "base URLs of local OpenAI-compatible servers, e.g. http://127.0.0.1:8000 (repeatable or comma-separated): each is asked for /v1/models and registered as an endpoint for a model it serves, and removed when it stops answering")
+	fs.DurationVar(&f.discoverEvery, "discover-interval", 10*time.Second, "how often --discover-endpoints servers are asked")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 }
@@ -100,6 +114,12 @@ func (f *daemonFlags) register(fs *flagSet) {
 // settings beyond the SDK's standard chain (the lab's embedded server) and
 // started, if not nil, is called once the API listens.
 func ServeDaemon(ctx context.Context, e *Env, args []string, origin s3origin.Options, started func()) error {
+	return serveDaemonArgs(ctx, e, args, origin, started, nil)
+}
+
+// serveDaemonArgs is ServeDaemon with mod, if not nil, applied to the
+// parsed flags: tests set what no flag reaches (the Kubernetes client).
+func serveDaemonArgs(ctx context.Context, e *Env, args []string, origin s3origin.Options, started func(), mod func(*daemonFlags)) error {
 	fs := newFlagSet(e, "daemon")
 	var f daemonFlags
 	f.register(fs)
@@ -129,10 +149,22 @@ func ServeDaemon(ctx context.Context, e *Env, args []string, origin s3origin.Opt
 	if f.s3Concurrency < 1 || f.fileConcurrency < 1 {
 		return usageError("--s3-concurrency and --file-concurrency must be >= 1")
 	}
+	discover, err := parseDiscoverURLs(f.discover)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	f.discover = discover
+	if len(discover) > 0 && f.discoverEvery <= 0 {
+		return usageError("--discover-interval %v: want > 0", f.discoverEvery)
+	}
 	if f.oldGrace < 0 {
 		return usageError("--old-revision-grace %v: want a duration >= 0 (0 deletes old revisions at once)", f.oldGrace)
 	}
 
+	f.kubeNode = e.Getenv("NODE_NAME")
+	if mod != nil {
+		mod(&f)
+	}
 	return serveDaemon(ctx, log, &f, labels, addr, token, origin, started)
 }
 
@@ -243,6 +275,12 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		return ps.fail(err)
 	}
 	ps.start(stageReconciler, "reconciler", d.Run, nil)
+	if err := startNodeLabels(ps, log, f, d, deps.Images != nil, base.Registry()); err != nil {
+		return ps.fail(err)
+	}
+	if len(f.discover) > 0 {
+		ps.start(stageListeners, "endpoint discovery", discoverEndpoints(log.With("component", "discovery"), d, f.discover, f.discoverEvery), nil)
+	}
 	srv := apiServer(d.APIHandler(token, probes.ready.Err))
 	ps.start(stageListeners, "api server", serveHTTP(srv, ln), func() {
 		probes.serving.Store(false)

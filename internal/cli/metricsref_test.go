@@ -12,12 +12,14 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/kubernetes/fake"
 
 	imagecache "github.com/warmfleet/warmfleet/containerd"
 	"github.com/warmfleet/warmfleet/daemon"
 	"github.com/warmfleet/warmfleet/desired"
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/health"
+	"github.com/warmfleet/warmfleet/internal/kube/nodelabels"
 	"github.com/warmfleet/warmfleet/internal/testutil/metricsdoc"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/p2p"
@@ -69,6 +71,10 @@ func daemonCollectors(t *testing.T, log *slog.Logger) []prometheus.Collector {
 	if _, err := imagecache.New(cl, imagecache.Options{Namespace: "k8s.io", Registerer: d.Registry(), Logger: log}); err != nil {
 		t.Fatal(err)
 	}
+	// The node labeler (in a Kubernetes pod) registers on it too.
+	if _, err := nodelabels.New(nodelabels.Config{NodeName: "doc", Nodes: fake.NewClientset().CoreV1().Nodes(), Registerer: d.Registry(), Logger: log}); err != nil {
+		t.Fatal(err)
+	}
 	return d.Registry().Collectors()
 }
 
@@ -107,7 +113,7 @@ func TestMetricsReference(t *testing.T) {
 		title, intro string
 		collectors   func(*testing.T, *slog.Logger) []prometheus.Collector
 	}{
-		{"Daemon", "`warmfleet daemon`: the cache, its S3 and peer traffic, gossip and image pre-pulls.", daemonCollectors},
+		{"Daemon", "`warmfleet daemon`: the cache, its S3 and peer traffic, gossip, image pre-pulls and node labels.", daemonCollectors},
 		{"Router", "`warmfleet router`: routing decisions, backends, gossip and peer replicas.", routerCollectors},
 	} {
 		ms, err := metricsdoc.Reference("warmfleet_", part.collectors(t, log))

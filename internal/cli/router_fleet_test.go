@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -79,16 +78,7 @@ func TestRouterLearnsWarmEndpointsFromFleet(t *testing.T) {
 	if code := cli("endpoint", "add", "--model", "sim", "--url", "http://"+simAddr); code != 0 {
 		t.Fatalf("endpoint add exited %d", code)
 	}
-	complete := func() (int, string) {
-		body := `{"model":"sim","prompt":"hello fleet","max_tokens":2}`
-		resp, err := http.Post("http://"+routerAddr+"/v1/completions", "application/json", strings.NewReader(body))
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	complete := func() (int, string) { return complete(routerAddr, "sim") }
 	// Not cached yet: the endpoint is known but gets no traffic.
 	waitUntil("router up", func() bool { code, _ := complete(); return code != 0 })
 	if code, body := complete(); code == http.StatusOK {

@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,20 +47,22 @@ func Config(force bool) (*rest.Config, error) {
 // Client calls the core/v1 API: Nodes and Events.
 type Client struct{ rc *rest.RESTClient }
 
-var codecs = func() serializer.CodecFactory {
+// codecs is built on first use: a daemon outside Kubernetes does not pay
+// for the scheme's memory.
+var codecs = sync.OnceValue(func() serializer.CodecFactory {
 	s := runtime.NewScheme()
 	if err := corev1.AddToScheme(s); err != nil {
 		panic(err) // a static registration: fails in every test or never
 	}
 	return serializer.NewCodecFactory(s)
-}()
+})
 
 // NewClient returns a core/v1 client for cfg.
 func NewClient(cfg *rest.Config) (*Client, error) {
 	c := rest.CopyConfig(cfg)
 	c.GroupVersion = &corev1.SchemeGroupVersion
 	c.APIPath = "/api"
-	c.NegotiatedSerializer = codecs.WithoutConversion()
+	c.NegotiatedSerializer = codecs().WithoutConversion()
 	rc, err := rest.RESTClientFor(c)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)

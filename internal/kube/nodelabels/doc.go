@@ -58,7 +58,8 @@
 //
 // The daemon's service account needs get and patch on nodes (a
 // ClusterRole: Nodes have no namespace) and, for Events, create on events in
-// the default namespace (a Role). deploy/kubernetes/rbac.yaml holds both.
+// the default namespace (a Role). deploy/kubernetes/rbac.yaml holds both; the
+// Helm chart renders the same with daemon.nodeLabels (events optional).
 // RBAC cannot limit a service account to its own Node or to some label
 // keys; an admission policy can, where that matters.
 package nodelabels
