@@ -33,6 +33,7 @@ import (
 	"github.com/warmfleet/warmfleet/desired"
 	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/origin"
 	"github.com/warmfleet/warmfleet/spec"
 )
 
@@ -89,10 +90,10 @@ type Daemon struct {
 	// Base gives the daemon its config, state, store, metrics and desired
 	// state (and the methods Desired and Registry).
 	*Base
-	log    *slog.Logger
-	clock  func() time.Time
-	origin Origin
-	kick   chan struct{}
+	log     *slog.Logger
+	clock   func() time.Time
+	origins origin.Mux
+	kick    chan struct{}
 	// fleet is nil for a daemon without gossip.
 	fleet Fleet
 	// images is nil when the image cache is off.
@@ -222,11 +223,13 @@ type Deps struct {
 	Images ImageCache
 }
 
-// New builds the daemon on b; origin fetches model files. Once New
-// succeeds the daemon owns b (Close closes it); on an error b stays open.
-func New(b *Base, org Origin, deps Deps) (*Daemon, error) {
+// New builds the daemon on b; origins fetch model files, each the sources
+// of its scheme (a spec whose scheme has none fails its fetches, naming the
+// schemes this daemon reads). Once New succeeds the daemon owns b (Close
+// closes it); on an error b stays open.
+func New(b *Base, origins origin.Mux, deps Deps) (*Daemon, error) {
 	d := &Daemon{
-		Base: b, log: b.cfg.Logger, clock: b.cfg.Clock, origin: org, fleet: deps.Fleet,
+		Base: b, log: b.cfg.Logger, clock: b.cfg.Clock, origins: origins, fleet: deps.Fleet,
 		kick: make(chan struct{}, 1), fetches: map[string]*fetch{},
 		held: map[string]cacheRecord{}, claimed: map[string]spec.Spec{},
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/sdnotify"
+	"github.com/warmfleet/warmfleet/origin"
 	"github.com/warmfleet/warmfleet/p2p"
 	"github.com/warmfleet/warmfleet/spec"
 )
@@ -163,10 +164,10 @@ const leaveTimeout = time.Second
 // in this order: the API and metrics listeners and the watchdog; the
 // reconciler; gossip (leave the fleet); the swarm; then the image cache is
 // closed and, last, the state. The first part to fail is the error
-// returned. origin holds S3 settings beyond the SDK's standard chain (the
+// returned. s3opts holds S3 settings beyond the SDK's standard chain (the
 // demo's embedded server); started, if not nil, is called once the API
 // listens.
-func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, addr api.Addr, token string, origin s3origin.Options, started func()) (err error) {
+func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, addr api.Addr, token string, s3opts s3origin.Options, started func()) (err error) {
 	ps := newParts(ctx)
 	// The swarm authenticates peers with the gossip keyring once gossip
 	// runs, so a fleet-wide key rotation reaches it too.
@@ -176,10 +177,10 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		return ps.fail(err)
 	}
 	var d *daemon.Daemon
-	origin.Concurrency, origin.PartSize = f.s3Concurrency, int64(f.partSize)
-	origin.Logger = log.With("component", "s3")
-	origin.OnBytes = func(n int) { d.AddS3Bytes(n) }
-	org, err := s3origin.New(ps.ctx, origin)
+	s3opts.Concurrency, s3opts.PartSize = f.s3Concurrency, int64(f.partSize)
+	s3opts.Logger = log.With("component", "s3")
+	s3opts.OnBytes = func(n int) { d.AddS3Bytes(n) }
+	s3c, err := s3origin.New(ps.ctx, s3opts)
 	if err != nil {
 		return ps.fail(usageError("%v", err))
 	}
@@ -232,7 +233,7 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		defer images.Close()
 		deps.Images = images
 	}
-	if d, err = daemon.New(base, org, deps); err != nil {
+	if d, err = daemon.New(base, origin.Mux{"s3": s3origin.AsOrigin(s3c)}, deps); err != nil {
 		return ps.fail(err)
 	}
 	closeState = d.Close

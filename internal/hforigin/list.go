@@ -22,14 +22,14 @@ var (
 	sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
 
-// List resolves src's revision to a commit and returns every file under
+// ListHF resolves src's revision to a commit and returns every file under
 // src's subdir at that commit that the Include/Exclude patterns keep,
 // sorted by path. Each Object has Bucket = the repository, Key = the path
 // in the repository, Path = the path under the subdir, ETag = the file's
 // sha256 (LFS, 64 hex digits) or git blob id (40 hex digits) and VersionID
 // = the commit every read is pinned to. It fails on an empty result and on
 // any name that is not a safe relative path, naming it.
-func (c *Client) List(ctx context.Context, src spec.HFURL) ([]s3origin.Object, error) {
+func (c *Client) ListHF(ctx context.Context, src spec.HFURL) ([]s3origin.Object, error) {
 	what := "list " + src.String()
 	commit, err := c.ResolveRevision(ctx, src)
 	if err != nil {
