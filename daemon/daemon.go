@@ -529,7 +529,7 @@ func (d *Daemon) status(s spec.Spec, rec cacheRecord, targeted bool) api.CacheSt
 		Name: s.Name, Source: s.Source, Revision: s.Revision, RevisionID: rec.RevisionID, State: rec.State,
 		Files: len(rec.Files), BytesDone: rec.BytesDone, BytesTotal: rec.BytesTotal, Error: rec.Error,
 		Attempts: rec.Attempts, UpdatedAt: rec.UpdatedAt, ReadyAt: rec.ReadyAt, Targets: s.Targets,
-		NeedsAction: rec.NeedsAction, FilesChanged: rec.FilesChanged,
+		NeedsAction: rec.NeedsAction, FilesChanged: rec.FilesChanged, Commit: pinnedCommit(s.Source, rec.Files),
 	}
 	if rec.Error != "" {
 		st.NextTry = rec.NextTry
@@ -564,5 +564,25 @@ func (d *Daemon) Node() (api.NodeInfo, error) {
 	}, nil
 }
 
-// AddS3Bytes counts bytes read from S3 (the origin's OnBytes hook).
-func (d *Daemon) AddS3Bytes(n int) { d.metrics.s3Bytes.Add(int64(n)) }
+// AddOriginBytes counts bytes read from the origin of a source kind ("s3",
+// "hf"): the origins' OnBytes hook.
+func (d *Daemon) AddOriginBytes(kind string, n int) {
+	if kind == "s3" {
+		d.metrics.s3Bytes.Add(int64(n))
+	}
+	d.metrics.originBytes.WithLabelValues(kind).Add(float64(n))
+}
+
+// pinnedCommit is the commit the files of an hf:// source were read at
+// (their VersionID, one for all), or "" for other sources.
+func pinnedCommit(source string, files []fileRecord) string {
+	if origin.Scheme(source) != "hf" || len(files) == 0 {
+		return ""
+	}
+	for _, f := range files[1:] {
+		if f.VersionID != files[0].VersionID {
+			return ""
+		}
+	}
+	return files[0].VersionID
+}

@@ -147,7 +147,8 @@ func openDaemon(t *testing.T, cfg Config, org Origin, deps Deps) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(b, origin.Mux{"s3": org}, deps)
+	// The test's one origin reads whichever scheme its sources use.
+	d, err := New(b, origin.Mux{"s3": org, "hf": org}, deps)
 	if err != nil {
 		b.Close()
 		t.Fatal(err)

@@ -150,6 +150,9 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("list %s: %w", f.spec.Source, err)
 	}
+	if objs, err = keepFiles(f.spec, objs); err != nil {
+		return "", err
+	}
 	for _, o := range objs {
 		if err := nvme.CheckRelPath(o.Path); err != nil {
 			return "", fmt.Errorf("object %q cannot be cached: %w", o.Key, err)
@@ -276,6 +279,18 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return "ready", f.d.state.deleteManifests(f.spec.Name, []string{rec.RevisionID, rec.Updating}, revision)
+}
+
+// keepFiles keeps the objects the spec's include/exclude patterns ask for.
+func keepFiles(s spec.Spec, objs []origin.Object) ([]origin.Object, error) {
+	if len(s.Include) == 0 && len(s.Exclude) == 0 {
+		return objs, nil
+	}
+	kept := slices.DeleteFunc(slices.Clone(objs), func(o origin.Object) bool { return !s.Keeps(o.Path) })
+	if len(kept) == 0 {
+		return nil, fmt.Errorf("list %s: %w: none of its %d files matches include %q / exclude %q", s.Source, origin.ErrEmpty, len(objs), s.Include, s.Exclude)
+	}
+	return kept, nil
 }
 
 // publishExisting makes a revision that is already published current

@@ -122,20 +122,23 @@ type Options struct {
 // else the file HF_TOKEN_PATH names, else $HF_HOME/token (HF_HOME defaults
 // to ~/.cache/huggingface), where they are not set already. A missing token
 // file is no error: public repositories need none.
-func (o Options) FromEnv() (Options, error) {
+func (o Options) FromEnv() (Options, error) { return o.FromGetenv(os.Getenv) }
+
+// FromGetenv is FromEnv reading the environment through getenv.
+func (o Options) FromGetenv(getenv func(string) string) (Options, error) {
 	if o.Endpoint == "" {
-		o.Endpoint = os.Getenv("HF_ENDPOINT")
+		o.Endpoint = getenv("HF_ENDPOINT")
 	}
 	if o.Token != "" {
 		return o, nil
 	}
-	if tok := strings.TrimSpace(os.Getenv("HF_TOKEN")); tok != "" {
+	if tok := strings.TrimSpace(getenv("HF_TOKEN")); tok != "" {
 		o.Token = tok
 		return o, nil
 	}
-	file := os.Getenv("HF_TOKEN_PATH")
+	file := getenv("HF_TOKEN_PATH")
 	if file == "" {
-		home := os.Getenv("HF_HOME")
+		home := getenv("HF_HOME")
 		if home == "" {
 			dir, err := os.UserHomeDir()
 			if err != nil {

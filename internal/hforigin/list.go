@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"path"
 	"regexp"
 	"strings"
 	"time"
@@ -262,19 +261,6 @@ func objectsFromTree(src spec.HFURL, commit string, entries []treeEntry, include
 	return objs, nil
 }
 
-// keep applies the Include and Exclude patterns to a path under the subdir.
-func keep(rel string, include, exclude []string) bool {
-	match := func(patterns []string) bool {
-		for _, p := range patterns {
-			name := rel
-			if !strings.Contains(p, "/") {
-				name = path.Base(rel)
-			}
-			if ok, _ := path.Match(p, name); ok {
-				return true
-			}
-		}
-		return false
-	}
-	return (len(include) == 0 || match(include)) && !match(exclude)
-}
+// keep applies the Include and Exclude patterns to a path under the
+// subdir, as a daemon's spec applies its own.
+func keep(rel string, include, exclude []string) bool { return spec.MatchFiles(rel, include, exclude) }
