@@ -59,6 +59,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
@@ -225,7 +226,18 @@ type Client struct {
 	// sleep waits d or until ctx ends; tests replace it to see the delays
 	// asked for without waiting them.
 	sleep func(ctx context.Context, d time.Duration) error
+
+	// ranges holds the locators OpenRange reads files through, so a
+	// swarm origin reading a file piece by piece resolves it once.
+	rangesMu sync.Mutex
+	ranges   map[locatorKey]*locator
 }
+
+// locatorKey names a file version: a commit's file and its digest.
+type locatorKey struct{ repo, commit, path, digest string }
+
+// maxRangeLocators bounds Client.ranges; past it, the map starts over.
+const maxRangeLocators = 4096
 
 // New builds a Client.
 func New(opts Options) (*Client, error) {
@@ -246,7 +258,7 @@ func New(opts Options) (*Client, error) {
 		t.DisableCompression = true
 		tr = t
 	}
-	c := &Client{opts: opts, hubHost: u.Host, sleep: s3origin.SleepCtx}
+	c := &Client{opts: opts, hubHost: u.Host, sleep: s3origin.SleepCtx, ranges: map[locatorKey]*locator{}}
 	c.api = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	c.get = &http.Client{Transport: tr, CheckRedirect: func(req *http.Request, via []*http.Request) error {
 		if len(via) >= 5 {

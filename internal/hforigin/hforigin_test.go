@@ -584,3 +584,44 @@ func TestTreePageStopsAtTheLimit(t *testing.T) {
 		t.Errorf("a page at the limit: %v, %v", got, err)
 	}
 }
+
+// A swarm origin reads a file piece by piece through OpenRange: the file
+// is resolved once for all its pieces, not once per piece (the Hub rate
+// limits its resolver), and asked again only when the CDN refuses the
+// address it gave.
+func TestOpenRangeResolvesAFileOnce(t *testing.T) {
+	hub := hubserver.New(t)
+	data := randBytes(9, 4<<20)
+	hub.Push("org/m", "main", map[string]hubserver.File{"w.bin": {Data: data, LFS: true}})
+	c, _ := newClient(t, hub, Options{})
+	objs, err := c.List(t.Context(), "hf://org/m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := find(t, objs, "w.bin")
+	read := func(off, n int64) {
+		t.Helper()
+		r, err := c.OpenRange(t.Context(), obj, off, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		got, err := io.ReadAll(r)
+		if err != nil || !bytes.Equal(got, data[off:off+n]) {
+			t.Fatalf("OpenRange(%d, %d): %d bytes, %v", off, n, len(got), err)
+		}
+	}
+	before := hub.Stats().Resolves
+	const piece = 256 << 10
+	for off := int64(0); off < int64(len(data)); off += piece {
+		read(off, piece)
+	}
+	if n := hub.Stats().Resolves - before; n != 1 {
+		t.Errorf("%d pieces resolved the file %d times, want once", len(data)/piece, n)
+	}
+	hub.ExpireCDN(1)
+	read(0, piece)
+	if n := hub.Stats().Resolves - before; n != 2 {
+		t.Errorf("after the CDN refused the address: %d resolves in all, want 2", n)
+	}
+}
