@@ -4,9 +4,17 @@
 //
 // The reconcile loop decides in a pure function (plan) and acts at the
 // edges: each model cache is fetched by its own goroutine, which lists the
-// source, downloads only missing parts (recording each finished part so a
-// restart resumes), verifies every file against what S3 offers and publishes
-// the revision atomically. A cache is reported ready only after that.
+// source, keeps the files the spec's include/exclude patterns ask for,
+// downloads only missing parts (recording each finished part so a restart
+// resumes), verifies every file against the digest its origin holds and
+// publishes the revision atomically. A cache is reported ready only after
+// that.
+//
+// The daemon reads sources through origin.Origin, one per scheme
+// (origin.Mux: s3:// through internal/s3origin, hf:// through
+// internal/hforigin), and imports neither: every origin pins what it lists
+// (ETag and version, or the Hub commit), so a changed source is a new
+// revision (RevisionID), never a mix.
 //
 // Published files are checked again (check.go): by stat at start and at
 // each resync, by a full re-hash on request (Verify); a damaged cache goes

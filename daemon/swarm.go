@@ -143,7 +143,7 @@ func (f *fetch) useSwarm() bool {
 }
 
 // fetchFileSwarm fills one file shard by shard through the swarm, then
-// checks the whole file against what S3 says of the object.
+// checks the whole file against what its origin says of the object.
 func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revision string, obj origin.Object, fr fileRecord) error {
 	file, err := stage.OpenFile(fr.Path, fr.Size)
 	if err != nil {
