@@ -9,8 +9,8 @@ import (
 	"strings"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/origin"
 	"github.com/warmfleet/warmfleet/spec"
 )
 
@@ -96,7 +96,7 @@ func (d *Daemon) repair(rec cacheRecord, dmg nvme.Damage) error {
 				continue
 			}
 			var bm bitmap
-			for i := range s3origin.Parts(f.Size, rec.PartSize) {
+			for i := range origin.Parts(f.Size, rec.PartSize) {
 				bm = bm.with(i)
 			}
 			if err := d.state.putParts(name, rec.RevisionID, f.Path, bm); err != nil {
@@ -204,11 +204,15 @@ func (d *Daemon) verifyFile(ctx context.Context, rec cacheRecord, f fileRecord, 
 	if err != nil {
 		return "", err
 	}
-	v, err := d.origin.Verify(ctx, obj, src)
+	org, err := d.origins.For(rec.Spec.Source)
+	if err != nil {
+		return "", err
+	}
+	v, err := org.Verify(ctx, obj, src)
 	switch {
-	case errors.Is(err, s3origin.ErrCorrupt):
+	case errors.Is(err, origin.ErrCorrupt):
 		return "content does not match the source's digest", nil
-	case errors.Is(err, s3origin.ErrSourceChanged), errors.Is(err, s3origin.ErrNotFound):
+	case errors.Is(err, origin.ErrSourceChanged), errors.Is(err, origin.ErrNotFound):
 		res.SourceChanged = append(res.SourceChanged, f.Path)
 		return "", nil
 	case err != nil:
@@ -222,12 +226,23 @@ func (d *Daemon) verifyFile(ctx context.Context, rec cacheRecord, f fileRecord, 
 }
 
 // objectOf is the object version a record's file was fetched from.
-func objectOf(rec cacheRecord, f fileRecord) (s3origin.Object, error) {
-	src, err := spec.ParseS3URL(rec.Spec.Source)
+func objectOf(rec cacheRecord, f fileRecord) (origin.Object, error) {
+	bucket, err := sourceBucket(rec.Spec.Source)
 	if err != nil {
-		return s3origin.Object{}, err
+		return origin.Object{}, err
 	}
-	return s3origin.Object{Bucket: src.Bucket, Key: f.Key, Path: f.Path, Size: f.Size, ETag: f.ETag, VersionID: f.VersionID}, nil
+	return origin.Object{Bucket: bucket, Key: f.Key, Path: f.Path, Size: f.Size, ETag: f.ETag, VersionID: f.VersionID}, nil
+}
+
+// sourceBucket is the Object.Bucket of a source's objects: the S3 bucket,
+// or the Hub repository.
+func sourceBucket(source string) (string, error) {
+	if origin.Scheme(source) == "hf" {
+		src, err := spec.ParseHFURL(source)
+		return src.Repo, err
+	}
+	src, err := spec.ParseS3URL(source)
+	return src.Bucket, err
 }
 
 // claim keeps the reconciler from starting a fetch of name while Verify

@@ -13,9 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/origin"
 )
 
 // pausable holds downloads while paused, so a test can look at a cache
@@ -39,7 +39,7 @@ func (o *pausable) resume() {
 	o.gate = nil
 }
 
-func (o *pausable) Download(ctx context.Context, obj s3origin.Object, dst s3origin.File, plan s3origin.Plan) error {
+func (o *pausable) Download(ctx context.Context, obj origin.Object, dst origin.File, plan origin.Plan) error {
 	o.mu.Lock()
 	gate := o.gate
 	o.mu.Unlock()
@@ -63,7 +63,9 @@ func ready(t *testing.T, d *Daemon) api.CacheStatus {
 // TestVerifyRepairsFlippedByte: `cache verify` re-hashes a ready cache; an
 // intact one stays ready and nothing is fetched, a flipped byte is found,
 // the cache is not ready until that file (and only it) is fetched again.
-func TestVerifyRepairsFlippedByte(t *testing.T) {
+func TestVerifyRepairsFlippedByte(t *testing.T) { testVerifyRepairsFlippedByte(t, newFixture) }
+
+func testVerifyRepairsFlippedByte(t *testing.T, newFixture func(*testing.T, map[string]int) *fixture) {
 	fx := newFixture(t, map[string]int{"a.safetensors": 1 << 20, "b.safetensors": 300 << 10})
 	var s3Bytes atomic.Int64
 	org := &pausable{Origin: fx.origin(t, func(n int) { s3Bytes.Add(int64(n)) })}

@@ -4,9 +4,17 @@
 //
 // The reconcile loop decides in a pure function (plan) and acts at the
 // edges: each model cache is fetched by its own goroutine, which lists the
-// source, downloads only missing parts (recording each finished part so a
-// restart resumes), verifies every file against what S3 offers and publishes
-// the revision atomically. A cache is reported ready only after that.
+// source, keeps the files the spec's include/exclude patterns ask for,
+// downloads only missing parts (recording each finished part so a restart
+// resumes), verifies every file against the digest its origin holds and
+// publishes the revision atomically. A cache is reported ready only after
+// that.
+//
+// The daemon reads sources through origin.Origin, one per scheme
+// (origin.Mux: s3:// through internal/s3origin, hf:// through
+// internal/hforigin), and imports neither: every origin pins what it lists
+// (ETag and version, or the Hub commit), so a changed source is a new
+// revision (RevisionID), never a mix.
 //
 // Published files are checked again (check.go): by stat at start and at
 // each resync, by a full re-hash on request (Verify); a damaged cache goes
@@ -34,6 +42,7 @@ import (
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/origin"
 	"github.com/warmfleet/warmfleet/spec"
 )
 
@@ -90,10 +99,10 @@ type Daemon struct {
 	// Base gives the daemon its config, state, store, metrics and desired
 	// state (and the methods Desired and Registry).
 	*Base
-	log    *slog.Logger
-	clock  func() time.Time
-	origin Origin
-	kick   chan struct{}
+	log     *slog.Logger
+	clock   func() time.Time
+	origins origin.Mux
+	kick    chan struct{}
 	// fleet is nil for a daemon without gossip.
 	fleet Fleet
 	// images is nil when the image cache is off.
@@ -223,11 +232,13 @@ type Deps struct {
 	Images ImageCache
 }
 
-// New builds the daemon on b; origin fetches model files. Once New
-// succeeds the daemon owns b (Close closes it); on an error b stays open.
-func New(b *Base, org Origin, deps Deps) (*Daemon, error) {
+// New builds the daemon on b; origins fetch model files, each the sources
+// of its scheme (a spec whose scheme has none fails its fetches, naming the
+// schemes this daemon reads). Once New succeeds the daemon owns b (Close
+// closes it); on an error b stays open.
+func New(b *Base, origins origin.Mux, deps Deps) (*Daemon, error) {
 	d := &Daemon{
-		Base: b, log: b.cfg.Logger, clock: b.cfg.Clock, origin: org, fleet: deps.Fleet,
+		Base: b, log: b.cfg.Logger, clock: b.cfg.Clock, origins: origins, fleet: deps.Fleet,
 		kick: make(chan struct{}, 1), fetches: map[string]*fetch{},
 		held: map[string]cacheRecord{}, claimed: map[string]spec.Spec{},
 	}
@@ -561,7 +572,7 @@ func (d *Daemon) status(s spec.Spec, rec cacheRecord, targeted bool) api.CacheSt
 		Name: s.Name, Source: s.Source, Revision: s.Revision, RevisionID: rec.RevisionID, State: rec.State,
 		Files: len(rec.Files), BytesDone: rec.BytesDone, BytesTotal: rec.BytesTotal, Error: rec.Error,
 		Attempts: rec.Attempts, UpdatedAt: rec.UpdatedAt, ReadyAt: rec.ReadyAt, Targets: s.Targets,
-		NeedsAction: rec.NeedsAction, FilesChanged: rec.FilesChanged,
+		NeedsAction: rec.NeedsAction, FilesChanged: rec.FilesChanged, Commit: pinnedCommit(s.Source, rec.Files),
 	}
 	if rec.Error != "" {
 		st.NextTry = rec.NextTry
@@ -596,5 +607,25 @@ func (d *Daemon) Node() (api.NodeInfo, error) {
 	}, nil
 }
 
-// AddS3Bytes counts bytes read from S3 (the origin's OnBytes hook).
-func (d *Daemon) AddS3Bytes(n int) { d.metrics.s3Bytes.Add(int64(n)) }
+// AddOriginBytes counts bytes read from the origin of a source kind ("s3",
+// "hf"): the origins' OnBytes hook.
+func (d *Daemon) AddOriginBytes(kind string, n int) {
+	if kind == "s3" {
+		d.metrics.s3Bytes.Add(int64(n))
+	}
+	d.metrics.originBytes.WithLabelValues(kind).Add(float64(n))
+}
+
+// pinnedCommit is the commit the files of an hf:// source were read at
+// (their VersionID, one for all), or "" for other sources.
+func pinnedCommit(source string, files []fileRecord) string {
+	if origin.Scheme(source) != "hf" || len(files) == 0 {
+		return ""
+	}
+	for _, f := range files[1:] {
+		if f.VersionID != files[0].VersionID {
+			return ""
+		}
+	}
+	return files[0].VersionID
+}

@@ -17,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	bolt "go.etcd.io/bbolt"
 
@@ -25,24 +27,36 @@ import (
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+	"github.com/warmfleet/warmfleet/origin"
+	"github.com/warmfleet/warmfleet/origin/memorigin"
 	"github.com/warmfleet/warmfleet/spec"
 )
 
 const testPartSize = 1 << 20
 
-// fixture is a real S3 server holding one model, and a way to build daemons
-// against it.
+// fixture is an origin holding one model, and a way to build daemons
+// against it: in memory (newFixture), or a real S3 server (newS3Fixture, in
+// s3_test.go) for the tests that run on both.
 type fixture struct {
-	s3     *testenv.S3
+	mem    *memorigin.Origin // nil on S3
+	s3     *testenv.S3       // nil in memory
 	bucket string
 	files  map[string][]byte
 }
 
+// newFixture holds files in an in-memory origin (origin/memorigin, which
+// passes the conformance suite the S3 client passes).
 func newFixture(t *testing.T, files map[string]int) *fixture {
 	t.Helper()
-	s := testenv.StartS3(t)
-	fx := &fixture{s3: s, bucket: "models", files: map[string][]byte{}}
-	s.CreateBucket(t, fx.bucket)
+	fx := &fixture{mem: memorigin.New(memorigin.Options{PartSize: testPartSize}), bucket: "models"}
+	fx.mem.CreateBucket(fx.bucket)
+	return fx.fill(t, files)
+}
+
+// fill puts files of random bytes under llama/.
+func (fx *fixture) fill(t *testing.T, files map[string]int) *fixture {
+	t.Helper()
+	fx.files = map[string][]byte{}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for name, size := range files {
 		data := make([]byte, size)
@@ -54,14 +68,40 @@ func newFixture(t *testing.T, files map[string]int) *fixture {
 	return fx
 }
 
+// put stores an object; one under llama/ is also a file the model should
+// hold.
 func (fx *fixture) put(t *testing.T, key string, data []byte) {
 	t.Helper()
-	fx.s3.PutObject(t, fx.bucket, key, bytes.NewReader(data), int64(len(data)))
-	fx.files[strings.TrimPrefix(key, "llama/")] = data
+	if fx.s3 != nil {
+		fx.s3.PutObject(t, fx.bucket, key, bytes.NewReader(data), int64(len(data)))
+	} else {
+		fx.mem.Put(fx.bucket, key, data)
+	}
+	if name, ok := strings.CutPrefix(key, "llama/"); ok {
+		fx.files[name] = data
+	}
 }
 
-func (fx *fixture) origin(t *testing.T, onBytes func(int)) *s3origin.Client {
+func (fx *fixture) delete(t *testing.T, key string) {
 	t.Helper()
+	if fx.s3 == nil {
+		fx.mem.Delete(fx.bucket, key)
+		return
+	}
+	// Error, not Fatal: origins wrapped by tests delete from their own
+	// goroutines.
+	if _, err := fx.s3.Client(t).DeleteObject(context.Background(), &s3.DeleteObjectInput{Bucket: aws.String(fx.bucket), Key: aws.String(key)}); err != nil {
+		t.Error(err)
+	}
+}
+
+// origin is a client of the fixture's origin counting the object bytes it
+// reads with onBytes (nil: none).
+func (fx *fixture) origin(t *testing.T, onBytes func(int)) Origin {
+	t.Helper()
+	if fx.s3 == nil {
+		return fx.mem.With(memorigin.Options{PartSize: testPartSize, OnBytes: onBytes})
+	}
 	c, err := s3origin.New(t.Context(), s3origin.Options{
 		Endpoint: fx.s3.Endpoint, Region: fx.s3.Region, PartSize: testPartSize, Concurrency: 4,
 		Credentials: credentials.NewStaticCredentialsProvider(fx.s3.AccessKey, fx.s3.SecretKey, ""),
@@ -70,7 +110,7 @@ func (fx *fixture) origin(t *testing.T, onBytes func(int)) *s3origin.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return s3origin.AsOrigin(c)
 }
 
 func (fx *fixture) spec() spec.Spec {
@@ -107,7 +147,8 @@ func openDaemon(t *testing.T, cfg Config, org Origin, deps Deps) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(b, org, deps)
+	// The test's one origin reads whichever scheme its sources use.
+	d, err := New(b, origin.Mux{"s3": org, "hf": org}, deps)
 	if err != nil {
 		b.Close()
 		t.Fatal(err)
@@ -159,7 +200,9 @@ func checkFiles(t *testing.T, dir string, want map[string][]byte) {
 	}
 }
 
-func TestCacheFromS3(t *testing.T) {
+func TestCache(t *testing.T) { testCache(t, newFixture) }
+
+func testCache(t *testing.T, newFixture func(*testing.T, map[string]int) *fixture) {
 	fx := newFixture(t, map[string]int{"model-00001.safetensors": 3<<20 + 17, "sub/config.json": 300, "empty.txt": 0})
 	var s3Bytes atomic.Int64
 	dir := t.TempDir()
@@ -220,7 +263,7 @@ type stopAfter struct {
 	cancel context.CancelFunc
 }
 
-func (s *stopAfter) Download(ctx context.Context, obj s3origin.Object, dst s3origin.File, plan s3origin.Plan) error {
+func (s *stopAfter) Download(ctx context.Context, obj origin.Object, dst origin.File, plan origin.Plan) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	inner := plan.OnPart
@@ -235,6 +278,10 @@ func (s *stopAfter) Download(ctx context.Context, obj s3origin.Object, dst s3ori
 }
 
 func TestRestartResumesWithoutRefetching(t *testing.T) {
+	testRestartResumesWithoutRefetching(t, newFixture)
+}
+
+func testRestartResumesWithoutRefetching(t *testing.T, newFixture func(*testing.T, map[string]int) *fixture) {
 	const size = 12 << 20
 	fx := newFixture(t, map[string]int{"model.safetensors": size})
 	dir := t.TempDir()

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+	"github.com/warmfleet/warmfleet/origin"
 )
 
 // failAfter wraps a real origin so that downloading one file fails, once
@@ -18,7 +18,7 @@ type failAfter struct {
 	others   chan struct{} // closed when the other file is complete
 }
 
-func (o *failAfter) Download(ctx context.Context, obj s3origin.Object, dst s3origin.File, plan s3origin.Plan) error {
+func (o *failAfter) Download(ctx context.Context, obj origin.Object, dst origin.File, plan origin.Plan) error {
 	if obj.Path != o.failPath {
 		err := o.Origin.Download(ctx, obj, dst, plan)
 		if err == nil {

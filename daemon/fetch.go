@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"sort"
@@ -18,28 +17,21 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/bytesize"
-	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/origin"
 	"github.com/warmfleet/warmfleet/spec"
 )
 
-// Origin is what the daemon needs from where a model's files come from.
-type Origin interface {
-	List(ctx context.Context, src spec.S3URL) ([]s3origin.Object, error)
-	Download(ctx context.Context, obj s3origin.Object, dst s3origin.File, plan s3origin.Plan) error
-	// OpenRange, NewRangeCheck and Verify serve the swarm: an origin node
-	// streams shard ranges, and every node checks the assembled file end to
-	// end, from CRCs taken as pieces arrived where the object has a CRC.
-	OpenRange(ctx context.Context, obj s3origin.Object, off, n int64) (io.ReadCloser, error)
-	NewRangeCheck(ctx context.Context, obj s3origin.Object) (*s3origin.RangeCheck, error)
-	Verify(ctx context.Context, obj s3origin.Object, r io.ReaderAt) (s3origin.Verification, error)
-}
+// Origin is what the daemon needs from where a model's files come from:
+// listing, downloads that resume, and, for the swarm, range reads (an origin
+// node streams shard ranges) and end-to-end checks of an assembled file.
+type Origin = origin.Origin
 
 // RevisionID names a revision's content: the user's label, if any, and a
 // digest of every object's path, size, ETag and version, so a changed source
 // gets a new directory and never serves stale weights.
-func RevisionID(label string, objs []s3origin.Object) string {
-	sorted := append([]s3origin.Object(nil), objs...)
+func RevisionID(label string, objs []origin.Object) string {
+	sorted := append([]origin.Object(nil), objs...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Path < sorted[j].Path })
 	h := sha256.New()
 	for _, o := range sorted {
@@ -58,6 +50,7 @@ type fetch struct {
 	d      *Daemon
 	spec   spec.Spec
 	log    *slog.Logger
+	origin Origin       // the origin of spec's source
 	done   atomic.Int64 // bytes complete, for live progress
 	cancel context.CancelFunc
 	exited chan struct{}
@@ -137,8 +130,8 @@ func (f *fetch) fail(cause error) {
 // needsAction tells whether a failed attempt's error is one that retrying
 // alone will not fix: the source or the credentials must change first.
 func needsAction(err error) bool {
-	for _, kind := range []error{s3origin.ErrEmpty, s3origin.ErrNoSuchBucket, s3origin.ErrCredentials,
-		s3origin.ErrAccessDenied, s3origin.ErrUnsafeKey} {
+	for _, kind := range []error{origin.ErrEmpty, origin.ErrNoSuchBucket, origin.ErrCredentials,
+		origin.ErrAccessDenied, origin.ErrUnsafeKey, origin.ErrNoOrigin} {
 		if errors.Is(err, kind) {
 			return true
 		}
@@ -149,13 +142,16 @@ func needsAction(err error) bool {
 // cache returns "ready" after publishing a new revision or "unchanged" when
 // the published one still matches the source.
 func (f *fetch) cache(ctx context.Context) (string, error) {
-	src, err := spec.ParseS3URL(f.spec.Source)
-	if err != nil {
+	var err error
+	if f.origin, err = f.d.origins.For(f.spec.Source); err != nil {
 		return "", err
 	}
-	objs, err := f.d.origin.List(ctx, src)
+	objs, err := f.origin.List(ctx, f.spec.Source)
 	if err != nil {
-		return "", fmt.Errorf("list %s: %w", src, err)
+		return "", fmt.Errorf("list %s: %w", f.spec.Source, err)
+	}
+	if objs, err = keepFiles(f.spec, objs); err != nil {
+		return "", err
 	}
 	for _, o := range objs {
 		if err := nvme.CheckRelPath(o.Path); err != nil {
@@ -285,6 +281,18 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	return "ready", f.d.state.deleteManifests(f.spec.Name, []string{rec.RevisionID, rec.Updating}, revision)
 }
 
+// keepFiles keeps the objects the spec's include/exclude patterns ask for.
+func keepFiles(s spec.Spec, objs []origin.Object) ([]origin.Object, error) {
+	if len(s.Include) == 0 && len(s.Exclude) == 0 {
+		return objs, nil
+	}
+	kept := slices.DeleteFunc(slices.Clone(objs), func(o origin.Object) bool { return !s.Keeps(o.Path) })
+	if len(kept) == 0 {
+		return nil, fmt.Errorf("list %s: %w: none of its %d files matches include %q / exclude %q", s.Source, origin.ErrEmpty, len(objs), s.Include, s.Exclude)
+	}
+	return kept, nil
+}
+
 // publishExisting makes a revision that is already published current
 // again; false means it is not on disk. The check and the link swap happen
 // under revMu, so the revision cannot be pruned as it becomes current.
@@ -336,7 +344,7 @@ func (f *fetch) markReady(revision string, rec cacheRecord, path string) error {
 
 // fetchFile downloads the parts of one object that no earlier run finished,
 // recording each finished part so a restart resumes after it.
-func (f *fetch) fetchFile(ctx context.Context, stage *nvme.Staging, revision string, obj s3origin.Object, fr fileRecord) error {
+func (f *fetch) fetchFile(ctx context.Context, stage *nvme.Staging, revision string, obj origin.Object, fr fileRecord) error {
 	file, err := stage.OpenFile(fr.Path, fr.Size)
 	if err != nil {
 		return err
@@ -346,7 +354,7 @@ func (f *fetch) fetchFile(ctx context.Context, stage *nvme.Staging, revision str
 		return err
 	}
 	partSize := f.d.cfg.PartSize
-	for i := range s3origin.Parts(fr.Size, partSize) {
+	for i := range origin.Parts(fr.Size, partSize) {
 		if done.has(i) {
 			f.done.Add(min(partSize, fr.Size-int64(i)*partSize))
 		}
@@ -367,7 +375,7 @@ func (f *fetch) fetchFile(ctx context.Context, stage *nvme.Staging, revision str
 		}
 		lastFlush = f.d.now()
 	}
-	plan := s3origin.Plan{
+	plan := origin.Plan{
 		Done: done.has,
 		OnPart: func(part int, n int64) {
 			f.done.Add(n)
@@ -381,10 +389,10 @@ func (f *fetch) fetchFile(ctx context.Context, stage *nvme.Staging, revision str
 		},
 	}
 	dst := &countingFile{File: file, written: f.d.metrics.written.Add}
-	err = f.d.origin.Download(ctx, obj, dst, plan)
+	err = f.origin.Download(ctx, obj, dst, plan)
 	mu.Lock()
 	defer mu.Unlock()
-	if errors.Is(err, s3origin.ErrCorrupt) {
+	if errors.Is(err, origin.ErrCorrupt) {
 		// The bytes on disk do not match the source: start this file over.
 		done = nil
 		if derr := f.d.state.putParts(f.spec.Name, revision, fr.Path, nil); derr != nil {
@@ -405,7 +413,7 @@ const partFlushInterval = 2 * time.Second
 
 // countingFile counts the bytes written through it.
 type countingFile struct {
-	s3origin.File
+	origin.File
 	written func(float64)
 }
 

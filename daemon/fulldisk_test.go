@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+	"github.com/warmfleet/warmfleet/origin"
 )
 
 // logCounter is a slog handler that counts records by message.
@@ -96,7 +96,7 @@ type gatedDownload struct {
 	waiting atomic.Int64
 }
 
-func (o *gatedDownload) Download(ctx context.Context, obj s3origin.Object, dst s3origin.File, plan s3origin.Plan) error {
+func (o *gatedDownload) Download(ctx context.Context, obj origin.Object, dst origin.File, plan origin.Plan) error {
 	o.waiting.Add(1)
 	select {
 	case <-o.gate:

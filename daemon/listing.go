@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/s3origin"
+	"github.com/warmfleet/warmfleet/origin"
 	"github.com/warmfleet/warmfleet/spec"
 )
 
@@ -39,7 +39,7 @@ type listingVerdict struct {
 // source moved (another file set is then expected); when the file set is
 // the recorded one; and when it differs but the previous attempt saw the
 // same listing. It is pure, so every rule is a table test.
-func judgeListing(rec cacheRecord, s spec.Spec, objs []s3origin.Object, now time.Time) listingVerdict {
+func judgeListing(rec cacheRecord, s spec.Spec, objs []origin.Object, now time.Time) listingVerdict {
 	if len(rec.Files) == 0 || rec.Spec.Source != s.Source {
 		return listingVerdict{accept: true, record: rec.Listing != "", change: rec.FilesChanged}
 	}
@@ -63,7 +63,7 @@ func judgeListing(rec cacheRecord, s spec.Spec, objs []s3origin.Object, now time
 }
 
 // fileSetDiff lists the paths that went from old and came in objs, sorted.
-func fileSetDiff(old []fileRecord, objs []s3origin.Object) (gone, came []string) {
+func fileSetDiff(old []fileRecord, objs []origin.Object) (gone, came []string) {
 	had := make(map[string]bool, len(old))
 	for _, f := range old {
 		had[f.Path] = true

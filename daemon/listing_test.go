@@ -7,22 +7,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
-
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/testutil/testclock"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+	"github.com/warmfleet/warmfleet/origin"
 )
 
 func TestJudgeListing(t *testing.T) {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	s := model("a", "s3://bkt/a/")
-	objs := func(paths ...string) []s3origin.Object {
-		var out []s3origin.Object
+	objs := func(paths ...string) []origin.Object {
+		var out []origin.Object
 		for _, p := range paths {
-			out = append(out, s3origin.Object{Key: "a/" + p, Path: p, Size: 1, ETag: "e"})
+			out = append(out, origin.Object{Key: "a/" + p, Path: p, Size: 1, ETag: "e"})
 		}
 		return out
 	}
@@ -37,7 +34,7 @@ func TestJudgeListing(t *testing.T) {
 	tests := []struct {
 		name                string
 		rec                 cacheRecord
-		objs                []s3origin.Object
+		objs                []origin.Object
 		accept, record      bool
 		gone, came          []string
 		confirmed, noChange bool
@@ -79,7 +76,7 @@ type deleteMidDownload struct {
 	path   string
 }
 
-func (o *deleteMidDownload) Download(ctx context.Context, obj s3origin.Object, dst s3origin.File, plan s3origin.Plan) error {
+func (o *deleteMidDownload) Download(ctx context.Context, obj origin.Object, dst origin.File, plan origin.Plan) error {
 	if obj.Path == o.path {
 		o.once.Do(o.delete)
 	}
@@ -91,15 +88,11 @@ func (o *deleteMidDownload) Download(ctx context.Context, obj s3origin.Object, d
 // the one after agrees, and the status shows which file went. A file that
 // comes back before that is no change; one that stays gone makes a new
 // revision without it (checked on a ready cache, at resync).
-func TestObjectDeletedMidDownload(t *testing.T) {
+func TestObjectDeletedMidDownload(t *testing.T) { testObjectDeletedMidDownload(t, newFixture) }
+
+func testObjectDeletedMidDownload(t *testing.T, newFixture func(*testing.T, map[string]int) *fixture) {
 	fx := newFixture(t, map[string]int{"a.safetensors": 2 << 20, "b.safetensors": 1 << 20})
-	del := func() {
-		if _, err := fx.s3.Client(t).DeleteObject(context.Background(), &s3.DeleteObjectInput{
-			Bucket: aws.String(fx.bucket), Key: aws.String("llama/b.safetensors"),
-		}); err != nil {
-			t.Error(err)
-		}
-	}
+	del := func() { fx.delete(t, "llama/b.safetensors") }
 	org := &deleteMidDownload{Origin: fx.origin(t, nil), delete: del, path: "b.safetensors"}
 	clock := testclock.New()
 	d := newDaemonCfg(t, t.TempDir(), org, func(c *Config) {

@@ -18,6 +18,7 @@ type metrics struct {
 	// s3Bytes counts bytes read from S3: warmfleet_s3_bytes_total reads it,
 	// and so does the inventory.
 	s3Bytes      atomic.Int64
+	originBytes  *prometheus.CounterVec
 	written      prometheus.Counter
 	cacheState   *prometheus.GaugeVec
 	cacheBytes   *prometheus.GaugeVec
@@ -36,6 +37,9 @@ func newMetrics() *metrics {
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
 	m := &metrics{
 		reg: reg,
+		originBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmfleet_origin_bytes_total", Help: "Bytes read from model origins, by source kind (s3, hf).",
+		}, []string{"source"}),
 		written: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "warmfleet_cache_written_bytes_total", Help: "Bytes written into the local cache.",
 		}),
@@ -65,6 +69,10 @@ func newMetrics() *metrics {
 	f(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "warmfleet_s3_bytes_total", Help: "Bytes read from S3 object bodies.",
 	}, func() float64 { return float64(m.s3Bytes.Load()) }))
+	for _, kind := range []string{"s3", "hf"} {
+		m.originBytes.WithLabelValues(kind) // shown at 0 before the first read
+	}
+	f(m.originBytes)
 	f(m.written)
 	f(m.cacheState)
 	f(m.cacheBytes)

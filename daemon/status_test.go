@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"sync/atomic"
@@ -10,9 +9,8 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
-	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
-	"github.com/warmfleet/warmfleet/spec"
+	"github.com/warmfleet/warmfleet/origin"
 )
 
 // flakyList wraps a real origin so that listing fails while fail is set, as
@@ -25,12 +23,12 @@ type flakyList struct {
 	gate   chan struct{}
 }
 
-func (o *flakyList) List(ctx context.Context, src spec.S3URL) ([]s3origin.Object, error) {
+func (o *flakyList) List(ctx context.Context, src string) ([]origin.Object, error) {
 	o.lists.Add(1)
 	if o.fail.Load() {
 		return nil, errors.New("S3 endpoint unreachable")
 	}
-	if o.gate != nil && src.String() == o.gateOn {
+	if o.gate != nil && src == o.gateOn {
 		select {
 		case <-o.gate:
 		case <-ctx.Done():
@@ -86,7 +84,7 @@ func TestFailedResyncKeepsReady(t *testing.T) {
 func TestChangedSourceNotReadyUntilFetched(t *testing.T) {
 	fx := newFixture(t, map[string]int{"model.safetensors": 1 << 20})
 	other := []byte("other weights")
-	fx.s3.PutObject(t, fx.bucket, "other/model.safetensors", bytes.NewReader(other), int64(len(other)))
+	fx.put(t, "other/model.safetensors", other)
 	org := &flakyList{Origin: fx.origin(t, nil), gateOn: "s3://" + fx.bucket + "/other/", gate: make(chan struct{})}
 	d := newDaemon(t, t.TempDir(), org)
 	run(t, d)

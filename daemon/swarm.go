@@ -20,8 +20,8 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
-	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/origin"
 	"github.com/warmfleet/warmfleet/p2p"
 )
 
@@ -143,8 +143,8 @@ func (f *fetch) useSwarm() bool {
 }
 
 // fetchFileSwarm fills one file shard by shard through the swarm, then
-// checks the whole file against what S3 says of the object.
-func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revision string, obj s3origin.Object, fr fileRecord) error {
+// checks the whole file against what its origin says of the object.
+func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revision string, obj origin.Object, fr fileRecord) error {
 	file, err := stage.OpenFile(fr.Path, fr.Size)
 	if err != nil {
 		return err
@@ -153,7 +153,7 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 		return nil
 	}
 	path := filepath.Join(stage.Dir(), fr.Path)
-	check, err := f.d.origin.NewRangeCheck(ctx, obj)
+	check, err := f.origin.NewRangeCheck(ctx, obj)
 	if err != nil {
 		return fmt.Errorf("%s: %w", fr.Path, err)
 	}
@@ -185,17 +185,17 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 		return fmt.Errorf("%s: %w", fr.Path, err)
 	}
 	filled := f.d.now()
-	var v s3origin.Verification
+	var v origin.Verification
 	if check != nil {
-		var known []s3origin.RangeCRC
+		var known []origin.RangeCRC
 		for _, s := range shards {
 			for _, p := range s.PieceCRCs() {
-				known = append(known, s3origin.RangeCRC(p))
+				known = append(known, origin.RangeCRC(p))
 			}
 		}
 		v, err = check.Verify(ctx, file, known)
 	} else {
-		v, err = f.d.origin.Verify(ctx, obj, file)
+		v, err = f.origin.Verify(ctx, obj, file)
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", fr.Path, err)
@@ -210,12 +210,12 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 // fetchShard fills one shard: as its origin from S3, from peers once some
 // member holds it complete, or, while another member is still filling it,
 // piece by piece as that member gets each piece.
-func (f *fetch) fetchShard(ctx context.Context, obj s3origin.Object, path string, sh swarmShard, pieceCRC func(uint64, []byte) uint64) (*p2p.Shard, error) {
+func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, sh swarmShard, pieceCRC func(uint64, []byte) uint64) (*p2p.Shard, error) {
 	sw := f.d.swarm
 	spec := p2p.BuildSpec{ShardID: sh.id, Name: sh.file.Path, Path: path, FileSize: sh.file.Size,
 		Offset: sh.rng.Offset, Length: sh.rng.Length, PieceLength: swarmPieceSize, Completion: sw.completes, Concurrency: originReads, PieceCRC: pieceCRC,
 		Source: func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
-			return f.d.origin.OpenRange(ctx, obj, off, n)
+			return f.origin.OpenRange(ctx, obj, off, n)
 		},
 		Peers: p2p.PeerFunc(func() []string {
 			_, addrs := f.swarmPeers()

@@ -36,10 +36,15 @@ type Spec struct {
 	// Name is the model name (for example "llama-3-8b" or "meta/llama-3-8b")
 	// or the image reference.
 	Name string `json:"name"`
-	// Source is the S3 URL of a model's files: s3://bucket/prefix/.
+	// Source is where a model's files are: s3://bucket/prefix/ or
+	// hf://org/model[@revision][/subdir] (a Hugging Face Hub repository).
 	Source string `json:"source,omitempty"`
 	// Revision is an optional user label for a model revision.
 	Revision string `json:"revision,omitempty"`
+	// Include keeps only a model's files that match one of these patterns;
+	// Exclude then drops those matching one of its own (see Keeps).
+	Include []string `json:"include,omitempty"`
+	Exclude []string `json:"exclude,omitempty"`
 	// Owner names the deployment that wants an image; several owners share it.
 	Owner   string  `json:"owner,omitempty"`
 	Targets Targets `json:"targets,omitzero"`
@@ -57,7 +62,7 @@ func (s Spec) Key() string {
 // Equal reports whether two specs ask for the same thing.
 func (s Spec) Equal(o Spec) bool {
 	return s.Kind == o.Kind && s.Name == o.Name && s.Source == o.Source && s.Revision == o.Revision &&
-		s.Owner == o.Owner && s.Targets.Nodes == o.Targets.Nodes && maps.Equal(s.Targets.Selector, o.Targets.Selector)
+		slices.Equal(s.Include, o.Include) && slices.Equal(s.Exclude, o.Exclude) && s.Owner == o.Owner && s.Targets.Nodes == o.Targets.Nodes && maps.Equal(s.Targets.Selector, o.Targets.Selector)
 }
 
 var (
@@ -79,10 +84,11 @@ func (s Spec) Validate() error {
 	case KindModel:
 		errs = append(errs, ValidateModelName(s.Name))
 		if s.Source == "" {
-			errs = append(errs, errors.New("model source is required (s3://bucket/prefix/)"))
-		} else if _, err := ParseS3URL(s.Source); err != nil {
+			errs = append(errs, errors.New("model source is required (s3://bucket/prefix/ or hf://org/model[@revision][/subdir])"))
+		} else if err := ValidateSource(s.Source); err != nil {
 			errs = append(errs, err)
 		}
+		errs = append(errs, ValidatePatterns("include", s.Include), ValidatePatterns("exclude", s.Exclude))
 		if s.Revision != "" && !revisionRE.MatchString(s.Revision) {
 			errs = append(errs, fmt.Errorf("revision %q: want letters, digits, '.', '_', '-' (at most 64)", s.Revision))
 		}
@@ -96,8 +102,8 @@ func (s Spec) Validate() error {
 		if !ownerRE.MatchString(s.Owner) {
 			errs = append(errs, fmt.Errorf("owner %q: want letters, digits, '.', '_', '/', '-'", s.Owner))
 		}
-		if s.Source != "" || s.Revision != "" {
-			errs = append(errs, errors.New("source and revision apply to models only"))
+		if s.Source != "" || s.Revision != "" || len(s.Include) > 0 || len(s.Exclude) > 0 {
+			errs = append(errs, errors.New("source, revision, include and exclude apply to models only"))
 		}
 	default:
 		errs = append(errs, fmt.Errorf("kind %q: want %q or %q", s.Kind, KindModel, KindImage))

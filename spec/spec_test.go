@@ -27,6 +27,14 @@ func TestValidate(t *testing.T) {
 		{"image upper", Spec{Kind: KindImage, Name: "Nginx", Owner: "o"}, "image reference"},
 		{"negative nodes", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Targets: Targets{Nodes: -1}}, "nodes"},
 		{"bad label", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Targets: Targets{Selector: map[string]string{"a b": "c"}}}, "label key"},
+		{"hub model", Spec{Kind: KindModel, Name: "m", Source: "hf://org/model@v1.0/sub", Include: []string{"*.safetensors", "onnx/*"}, Exclude: []string{"*.bin"}}, ""},
+		{"bad hub source", Spec{Kind: KindModel, Name: "m", Source: "hf://org"}, "Hub id"},
+		{"bad include", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Include: []string{"[a-"}}, "include pattern"},
+		{"empty exclude", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Exclude: []string{""}}, "exclude pattern"},
+		{"multiline pattern", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Include: []string{"a\nb"}}, "include pattern"},
+		{"too many patterns", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Include: make([]string, MaxPatterns+1)}, "at most 32"},
+		{"long pattern", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Include: []string{strings.Repeat("a", MaxPatternBytes+1)}}, "include pattern"},
+		{"image include", Spec{Kind: KindImage, Name: "nginx:1", Owner: "o", Include: []string{"*"}}, "models only"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -117,5 +125,30 @@ func TestParseLabels(t *testing.T) {
 		if _, err := ParseLabels([]string{bad}); err == nil {
 			t.Errorf("ParseLabels(%q) accepted", bad)
 		}
+	}
+}
+
+func TestKeeps(t *testing.T) {
+	s := Spec{Include: []string{"*.safetensors", "onnx/*", "config.json"}, Exclude: []string{"*-fp32.*", "onnx/big.onnx"}}
+	for rel, want := range map[string]bool{
+		"model.safetensors":      true,
+		"sub/model.safetensors":  true, // no '/': the base name
+		"model-fp32.safetensors": false,
+		"onnx/model.onnx":        true,
+		"onnx/big.onnx":          false,
+		"deep/onnx/model.onnx":   false, // with '/': the whole path
+		"config.json":            true,
+		"tokenizer.json":         false,
+		"README.md":              false,
+	} {
+		if got := s.Keeps(rel); got != want {
+			t.Errorf("Keeps(%q) = %v, want %v", rel, got, want)
+		}
+	}
+	if !(Spec{}).Keeps("anything/at/all") {
+		t.Error("a spec without patterns drops a file")
+	}
+	if (Spec{Include: []string{"*.json"}}).Equal(Spec{}) || !(Spec{Exclude: []string{"a"}}).Equal(Spec{Exclude: []string{"a"}}) {
+		t.Error("Equal ignores the patterns")
 	}
 }

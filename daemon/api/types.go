@@ -29,7 +29,10 @@ type CacheStatus struct {
 	// RevisionID names the cached content: the user's revision label (if
 	// any) and a digest of every object's key, size, ETag and version.
 	RevisionID string `json:"revision_id,omitempty"`
-	State      string `json:"state"`
+	// Commit is the commit an hf:// source's revision resolved to: every
+	// file of RevisionID was read at it (a moved branch is a new revision).
+	Commit string `json:"commit,omitempty"`
+	State  string `json:"state"`
 	// Ready is true only when every file of the revision is complete,
 	// verified and published; Path is then its local directory.
 	Ready      bool   `json:"ready"`
@@ -118,12 +121,15 @@ type AddCacheRequest struct {
 	Name     string       `json:"name"`
 	Source   string       `json:"source"`
 	Revision string       `json:"revision,omitempty"`
+	Include  []string     `json:"include,omitempty"`
+	Exclude  []string     `json:"exclude,omitempty"`
 	Targets  spec.Targets `json:"targets,omitzero"`
 }
 
 // Spec converts the request to a desired-state spec.
 func (r AddCacheRequest) Spec() spec.Spec {
-	return spec.Spec{Kind: spec.KindModel, Name: r.Name, Source: r.Source, Revision: r.Revision, Targets: r.Targets}
+	return spec.Spec{Kind: spec.KindModel, Name: r.Name, Source: r.Source, Revision: r.Revision,
+		Include: r.Include, Exclude: r.Exclude, Targets: r.Targets}
 }
 
 // NodeInfo describes the daemon (GET /v1/node).

@@ -153,6 +153,8 @@ type CacheStatus struct {
 	BytesDone  int64  `json:"bytes_done"`
 	BytesTotal int64  `json:"bytes_total"`
 	Error      string `json:"error"`
+	// Commit is the Hub commit an hf:// cache was read at.
+	Commit string `json:"commit"`
 }
 
 // CacheAdd runs `warmfleet cache add NAME --source SOURCE --wait -o json`

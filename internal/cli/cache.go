@@ -90,12 +90,14 @@ func runCacheAdd(ctx context.Context, e *Env, args []string) error {
 	fs := newFlagSet(e, "cache add")
 	var c clientFlags
 	c.register(fs, true)
-	source := fs.String("source", "", "S3 folder of the model's files: s3://bucket/prefix/")
+	source := fs.String("source", "", "where the model's files are: s3://bucket/prefix/ or hf://org/model[@revision][/subdir] (a Hub revision is pinned to its commit)")
 	revision := fs.String("revision", "", "revision label (the cache also keys on every object's ETag and version)")
 	wait := fs.Bool("wait", false, "wait until the cache is ready on this node")
 	timeout := fs.Duration("timeout", 0, "with --wait: give up after this long (0 = never)")
-	var selector listFlag
+	var selector, include, exclude listFlag
 	fs.Var(&selector, "selector", "only nodes with this label k=v (repeatable)")
+	fs.Var(&include, "include", "only files matching this pattern, e.g. '*.safetensors' (a pattern with '/' matches the path, one without the base name; repeatable)")
+	fs.Var(&exclude, "exclude", "no files matching this pattern (after --include; repeatable)")
 	nodes := fs.Int("nodes", 0, "only this many of the eligible nodes (0 = all)")
 	name, err := oneName(fs, e, args, "cache add")
 	if err != nil {
@@ -108,7 +110,8 @@ func runCacheAdd(ctx context.Context, e *Env, args []string) error {
 	if err != nil {
 		return usageError("--selector: %v", err)
 	}
-	req := api.AddCacheRequest{Name: name, Source: *source, Revision: *revision, Targets: spec.Targets{Selector: sel, Nodes: *nodes}}
+	req := api.AddCacheRequest{Name: name, Source: *source, Revision: *revision, Include: include, Exclude: exclude,
+		Targets: spec.Targets{Selector: sel, Nodes: *nodes}}
 	if err := req.Spec().Validate(); err != nil {
 		return usageError("%v", err)
 	}
@@ -414,8 +417,12 @@ func printTable(w io.Writer, all []api.CacheStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSTATE\tREADY\tPROGRESS\tSIZE\tREVISION\tPATH\tERROR")
 	for _, st := range all {
+		rev := st.RevisionID
+		if st.Commit != "" {
+			rev += " @" + st.Commit // the Hub commit every file was read at
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%t\t%.0f%%\t%s\t%s\t%s\t%s\n", st.Name, st.State, st.Ready, percent(st.BytesDone, st.BytesTotal),
-			bytesize.Format(st.BytesTotal), st.RevisionID, st.Path, st.Error)
+			bytesize.Format(st.BytesTotal), rev, st.Path, st.Error)
 	}
 	return tw.Flush()
 }

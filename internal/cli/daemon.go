@@ -38,6 +38,8 @@ type daemonFlags struct {
 	reserveFraction float64
 	partSize        byteSize
 	s3Concurrency   int
+	hfEndpoint      string
+	hfTokenFile     string
 	fileConcurrency int
 	resync          time.Duration
 	oldGrace        time.Duration
@@ -84,6 +86,8 @@ func (f *daemonFlags) register(fs *flagSet) {
 	f.partSize = s3origin.DefaultPartSize
 	fs.Var(&f.partSize, "part-size", "S3 ranged-GET part size, the unit of resume (1MiB..1GiB)")
 	fs.IntVar(&f.s3Concurrency, "s3-concurrency", s3origin.DefaultConcurrency, "parallel ranged GETs per file")
+	fs.StringVar(&f.hfEndpoint, "hf-endpoint", "", "Hugging Face Hub (or mirror) for hf:// sources (default $HF_ENDPOINT, else https://huggingface.co)")
+	fs.StringVar(&f.hfTokenFile, "hf-token-file", "", "file holding the Hub token for gated repositories (default $HF_TOKEN, else $HF_TOKEN_PATH, else $HF_HOME/token)")
 	fs.IntVar(&f.fileConcurrency, "file-concurrency", 2, "files of one model downloaded at once")
 	fs.DurationVar(&f.resync, "resync-interval", 10*time.Minute, "how often a ready cache re-lists its source to notice changes (0 = never)")
 	fs.DurationVar(&f.oldGrace, "old-revision-grace", 10*time.Minute, "how long a model's previous revision stays on disk after an update, for inference servers still loading it (0 = delete at once; deleted sooner when a download needs the space)")
@@ -165,7 +169,11 @@ func serveDaemonArgs(ctx context.Context, e *Env, args []string, origin s3origin
 	if mod != nil {
 		mod(&f)
 	}
-	return serveDaemon(ctx, log, &f, labels, addr, token, origin, started)
+	hf, err := hubOptions(&f, e.Getenv)
+	if err != nil {
+		return err
+	}
+	return serveDaemon(ctx, log, &f, labels, addr, token, origins{s3: origin, hf: hf}, started)
 }
 
 // The daemon's shutdown stages, in order (parts.Wait).
@@ -195,10 +203,10 @@ const leaveTimeout = time.Second
 // in this order: the API and metrics listeners and the watchdog; the
 // reconciler; gossip (leave the fleet); the swarm; then the image cache is
 // closed and, last, the state. The first part to fail is the error
-// returned. origin holds S3 settings beyond the SDK's standard chain (the
-// demo's embedded server); started, if not nil, is called once the API
-// listens.
-func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, addr api.Addr, token string, origin s3origin.Options, started func()) (err error) {
+// returned. opts holds the origins' settings (for S3, those beyond the
+// SDK's standard chain: the demo's embedded server; the Hub's endpoint and
+// token); started, if not nil, is called once the API listens.
+func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, addr api.Addr, token string, opts origins, started func()) (err error) {
 	ps := newParts(ctx)
 	// The swarm authenticates peers with the gossip keyring once gossip
 	// runs, so a fleet-wide key rotation reaches it too.
@@ -208,12 +216,9 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		return ps.fail(err)
 	}
 	var d *daemon.Daemon
-	origin.Concurrency, origin.PartSize = f.s3Concurrency, int64(f.partSize)
-	origin.Logger = log.With("component", "s3")
-	origin.OnBytes = func(n int) { d.AddS3Bytes(n) }
-	org, err := s3origin.New(ps.ctx, origin)
+	mux, err := opts.build(ps.ctx, log, f, func(kind string, n int) { d.AddOriginBytes(kind, n) })
 	if err != nil {
-		return ps.fail(usageError("%v", err))
+		return ps.fail(err)
 	}
 	base, err := daemon.Open(daemon.Config{
 		NodeName: f.nodeName, DataDir: f.dataDir, Labels: labels, PartSize: int64(f.partSize),
@@ -264,7 +269,7 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		defer images.Close()
 		deps.Images = images
 	}
-	if d, err = daemon.New(base, org, deps); err != nil {
+	if d, err = daemon.New(base, mux, deps); err != nil {
 		return ps.fail(err)
 	}
 	closeState = d.Close

@@ -33,7 +33,7 @@ func BenchmarkDownload(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	objs, err := c.List(b.Context(), spec.HFURL{Repo: "org/bench", Revision: "main"})
+	objs, err := c.ListHF(b.Context(), spec.HFURL{Repo: "org/bench", Revision: "main"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -59,6 +59,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
@@ -122,20 +123,23 @@ type Options struct {
 // else the file HF_TOKEN_PATH names, else $HF_HOME/token (HF_HOME defaults
 // to ~/.cache/huggingface), where they are not set already. A missing token
 // file is no error: public repositories need none.
-func (o Options) FromEnv() (Options, error) {
+func (o Options) FromEnv() (Options, error) { return o.FromGetenv(os.Getenv) }
+
+// FromGetenv is FromEnv reading the environment through getenv.
+func (o Options) FromGetenv(getenv func(string) string) (Options, error) {
 	if o.Endpoint == "" {
-		o.Endpoint = os.Getenv("HF_ENDPOINT")
+		o.Endpoint = getenv("HF_ENDPOINT")
 	}
 	if o.Token != "" {
 		return o, nil
 	}
-	if tok := strings.TrimSpace(os.Getenv("HF_TOKEN")); tok != "" {
+	if tok := strings.TrimSpace(getenv("HF_TOKEN")); tok != "" {
 		o.Token = tok
 		return o, nil
 	}
-	file := os.Getenv("HF_TOKEN_PATH")
+	file := getenv("HF_TOKEN_PATH")
 	if file == "" {
-		home := os.Getenv("HF_HOME")
+		home := getenv("HF_HOME")
 		if home == "" {
 			dir, err := os.UserHomeDir()
 			if err != nil {
@@ -222,7 +226,18 @@ type Client struct {
 	// sleep waits d or until ctx ends; tests replace it to see the delays
 	// asked for without waiting them.
 	sleep func(ctx context.Context, d time.Duration) error
+
+	// ranges holds the locators OpenRange reads files through, so a
+	// swarm origin reading a file piece by piece resolves it once.
+	rangesMu sync.Mutex
+	ranges   map[locatorKey]*locator
 }
+
+// locatorKey names a file version: a commit's file and its digest.
+type locatorKey struct{ repo, commit, path, digest string }
+
+// maxRangeLocators bounds Client.ranges; past it, the map starts over.
+const maxRangeLocators = 4096
 
 // New builds a Client.
 func New(opts Options) (*Client, error) {
@@ -243,7 +258,7 @@ func New(opts Options) (*Client, error) {
 		t.DisableCompression = true
 		tr = t
 	}
-	c := &Client{opts: opts, hubHost: u.Host, sleep: s3origin.SleepCtx}
+	c := &Client{opts: opts, hubHost: u.Host, sleep: s3origin.SleepCtx, ranges: map[locatorKey]*locator{}}
 	c.api = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	c.get = &http.Client{Transport: tr, CheckRedirect: func(req *http.Request, via []*http.Request) error {
 		if len(via) >= 5 {

@@ -361,6 +361,24 @@ func (c *Client) OpenRange(ctx context.Context, obj s3origin.Object, off, n int6
 	}
 	what := fmt.Sprintf("get %s bytes %d-%d", URL(obj), off, off+n-1)
 	return s3origin.OpenStream(off, n, func(dst io.WriterAt, buf []byte) error {
-		return c.fetchRange(ctx, &locator{c: c, obj: obj}, off, off+n, what, dst, buf)
+		return c.fetchRange(ctx, c.rangeLocator(obj), off, off+n, what, dst, buf)
 	}), nil
+}
+
+// rangeLocator is the locator OpenRange reads obj through, shared by every
+// range of the same file version (the CDN address is asked once, and again
+// only when the CDN refuses it).
+func (c *Client) rangeLocator(obj s3origin.Object) *locator {
+	k := locatorKey{obj.Bucket, obj.VersionID, obj.Key, obj.ETag}
+	c.rangesMu.Lock()
+	defer c.rangesMu.Unlock()
+	if l := c.ranges[k]; l != nil {
+		return l
+	}
+	if len(c.ranges) >= maxRangeLocators {
+		clear(c.ranges)
+	}
+	l := &locator{c: c, obj: obj}
+	c.ranges[k] = l
+	return l
 }

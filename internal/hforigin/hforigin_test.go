@@ -126,7 +126,7 @@ func TestListPinsTheRevisionToACommit(t *testing.T) {
 	c2 := hub.Push("org/m", "main", map[string]hubserver.File{"config.json": {Data: []byte(`{"a":2}`)}})
 	c, _ := newClient(t, hub, Options{})
 
-	objs, err := c.List(t.Context(), mustParse(t, "hf://org/m@v1"))
+	objs, err := c.List(t.Context(), "hf://org/m@v1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,11 +147,11 @@ func TestListPinsTheRevisionToACommit(t *testing.T) {
 		t.Errorf("small file listed as %+v, want its git blob id", o)
 	}
 
-	objs, err = c.List(t.Context(), mustParse(t, "hf://org/m/onnx"))
+	objs, err = c.List(t.Context(), "hf://org/m/onnx")
 	if err == nil || !errors.Is(err, s3origin.ErrNotFound) {
 		t.Errorf("subdir missing at main's commit: got %v, %v", objs, err)
 	}
-	objs, err = c.List(t.Context(), mustParse(t, "hf://org/m@"+c1+"/onnx"))
+	objs, err = c.List(t.Context(), "hf://org/m@"+c1+"/onnx")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestListPinsTheRevisionToACommit(t *testing.T) {
 	if err != nil || got != c2 {
 		t.Errorf("main resolves to %s, %v; want %s", got, err, c2)
 	}
-	if _, err := c.List(t.Context(), mustParse(t, "hf://org/m@nope")); !errors.Is(err, s3origin.ErrNotFound) || !strings.Contains(err.Error(), "RevisionNotFound") {
+	if _, err := c.List(t.Context(), "hf://org/m@nope"); !errors.Is(err, s3origin.ErrNotFound) || !strings.Contains(err.Error(), "RevisionNotFound") {
 		t.Errorf("unknown revision: %v", err)
 	}
 }
@@ -172,7 +172,7 @@ func TestDownloadKeepsReadingThePinnedCommitWhenTheBranchMoves(t *testing.T) {
 	old := randBytes(2, 3<<20+123)
 	hub.Push("org/m", "main", map[string]hubserver.File{"w.safetensors": {Data: old, LFS: true}})
 	c, _ := newClient(t, hub, Options{Concurrency: 1})
-	objs, err := c.List(t.Context(), mustParse(t, "hf://org/m"))
+	objs, err := c.List(t.Context(), "hf://org/m")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestDownloadKeepsReadingThePinnedCommitWhenTheBranchMoves(t *testing.T) {
 	if !v.Verified || v.Method != s3origin.MethodSHA256 {
 		t.Errorf("verification %+v, want sha256", v)
 	}
-	again, err := c.List(t.Context(), mustParse(t, "hf://org/m"))
+	again, err := c.List(t.Context(), "hf://org/m")
 	if err != nil || again[0].VersionID != moved || again[0].ETag == objs[0].ETag {
 		t.Errorf("a new List after the move: %+v, %v; want commit %s", again, err, moved)
 	}
@@ -209,7 +209,7 @@ func TestDownloadRefusesBytesThatDoNotMatchTheirDigest(t *testing.T) {
 	small := []byte(`{"architectures":["X"]}`)
 	hub.Push("org/m", "main", map[string]hubserver.File{"w.bin": {Data: good, LFS: true}, "config.json": {Data: small}})
 	c, _ := newClient(t, hub, Options{})
-	objs, err := c.List(t.Context(), mustParse(t, "hf://org/m"))
+	objs, err := c.List(t.Context(), "hf://org/m")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,17 +243,17 @@ func TestTokenGoesToTheHubOnlyNeverToTheCDN(t *testing.T) {
 	hub.Gate("org/gated", "hf_secret")
 
 	anon, _ := newClient(t, hub, Options{})
-	_, err := anon.List(t.Context(), mustParse(t, "hf://org/gated"))
+	_, err := anon.List(t.Context(), "hf://org/gated")
 	if !errors.Is(err, s3origin.ErrAccessDenied) || !strings.Contains(err.Error(), "org/gated") || !strings.Contains(err.Error(), "HF_TOKEN") {
 		t.Errorf("no token: %v; want access denied naming the repo and HF_TOKEN", err)
 	}
 	wrong, _ := newClient(t, hub, Options{Token: "hf_other"})
-	if _, err = wrong.List(t.Context(), mustParse(t, "hf://org/gated")); !errors.Is(err, s3origin.ErrAccessDenied) || !strings.Contains(err.Error(), "403") {
+	if _, err = wrong.List(t.Context(), "hf://org/gated"); !errors.Is(err, s3origin.ErrAccessDenied) || !strings.Contains(err.Error(), "403") {
 		t.Errorf("wrong token: %v", err)
 	}
 
 	c, _ := newClient(t, hub, Options{Token: "hf_secret"})
-	objs, err := c.List(t.Context(), mustParse(t, "hf://org/gated"))
+	objs, err := c.List(t.Context(), "hf://org/gated")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +297,7 @@ func TestIncludeExclude(t *testing.T) {
 		{nil, []string{"*.bin", "*.md"}, "a.safetensors,config.json,sub/b.safetensors,sub/extra.json"},
 	} {
 		c, _ := newClient(t, hub, Options{Include: tc.include, Exclude: tc.exclude})
-		objs, err := c.List(t.Context(), mustParse(t, "hf://org/m"))
+		objs, err := c.List(t.Context(), "hf://org/m")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -310,7 +310,7 @@ func TestIncludeExclude(t *testing.T) {
 		}
 	}
 	c, _ := newClient(t, hub, Options{Include: []string{"*.gguf"}})
-	if _, err := c.List(t.Context(), mustParse(t, "hf://org/m")); !errors.Is(err, s3origin.ErrEmpty) {
+	if _, err := c.List(t.Context(), "hf://org/m"); !errors.Is(err, s3origin.ErrEmpty) {
 		t.Errorf("nothing kept: %v, want ErrEmpty", err)
 	}
 	if _, err := New(Options{Include: []string{"[x"}}); err == nil {
@@ -323,7 +323,7 @@ func TestHostileListingIsRefused(t *testing.T) {
 		hub := hubserver.New(t)
 		hub.Push("org/m", "main", map[string]hubserver.File{"ok.json": {Data: []byte("{}")}, p: {Data: []byte("x"), LFS: true}})
 		c, _ := newClient(t, hub, Options{})
-		objs, err := c.List(t.Context(), mustParse(t, "hf://org/m"))
+		objs, err := c.List(t.Context(), "hf://org/m")
 		if !errors.Is(err, s3origin.ErrUnsafeKey) {
 			t.Errorf("listing holding %q: %+v, %v; want ErrUnsafeKey", p, objs, err)
 		}
@@ -356,7 +356,7 @@ func TestThrottlingIsRetriedHonouringRetryAfter(t *testing.T) {
 	hub.Push("org/m", "main", map[string]hubserver.File{"w.bin": {Data: data, LFS: true}})
 	c, slept := newClient(t, hub, Options{})
 	hub.Throttle(2, "7")
-	objs, err := c.List(t.Context(), mustParse(t, "hf://org/m"))
+	objs, err := c.List(t.Context(), "hf://org/m")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +378,7 @@ func TestThrottlingIsRetriedHonouringRetryAfter(t *testing.T) {
 
 	hub.Throttle(100, "3600")
 	c2, slept2 := newClient(t, hub, Options{MaxAttempts: 3, MaxRetryAfter: time.Minute})
-	if _, err := c2.List(t.Context(), mustParse(t, "hf://org/m")); err == nil || !strings.Contains(err.Error(), "429") {
+	if _, err := c2.List(t.Context(), "hf://org/m"); err == nil || !strings.Contains(err.Error(), "429") {
 		t.Errorf("throttled for good: %v", err)
 	}
 	for _, d := range slept2.all() {
@@ -468,7 +468,7 @@ func TestDownloadResumesAndChecksPartsFromAnEarlierRun(t *testing.T) {
 	data := randBytes(7, 3<<20+9)
 	hub.Push("org/m", "main", map[string]hubserver.File{"w.bin": {Data: data, LFS: true}})
 	c, _ := newClient(t, hub, Options{})
-	objs, err := c.List(t.Context(), mustParse(t, "hf://org/m"))
+	objs, err := c.List(t.Context(), "hf://org/m")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -556,7 +556,7 @@ func TestUnreachableMeansNoConnection(t *testing.T) {
 	gone := httptest.NewServer(http.NotFoundHandler())
 	gone.Close()
 	c, _ := New(Options{Endpoint: gone.URL, MaxAttempts: 1})
-	if _, err := c.List(t.Context(), mustParse(t, "hf://org/m")); !errors.Is(err, s3origin.ErrUnreachable) {
+	if _, err := c.List(t.Context(), "hf://org/m"); !errors.Is(err, s3origin.ErrUnreachable) {
 		t.Errorf("List from a closed port: %v, want ErrUnreachable", err)
 	}
 	broken := c.explain(fmt.Errorf("giving up: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), "org/m", "get hf://org/m")
@@ -582,5 +582,46 @@ func TestTreePageStopsAtTheLimit(t *testing.T) {
 	}
 	if got, err := decodeTreePage([]byte(`[{"type":"file"},{"type":"directory"}]`), 8, 10); err != nil || len(got) != 2 {
 		t.Errorf("a page at the limit: %v, %v", got, err)
+	}
+}
+
+// A swarm origin reads a file piece by piece through OpenRange: the file
+// is resolved once for all its pieces, not once per piece (the Hub rate
+// limits its resolver), and asked again only when the CDN refuses the
+// address it gave.
+func TestOpenRangeResolvesAFileOnce(t *testing.T) {
+	hub := hubserver.New(t)
+	data := randBytes(9, 4<<20)
+	hub.Push("org/m", "main", map[string]hubserver.File{"w.bin": {Data: data, LFS: true}})
+	c, _ := newClient(t, hub, Options{})
+	objs, err := c.List(t.Context(), "hf://org/m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := find(t, objs, "w.bin")
+	read := func(off, n int64) {
+		t.Helper()
+		r, err := c.OpenRange(t.Context(), obj, off, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		got, err := io.ReadAll(r)
+		if err != nil || !bytes.Equal(got, data[off:off+n]) {
+			t.Fatalf("OpenRange(%d, %d): %d bytes, %v", off, n, len(got), err)
+		}
+	}
+	before := hub.Stats().Resolves
+	const piece = 256 << 10
+	for off := int64(0); off < int64(len(data)); off += piece {
+		read(off, piece)
+	}
+	if n := hub.Stats().Resolves - before; n != 1 {
+		t.Errorf("%d pieces resolved the file %d times, want once", len(data)/piece, n)
+	}
+	hub.ExpireCDN(1)
+	read(0, piece)
+	if n := hub.Stats().Resolves - before; n != 2 {
+		t.Errorf("after the CDN refused the address: %d resolves in all, want 2", n)
 	}
 }

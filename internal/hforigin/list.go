@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"path"
 	"regexp"
 	"strings"
 	"time"
@@ -22,14 +21,14 @@ var (
 	sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
 
-// List resolves src's revision to a commit and returns every file under
+// ListHF resolves src's revision to a commit and returns every file under
 // src's subdir at that commit that the Include/Exclude patterns keep,
 // sorted by path. Each Object has Bucket = the repository, Key = the path
 // in the repository, Path = the path under the subdir, ETag = the file's
 // sha256 (LFS, 64 hex digits) or git blob id (40 hex digits) and VersionID
 // = the commit every read is pinned to. It fails on an empty result and on
 // any name that is not a safe relative path, naming it.
-func (c *Client) List(ctx context.Context, src spec.HFURL) ([]s3origin.Object, error) {
+func (c *Client) ListHF(ctx context.Context, src spec.HFURL) ([]s3origin.Object, error) {
 	what := "list " + src.String()
 	commit, err := c.ResolveRevision(ctx, src)
 	if err != nil {
@@ -262,19 +261,6 @@ func objectsFromTree(src spec.HFURL, commit string, entries []treeEntry, include
 	return objs, nil
 }
 
-// keep applies the Include and Exclude patterns to a path under the subdir.
-func keep(rel string, include, exclude []string) bool {
-	match := func(patterns []string) bool {
-		for _, p := range patterns {
-			name := rel
-			if !strings.Contains(p, "/") {
-				name = path.Base(rel)
-			}
-			if ok, _ := path.Match(p, name); ok {
-				return true
-			}
-		}
-		return false
-	}
-	return (len(include) == 0 || match(include)) && !match(exclude)
-}
+// keep applies the Include and Exclude patterns to a path under the
+// subdir, as a daemon's spec applies its own.
+func keep(rel string, include, exclude []string) bool { return spec.MatchFiles(rel, include, exclude) }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
+	"github.com/warmfleet/warmfleet/origin"
 )
 
 // MethodGitBlob is the Verification method of a file kept in git (not
@@ -57,7 +58,7 @@ func compareDigest(obj s3origin.Object, method string, h hash.Hash, how string) 
 // is not a CRC whose ranges combine, so a copy filled piece by piece is
 // checked by Verify reading it back. It still refuses an Object that did
 // not come from List.
-func (c *Client) NewRangeCheck(_ context.Context, obj s3origin.Object) (*s3origin.RangeCheck, error) {
+func (c *Client) NewRangeCheck(_ context.Context, obj s3origin.Object) (origin.RangeCheck, error) {
 	if err := checkObject(obj); err != nil {
 		return nil, fmt.Errorf("range check %w", err)
 	}

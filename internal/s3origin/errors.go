@@ -12,32 +12,23 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/smithy-go"
+
+	"github.com/warmfleet/warmfleet/origin"
 )
 
 // Kinds of failure a caller may act on (errors.Is works on every error this
-// package returns).
+// package returns): package origin's, so every origin's errors read alike.
 var (
-	// ErrCredentials: S3 rejected the access key or signature.
-	ErrCredentials = errors.New("S3 rejected the credentials")
-	// ErrAccessDenied: the credentials are valid but lack permission.
-	ErrAccessDenied = errors.New("access denied")
-	// ErrNoSuchBucket: the bucket does not exist.
-	ErrNoSuchBucket = errors.New("no such bucket")
-	// ErrNotFound: the object (or version) does not exist (any more).
-	ErrNotFound = errors.New("object not found")
-	// ErrUnreachable: the endpoint could not be reached.
-	ErrUnreachable = errors.New("S3 endpoint unreachable")
-	// ErrSourceChanged: the object changed while it was being fetched.
-	ErrSourceChanged = errors.New("source object changed")
-	// ErrCorrupt: the local copy does not match the object's checksum.
-	ErrCorrupt = errors.New("local copy does not match the source")
-	// ErrEmpty: nothing to fetch under the prefix.
-	ErrEmpty = errors.New("no objects")
-	// ErrUnsafeKey: a key cannot be mapped to a safe local path.
-	ErrUnsafeKey = errors.New("unsafe object key")
-	// ErrServer: the server answered in a way S3 never does (ignored a
-	// Range, returned the wrong length).
-	ErrServer = errors.New("S3 server misbehaved")
+	ErrCredentials   = origin.ErrCredentials
+	ErrAccessDenied  = origin.ErrAccessDenied
+	ErrNoSuchBucket  = origin.ErrNoSuchBucket
+	ErrNotFound      = origin.ErrNotFound
+	ErrUnreachable   = origin.ErrUnreachable
+	ErrSourceChanged = origin.ErrSourceChanged
+	ErrCorrupt       = origin.ErrCorrupt
+	ErrEmpty         = origin.ErrEmpty
+	ErrUnsafeKey     = origin.ErrUnsafeKey
+	ErrServer        = origin.ErrServer
 )
 
 // errorCode returns the S3 error code and HTTP status of err, if any.

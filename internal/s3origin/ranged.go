@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/warmfleet/warmfleet/origin"
 )
 
 // The ranged-download machinery of this file is shared with
@@ -21,22 +23,12 @@ import (
 // whatever the part and object sizes.
 const bufSize = 1 << 20
 
-// Parts is the number of parts of partSize bytes an object of size bytes is
-// split into (the last one may be shorter). Zero for an empty object.
-func Parts(size, partSize int64) int {
-	if size <= 0 || partSize <= 0 {
-		return 0
-	}
-	return int((size-1)/partSize + 1) // size+partSize-1 could overflow
-}
+// Parts is origin.Parts.
+func Parts(size, partSize int64) int { return origin.Parts(size, partSize) }
 
-// PartRange is the offset and length of part in an object of size bytes.
+// PartRange is origin.PartRange.
 func PartRange(part int, size, partSize int64) (off, n int64) {
-	off = int64(part) * partSize
-	if part < 0 || off >= size {
-		return 0, 0
-	}
-	return off, min(partSize, size-off)
+	return origin.PartRange(part, size, partSize)
 }
 
 // FetchParts calls fetch for each part with concurrency workers, each with

@@ -167,7 +167,7 @@ func TestListErrors(t *testing.T) {
 		{"missing bucket", s.Endpoint, credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
 			spec.S3URL{Bucket: "nope", Prefix: "m/"}, ErrNoSuchBucket, "no such bucket at " + s.Endpoint},
 		{"wrong access key", s.Endpoint, credentials.NewStaticCredentialsProvider("wrongkey", s.SecretKey, ""),
-			spec.S3URL{Bucket: bucket, Prefix: "m/"}, ErrCredentials, "S3 rejected the credentials"},
+			spec.S3URL{Bucket: bucket, Prefix: "m/"}, ErrCredentials, "rejected the credentials"},
 		{"wrong secret", s.Endpoint, credentials.NewStaticCredentialsProvider(s.AccessKey, "wrongsecret", ""),
 			spec.S3URL{Bucket: bucket, Prefix: "m/"}, ErrCredentials, "SignatureDoesNotMatch"},
 		{"unreachable", "http://" + testenv.FreeAddr(t), credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),

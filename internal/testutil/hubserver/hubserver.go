@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -73,8 +74,13 @@ type repo struct {
 	commits map[string]map[string]File
 }
 
-// New starts a Hub and a CDN, closed when t ends.
-func New(t testing.TB) *Server {
+// New starts a Hub and a CDN on loopback, closed when t ends.
+func New(t testing.TB) *Server { return NewOn(t, nil, nil) }
+
+// NewOn is New serving the Hub on hubLn and the CDN on cdnLn (a netns
+// host's listeners, say, for daemons on other hosts to reach); a nil one
+// listens on loopback.
+func NewOn(t testing.TB, hubLn, cdnLn net.Listener) *Server {
 	s := &Server{repos: map[string]*repo{}, blobs: map[string][]byte{}, PageSize: 1000}
 	api := http.NewServeMux()
 	api.HandleFunc("GET /api/models/{org}/{name}/revision/{rev}", s.modelInfo)
@@ -82,16 +88,28 @@ func New(t testing.TB) *Server {
 	api.HandleFunc("GET /api/models/{org}/{name}/tree/{rev}/{path...}", s.tree)
 	files := http.NewServeMux()
 	files.HandleFunc("GET /{org}/{name}/resolve/{rev}/{path...}", s.resolve)
-	s.Hub = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.Hub = start(hubLn, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/api/") {
 			api.ServeHTTP(w, r)
 		} else {
 			files.ServeHTTP(w, r)
 		}
 	}))
-	s.CDN = httptest.NewServer(http.HandlerFunc(s.cdn))
+	s.CDN = start(cdnLn, http.HandlerFunc(s.cdn))
 	t.Cleanup(func() { s.Hub.Close(); s.CDN.Close() })
 	return s
+}
+
+// start serves h on ln, or on loopback when ln is nil.
+func start(ln net.Listener, h http.Handler) *httptest.Server {
+	if ln == nil {
+		return httptest.NewServer(h)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	return srv
 }
 
 // Endpoint is the Hub's base URL (what HF_ENDPOINT would hold).
