@@ -104,6 +104,11 @@ type Daemon struct {
 	// makes one of them current again, so a revision is never deleted as it
 	// becomes current.
 	revMu sync.Mutex
+	// applyMu runs applies one at a time (Apply).
+	applyMu sync.Mutex
+	// applyDir is the watched directory; nil when none.
+	applyDirMu sync.Mutex
+	applyDir   *applyDir
 
 	mu      sync.Mutex
 	fetches map[string]*fetch
@@ -501,9 +506,12 @@ func overlayHeld(recs, held map[string]cacheRecord) {
 }
 
 // sameContent reports whether two model specs ask for the same files;
-// targets only decide which nodes hold them.
+// targets only decide which nodes hold them, and the capacity settings and
+// the applier how they are kept.
 func sameContent(a, b spec.Spec) bool {
-	a.Targets, b.Targets = spec.Targets{}, spec.Targets{}
+	for _, s := range []*spec.Spec{&a, &b} {
+		s.Targets, s.Pin, s.Priority, s.AppliedBy = spec.Targets{}, false, 0, ""
+	}
 	return a.Equal(b)
 }
 
@@ -527,6 +535,7 @@ func (d *Daemon) status(s spec.Spec, rec cacheRecord, targeted bool) api.CacheSt
 		Files: len(rec.Files), BytesDone: rec.BytesDone, BytesTotal: rec.BytesTotal, Error: rec.Error,
 		Attempts: rec.Attempts, UpdatedAt: rec.UpdatedAt, ReadyAt: rec.ReadyAt, Targets: s.Targets,
 		NeedsAction: rec.NeedsAction, FilesChanged: rec.FilesChanged,
+		Pin: s.Pin, Priority: s.Priority, AppliedBy: s.AppliedBy,
 	}
 	if rec.Error != "" {
 		st.NextTry = rec.NextTry

@@ -26,6 +26,9 @@ type metrics struct {
 	fetches      *prometheus.CounterVec
 	available    prometheus.Gauge
 	damaged      *prometheus.CounterVec
+	// applyDirFiles and applyDirErrors report the watched directory.
+	applyDirFiles  *prometheus.GaugeVec
+	applyDirErrors prometheus.Counter
 }
 
 var cacheStates = []string{api.StatePending, api.StateDownloading, api.StateVerifying, api.StateReady, api.StateFailed}
@@ -61,6 +64,12 @@ func newMetrics() *metrics {
 		damaged: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmfleet_cache_damaged_total", Help: "Damaged cached files (or current links) found after publish and fetched again.",
 		}, []string{"model"}),
+		applyDirFiles: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "warmfleet_apply_dir_files", Help: "Files of the watched --apply-dir by state: ok (applied) or error (not applied: see GET /v1/apply-dir).",
+		}, []string{"state"}),
+		applyDirErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmfleet_apply_dir_errors_total", Help: "Times a file of the watched --apply-dir failed to apply (counted once per content and error).",
+		}),
 	}
 	f(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "warmfleet_s3_bytes_total", Help: "Bytes read from S3 object bodies.",
@@ -73,6 +82,8 @@ func newMetrics() *metrics {
 	f(m.fetches)
 	f(m.available)
 	f(m.damaged)
+	f(m.applyDirFiles)
+	f(m.applyDirErrors)
 	return m
 }
 

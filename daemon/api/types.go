@@ -45,6 +45,10 @@ type CacheStatus struct {
 	ReadyAt   time.Time `json:"ready_at,omitzero"`
 	// Targets is what the spec asks of the fleet.
 	Targets spec.Targets `json:"targets,omitzero"`
+	// Pin, Priority and AppliedBy are the spec's (see spec.Spec).
+	Pin       bool   `json:"pin,omitempty"`
+	Priority  int    `json:"priority,omitempty"`
+	AppliedBy string `json:"applied_by,omitempty"`
 	// FilesChanged reports the last change of the source's file set.
 	FilesChanged *FileSetChange `json:"files_changed,omitempty"`
 	// Nodes holds the fleet-wide view, one entry per node, when the daemon
@@ -141,6 +145,9 @@ type Error struct {
 type Endpoint struct {
 	Model string `json:"model"`
 	URL   string `json:"url"`
+	// AppliedBy names the source that applied it (see spec.Spec); empty
+	// for one registered by hand. POST /v1/endpoints refuses it set.
+	AppliedBy string `json:"applied_by,omitempty"`
 }
 
 // Member is one fleet member as the daemon sees it (GET /v1/fleet).
@@ -214,4 +221,63 @@ type AddImageRequest struct {
 // Spec converts the request to a desired-state spec.
 func (r AddImageRequest) Spec() spec.Spec {
 	return spec.Spec{Kind: spec.KindImage, Name: r.Ref, Owner: r.Owner, Targets: r.Targets}
+}
+
+// ApplyRequest is one source's desired state (POST /v1/apply): what
+// `warmfleet apply -f` read, as specs and endpoints. The daemon plans it
+// against what it holds with the rules of package internal/manifest and,
+// unless DryRun, carries it out: specs go to the fleet's desired state,
+// endpoints to this node.
+type ApplyRequest struct {
+	// Owner names the source; what it creates records it as AppliedBy.
+	Owner string `json:"owner"`
+	// Prune deletes what Owner applied before that the request no longer
+	// names.
+	Prune  bool `json:"prune,omitempty"`
+	DryRun bool `json:"dry_run,omitempty"`
+	// Specs are model and image caches; their AppliedBy must be empty
+	// or Owner.
+	Specs     []spec.Spec `json:"specs,omitempty"`
+	Endpoints []Endpoint  `json:"endpoints,omitempty"`
+}
+
+// ApplyChange is one step of an apply: create, update or delete of a key
+// (a spec's key, or "endpoint/" and its URL).
+type ApplyChange struct {
+	Action string `json:"action"`
+	Key    string `json:"key"`
+}
+
+// ApplyResult is what an apply did, or would do when DryRun.
+type ApplyResult struct {
+	Owner     string        `json:"owner"`
+	DryRun    bool          `json:"dry_run,omitempty"`
+	Changes   []ApplyChange `json:"changes,omitempty"`
+	Unchanged int           `json:"unchanged"`
+	// Diff is the plan written for a person.
+	Diff string `json:"diff"`
+}
+
+// ApplyDirStatus is the daemon's watched directory (GET /v1/apply-dir).
+type ApplyDirStatus struct {
+	// Dir is empty when the daemon watches none.
+	Dir   string            `json:"dir,omitempty"`
+	Files []ApplyFileStatus `json:"files,omitempty"`
+}
+
+// ApplyFileStatus is one file of the watched directory: each file is its
+// own source (Owner), so a broken file changes nothing of what the others
+// or its own last good version applied.
+type ApplyFileStatus struct {
+	File  string `json:"file"`
+	Owner string `json:"owner"`
+	// Digest is the SHA-256 of the content last read.
+	Digest string `json:"digest"`
+	// Error says why that content was not applied (bad YAML, a field the
+	// schema lacks, another owner's object, the state failing); empty once
+	// it was.
+	Error     string    `json:"error,omitempty"`
+	AppliedAt time.Time `json:"applied_at,omitzero"`
+	// Objects counts the documents of the content last applied.
+	Objects int `json:"objects"`
 }

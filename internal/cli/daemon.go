@@ -58,6 +58,7 @@ type daemonFlags struct {
 	containerdNS    string
 	registryHosts   string
 	registryAuth    string
+	apply           applyDirFlags
 }
 
 func (f *daemonFlags) register(fs *flagSet) {
@@ -92,6 +93,7 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.containerdNS, "containerd-namespace", "k8s.io", "containerd namespace images are pulled into (kubelet's)")
 	fs.StringVar(&f.registryHosts, "registry-hosts-dir", "", "hosts.toml directory for registry mirrors and plain HTTP, e.g. /etc/containerd/certs.d")
 	fs.StringVar(&f.registryAuth, "registry-auth-file", "", "docker config.json with registry credentials (default ~/.docker/config.json)")
+	f.apply.register(fs)
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 }
@@ -243,6 +245,9 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		return ps.fail(err)
 	}
 	ps.start(stageReconciler, "reconciler", d.Run, nil)
+	if err := f.apply.start(ps, d); err != nil {
+		return ps.fail(err)
+	}
 	srv := apiServer(d.APIHandler(token, probes.ready.Err))
 	ps.start(stageListeners, "api server", serveHTTP(srv, ln), func() {
 		probes.serving.Store(false)
