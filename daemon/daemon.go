@@ -104,6 +104,9 @@ type Daemon struct {
 	// makes one of them current again, so a revision is never deleted as it
 	// becomes current.
 	revMu sync.Mutex
+	// evictSem runs makeRoom one at a time, so two downloads do not evict
+	// for the same bytes; a channel, so a canceled fetch stops waiting.
+	evictSem chan struct{}
 	// applyMu runs applies one at a time (Apply).
 	applyMu sync.Mutex
 	// applyDir is the watched directory; nil when none.
@@ -232,7 +235,7 @@ type Deps struct {
 func New(b *Base, org Origin, deps Deps) (*Daemon, error) {
 	d := &Daemon{
 		Base: b, log: b.cfg.Logger, clock: b.cfg.Clock, origin: org, fleet: deps.Fleet,
-		kick: make(chan struct{}, 1), fetches: map[string]*fetch{},
+		kick: make(chan struct{}, 1), fetches: map[string]*fetch{}, evictSem: make(chan struct{}, 1),
 		held: map[string]cacheRecord{}, claimed: map[string]spec.Spec{},
 	}
 	if deps.Swarm != nil {
@@ -535,7 +538,7 @@ func (d *Daemon) status(s spec.Spec, rec cacheRecord, targeted bool) api.CacheSt
 		Files: len(rec.Files), BytesDone: rec.BytesDone, BytesTotal: rec.BytesTotal, Error: rec.Error,
 		Attempts: rec.Attempts, UpdatedAt: rec.UpdatedAt, ReadyAt: rec.ReadyAt, Targets: s.Targets,
 		NeedsAction: rec.NeedsAction, FilesChanged: rec.FilesChanged,
-		Pin: s.Pin, Priority: s.Priority, AppliedBy: s.AppliedBy,
+		Pin: s.Pin, Priority: s.Priority, AppliedBy: s.AppliedBy, Space: rec.Space,
 	}
 	if rec.Error != "" {
 		st.NextTry = rec.NextTry

@@ -85,7 +85,7 @@ func needsFetch(rec cacheRecord, found bool, d spec.Spec, now time.Time, resync 
 	switch {
 	case !found, !rec.Spec.Equal(d):
 		return true
-	case rec.State == api.StateFailed:
+	case rec.State == api.StateFailed, rec.State == api.StateInsufficientSpace, rec.State == api.StateEvicted:
 		return !now.Before(rec.NextTry)
 	case rec.State == api.StateReady && rec.Error != "":
 		// A failed re-check or update is retried after its backoff, also

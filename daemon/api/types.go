@@ -19,7 +19,23 @@ const (
 	// StateNotTargeted: the cache is desired in the fleet, but its targets
 	// leave this node out, so this node will not cache it.
 	StateNotTargeted = "not-targeted"
+	// StateInsufficientSpace: the cache does not fit on this node even
+	// after evicting what it may (CacheStatus.Space has the numbers); it
+	// is tried again with backoff.
+	StateInsufficientSpace = "insufficient-space"
+	// StateEvicted: the cache's files were evicted to make room for a
+	// cache of its priority or higher; it comes back when it fits without
+	// evicting others.
+	StateEvicted = "evicted"
 )
+
+// SpaceShortage is why a cache does not fit: the bytes it needs, what is
+// free (less the reserve) and what the caches it may evict hold together.
+type SpaceShortage struct {
+	Needed    int64 `json:"needed_bytes"`
+	Free      int64 `json:"free_bytes"`
+	Evictable int64 `json:"evictable_bytes"`
+}
 
 // CacheStatus is one model cache on one node.
 type CacheStatus struct {
@@ -51,6 +67,8 @@ type CacheStatus struct {
 	AppliedBy string `json:"applied_by,omitempty"`
 	// FilesChanged reports the last change of the source's file set.
 	FilesChanged *FileSetChange `json:"files_changed,omitempty"`
+	// Space says why an insufficient-space or evicted cache does not fit.
+	Space *SpaceShortage `json:"space,omitempty"`
 	// Nodes holds the fleet-wide view, one entry per node, when the daemon
 	// is in a gossip cluster.
 	Nodes []NodeCacheStatus `json:"nodes,omitempty"`
