@@ -142,7 +142,9 @@ func (d *Daemon) syncApplyDir(ctx context.Context, ad *applyDir) {
 		}
 	}
 	for _, owner := range d.owners() {
-		if name, ok := strings.CutPrefix(owner, ad.prefix); ok && !present[name] {
+		// A name with a slash is a file of another directory below this
+		// one, which some other daemon watches.
+		if name, ok := strings.CutPrefix(owner, ad.prefix); ok && !present[name] && !strings.Contains(name, "/") {
 			gone[name] = true
 		}
 	}

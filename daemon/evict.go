@@ -115,7 +115,13 @@ func (d *Daemon) evictables(keep string) ([]evictable, error) {
 		if err != nil || n <= 0 {
 			n = rec.BytesTotal
 		}
-		out = append(out, evictable{Name: name, Bytes: n, Pin: rec.Spec.Pin, Priority: rec.Spec.Priority,
+		// The desired spec's settings are the current ones: the record's
+		// may predate a change of pin or priority.
+		s := rec.Spec
+		if cur, ok := d.desired.Get(s.Key()); ok {
+			s = cur
+		}
+		out = append(out, evictable{Name: name, Bytes: n, Pin: s.Pin, Priority: s.Priority,
 			LastUsed: lastRead(rec.Path, rec.ReadyAt)})
 	}
 	return out, nil

@@ -52,7 +52,7 @@ func plan(w world) []action {
 	for _, d := range w.desired {
 		want[d.Name] = true
 		if run, ok := w.running[d.Name]; ok {
-			if !run.Equal(d) {
+			if !sameFetch(run, d) {
 				acts = append(acts, action{kind: actCancel, name: d.Name, spec: run})
 			}
 			continue
@@ -79,6 +79,16 @@ func plan(w world) []action {
 		return acts[i].kind < acts[j].kind
 	})
 	return acts
+}
+
+// sameFetch reports whether a running fetch still does what spec d asks:
+// the capacity settings and the applier do not change what it fetches, so
+// a change of them waits for the fetch to end rather than restart it.
+func sameFetch(run, d spec.Spec) bool {
+	for _, s := range []*spec.Spec{&run, &d} {
+		s.Pin, s.Priority, s.AppliedBy = false, 0, ""
+	}
+	return run.Equal(d)
 }
 
 func needsFetch(rec cacheRecord, found bool, d spec.Spec, now time.Time, resync time.Duration) bool {
