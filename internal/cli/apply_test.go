@@ -309,3 +309,42 @@ func grepLines(s, substr string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestApplyAcrossFleet: what one daemon applies reaches the other through
+// gossip, with its owner: a diff there sees nothing to do, a prune there
+// removes it everywhere. Two daemons watching one ConfigMap (as a
+// DaemonSet's do) apply its files as one owner and agree.
+func TestApplyAcrossFleet(t *testing.T) {
+	cm := &configMapDir{t: t, dir: t.TempDir()}
+	cm.update(map[string]string{"caches.yaml": applyA})
+	g1, g2 := testenv.FreeAddr(t), testenv.FreeAddr(t)
+	dirFlags := []string{"--apply-dir", cm.dir, "--apply-interval", "50ms", "--insecure-gossip"}
+	sock1, cl1 := startApplyDaemon(t, append([]string{"--node-name", "n1", "--gossip", g1}, dirFlags...)...)
+	sock2 := startDaemon(t, append([]string{"--node-name", "n2", "--gossip", g2, "--join", g1}, dirFlags...)...)
+	cl2, err := api.NewClient(sock2, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := "apply-dir:" + filepath.Join(cm.dir, "caches.yaml")
+	both := func(what string, cond func(map[string]string) bool) {
+		t.Helper()
+		wait.For(t, what+" on both daemons", func() bool { return cond(modelOwners(t, cl1)) && cond(modelOwners(t, cl2)) })
+	}
+	both("model-a from the directory", func(m map[string]string) bool { return len(m) == 1 && m["model-a"] == owner })
+	cm.update(map[string]string{"caches.yaml": applyB})
+	both("model-b for model-a", func(m map[string]string) bool { return len(m) == 1 && m["model-b"] == owner })
+
+	file := filepath.Join(t.TempDir(), "team.yaml")
+	writeFile(t, file, applyA)
+	if code, out, errOut := applyCLI(t, sock1, "", "apply", "-f", file, "--owner", "team"); code != 0 {
+		t.Fatalf("apply on n1: exit %d\n%s%s", code, out, errOut)
+	}
+	both("model-a applied on n1", func(m map[string]string) bool { return m["model-a"] == "team" })
+	if code, out, _ := applyCLI(t, sock2, "", "diff", "-f", file, "--owner", "team"); code != 0 || !strings.Contains(out, "0 to create, 0 to update, 0 to delete, 1 unchanged") {
+		t.Fatalf("diff on n2: exit %d\n%s", code, out)
+	}
+	if code, out, errOut := applyCLI(t, sock2, "", "apply", "-f", "-", "--owner", "team", "--prune"); code != 0 || !strings.Contains(out, "- ModelCache model-a") {
+		t.Fatalf("prune on n2: exit %d\n%s%s", code, out, errOut)
+	}
+	both("model-a pruned, model-b kept", func(m map[string]string) bool { return len(m) == 1 && m["model-b"] == owner })
+}
