@@ -327,6 +327,8 @@ func TestAPI(t *testing.T) {
 		{"hostile name", "POST", "/v1/caches", `{"name":"../etc","source":"s3://bkt/p/"}`, true, 400, "model name"},
 		{"add", "POST", "/v1/caches", `{"name":"org/m","source":"s3://bkt/p/"}`, true, 202, `"state": "pending"`},
 		{"get org name", "GET", "/v1/caches/org/m", "", true, 200, `"ready": false`},
+		{"add pinned", "POST", "/v1/caches", `{"name":"p","source":"s3://bkt/p/","pin":true,"priority":7}`, true, 202, `"priority": 7`},
+		{"priority out of range", "POST", "/v1/caches", `{"name":"p","source":"s3://bkt/p/","priority":1001}`, true, 400, "priority 1001"},
 		{"get missing", "GET", "/v1/caches/nope", "", true, 404, "not in the cache"},
 		{"rm missing", "DELETE", "/v1/caches/nope", "", true, 404, "not a desired cache"},
 		{"verify not fetched", "POST", "/v1/verify/org/m", "", true, 404, "not in the cache"},

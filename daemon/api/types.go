@@ -134,11 +134,15 @@ type AddCacheRequest struct {
 	Source   string       `json:"source"`
 	Revision string       `json:"revision,omitempty"`
 	Targets  spec.Targets `json:"targets,omitzero"`
+	// Pin and Priority are the capacity settings (see spec.Spec).
+	Pin      bool `json:"pin,omitempty"`
+	Priority int  `json:"priority,omitempty"`
 }
 
 // Spec converts the request to a desired-state spec.
 func (r AddCacheRequest) Spec() spec.Spec {
-	return spec.Spec{Kind: spec.KindModel, Name: r.Name, Source: r.Source, Revision: r.Revision, Targets: r.Targets}
+	return spec.Spec{Kind: spec.KindModel, Name: r.Name, Source: r.Source, Revision: r.Revision, Targets: r.Targets,
+		Pin: r.Pin, Priority: r.Priority}
 }
 
 // NodeInfo describes the daemon (GET /v1/node).
