@@ -1,8 +1,6 @@
 package daemon
 
 import (
-	"io"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -16,16 +14,6 @@ func TestApplyAPIBadRequests(t *testing.T) {
 	t.Cleanup(func() { d.Close() })
 	srv := httptest.NewServer(d.Handler(""))
 	defer srv.Close()
-	do := func(method, path, body string) (int, string) {
-		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
 	const model = `{"kind":"model","name":"m","source":"s3://bkt/m/"}`
 	for _, tt := range []struct {
 		name, method, path, body string
@@ -50,7 +38,7 @@ func TestApplyAPIBadRequests(t *testing.T) {
 		{"apply dir off", "GET", "/v1/apply-dir", "", 200, "{}"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			code, body := do(tt.method, tt.path, tt.body)
+			code, body := httpDo(t, tt.method, srv.URL+tt.path, tt.body, "")
 			if code != tt.code || !strings.Contains(body, tt.contains) {
 				t.Fatalf("%s %s = %d %q, want %d containing %q", tt.method, tt.path, code, body, tt.code, tt.contains)
 			}

@@ -299,17 +299,11 @@ func TestAPI(t *testing.T) {
 	srv := httptest.NewServer(d.Handler("secret-token-123456"))
 	defer srv.Close()
 	do := func(method, path, body string, auth bool) (int, string) {
-		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		token := ""
 		if auth {
-			req.Header.Set("Authorization", "Bearer secret-token-123456")
+			token = "secret-token-123456"
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return httpDo(t, method, srv.URL+path, body, token)
 	}
 	tests := []struct {
 		name, method, path, body string
@@ -346,6 +340,26 @@ func TestAPI(t *testing.T) {
 			}
 		})
 	}
+}
+
+// httpDo sends one request (with a bearer token, if not empty) and
+// returns the answer's code and body.
+func httpDo(t *testing.T, method, url, body, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // TestStateMigratesPieces opens a state file from before the pieces bucket
