@@ -167,7 +167,6 @@ func (d *Daemon) syncApplyDir(ctx context.Context, ad *applyDir) {
 		}
 		todo = again
 	}
-	d.setApplyDirMetrics(ad)
 }
 
 // applyDirFile applies one file's content (data nil: the file is gone)
@@ -187,6 +186,9 @@ func (d *Daemon) applyDirFile(ctx context.Context, ad *applyDir, f dirFile) erro
 	}
 	ad.mu.Lock()
 	defer ad.mu.Unlock()
+	// The metrics move with the status, under one lock: whoever sees the
+	// one sees the other.
+	defer d.setApplyDirMetricsLocked(ad)
 	prev := ad.files[f.name]
 	if err == nil && f.data == nil {
 		delete(ad.files, f.name)
@@ -212,9 +214,7 @@ func (d *Daemon) applyDirFile(ctx context.Context, ad *applyDir, f dirFile) erro
 	return err
 }
 
-func (d *Daemon) setApplyDirMetrics(ad *applyDir) {
-	ad.mu.Lock()
-	defer ad.mu.Unlock()
+func (d *Daemon) setApplyDirMetricsLocked(ad *applyDir) {
 	var bad int
 	for _, st := range ad.files {
 		if st.Error != "" {
