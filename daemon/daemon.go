@@ -114,6 +114,14 @@ type Daemon struct {
 	// makes one of them current again, so a revision is never deleted as it
 	// becomes current.
 	revMu sync.Mutex
+	// evictSem runs makeRoom one at a time, so two downloads do not evict
+	// for the same bytes; a channel, so a canceled fetch stops waiting.
+	evictSem chan struct{}
+	// applyMu runs applies one at a time (Apply).
+	applyMu sync.Mutex
+	// applyDir is the watched directory; nil when none.
+	applyDirMu sync.Mutex
+	applyDir   *applyDir
 
 	mu      sync.Mutex
 	fetches map[string]*fetch
@@ -239,7 +247,7 @@ type Deps struct {
 func New(b *Base, origins origin.Mux, deps Deps) (*Daemon, error) {
 	d := &Daemon{
 		Base: b, log: b.cfg.Logger, clock: b.cfg.Clock, origins: origins, fleet: deps.Fleet,
-		kick: make(chan struct{}, 1), fetches: map[string]*fetch{},
+		kick: make(chan struct{}, 1), fetches: map[string]*fetch{}, evictSem: make(chan struct{}, 1),
 		held: map[string]cacheRecord{}, claimed: map[string]spec.Spec{},
 	}
 	if deps.Swarm != nil {
@@ -547,9 +555,12 @@ func overlayHeld(recs, held map[string]cacheRecord) {
 }
 
 // sameContent reports whether two model specs ask for the same files;
-// targets only decide which nodes hold them.
+// targets only decide which nodes hold them, and the capacity settings and
+// the applier how they are kept.
 func sameContent(a, b spec.Spec) bool {
-	a.Targets, b.Targets = spec.Targets{}, spec.Targets{}
+	for _, s := range []*spec.Spec{&a, &b} {
+		s.Targets, s.Pin, s.Priority, s.AppliedBy = spec.Targets{}, false, 0, ""
+	}
 	return a.Equal(b)
 }
 
@@ -573,6 +584,7 @@ func (d *Daemon) status(s spec.Spec, rec cacheRecord, targeted bool) api.CacheSt
 		Files: len(rec.Files), BytesDone: rec.BytesDone, BytesTotal: rec.BytesTotal, Error: rec.Error,
 		Attempts: rec.Attempts, UpdatedAt: rec.UpdatedAt, ReadyAt: rec.ReadyAt, Targets: s.Targets,
 		NeedsAction: rec.NeedsAction, FilesChanged: rec.FilesChanged, Commit: pinnedCommit(s.Source, rec.Files),
+		Pin: s.Pin, Priority: s.Priority, AppliedBy: s.AppliedBy, Space: rec.Space,
 	}
 	if rec.Error != "" {
 		st.NextTry = rec.NextTry

@@ -346,17 +346,11 @@ func TestAPI(t *testing.T) {
 	srv := httptest.NewServer(d.Handler("secret-token-123456"))
 	defer srv.Close()
 	do := func(method, path, body string, auth bool) (int, string) {
-		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		token := ""
 		if auth {
-			req.Header.Set("Authorization", "Bearer secret-token-123456")
+			token = "secret-token-123456"
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return httpDo(t, method, srv.URL+path, body, token)
 	}
 	tests := []struct {
 		name, method, path, body string
@@ -374,6 +368,8 @@ func TestAPI(t *testing.T) {
 		{"hostile name", "POST", "/v1/caches", `{"name":"../etc","source":"s3://bkt/p/"}`, true, 400, "model name"},
 		{"add", "POST", "/v1/caches", `{"name":"org/m","source":"s3://bkt/p/"}`, true, 202, `"state": "pending"`},
 		{"get org name", "GET", "/v1/caches/org/m", "", true, 200, `"ready": false`},
+		{"add pinned", "POST", "/v1/caches", `{"name":"p","source":"s3://bkt/p/","pin":true,"priority":7}`, true, 202, `"priority": 7`},
+		{"priority out of range", "POST", "/v1/caches", `{"name":"p","source":"s3://bkt/p/","priority":1001}`, true, 400, "priority 1001"},
 		{"get missing", "GET", "/v1/caches/nope", "", true, 404, "not in the cache"},
 		{"rm missing", "DELETE", "/v1/caches/nope", "", true, 404, "not a desired cache"},
 		{"verify not fetched", "POST", "/v1/verify/org/m", "", true, 404, "not in the cache"},
@@ -391,6 +387,26 @@ func TestAPI(t *testing.T) {
 			}
 		})
 	}
+}
+
+// httpDo sends one request (with a bearer token, if not empty) and
+// returns the answer's code and body.
+func httpDo(t *testing.T, method, url, body, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // TestStateMigratesPieces opens a state file from before the pieces bucket

@@ -61,6 +61,9 @@ type fetch struct {
 	originsMu  sync.Mutex
 	originsKey string
 	origins    map[string]string
+	// wasEvicted: the cache was evicted, so this fetch may not evict
+	// others (see the capacity rules in evict.go).
+	wasEvicted bool
 }
 
 // progress reports live bytes done.
@@ -99,8 +102,15 @@ func (f *fetch) fail(cause error) {
 	// error is reported, and the attempt retried with backoff.
 	keepReady := rec.State == api.StateReady && sameContent(rec.Spec, f.spec) && f.d.store.Published(f.spec.Name, rec.RevisionID)
 	rec.Spec = f.spec // same files when keepReady: new targets need no new try
+	rec.Space = nil
 	if !keepReady {
 		rec.State = api.StateFailed
+		if se := (*spaceError)(nil); errors.As(cause, &se) {
+			rec.State, rec.Space = api.StateInsufficientSpace, &se.SpaceShortage
+			if f.wasEvicted {
+				rec.State = api.StateEvicted
+			}
+		}
 		// What the attempt left on disk, in finished parts (kept for the
 		// retry): the record still says 0 from the attempt's start.
 		rec.BytesDone = max(rec.BytesDone, f.progress())
@@ -122,7 +132,7 @@ func (f *fetch) fail(cause error) {
 		f.d.releaseRetry(f.spec.Name)
 	}
 	if !keepReady {
-		f.d.metrics.setState(f.spec.Name, api.StateFailed)
+		f.d.metrics.setState(f.spec.Name, rec.State)
 	}
 	f.log.Warn("fetch failed", "err", cause, "attempts", rec.Attempts, "retry_at", rec.NextTry)
 }
@@ -164,6 +174,7 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 		return "", err
 	}
 	now := f.d.now()
+	f.wasEvicted = rec.State == api.StateEvicted
 	verdict := judgeListing(rec, f.spec, objs, now)
 	if verdict.record {
 		rec.Listing, rec.FilesChanged = verdict.listing, verdict.change
@@ -244,7 +255,7 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := f.d.makeRoom(total - allocated); err != nil {
+	if err := f.d.makeRoom(ctx, total-allocated, f.spec, !f.wasEvicted); err != nil {
 		return "", fmt.Errorf("model %s (%s): %w", f.spec.Name, bytesize.Format(total), err)
 	}
 	f.log.Info("fetching", "revision", revision, "files", len(files), "bytes", total)
@@ -521,25 +532,62 @@ func (d *Daemon) setOldBytes(old []retiredRevision) {
 	}
 }
 
-// makeRoom checks that need more bytes fit, deleting retired revisions
-// first (oldest first, in their grace period or not) when they hold the
-// space: kept revisions must never make a download fail.
-func (d *Daemon) makeRoom(need int64) error {
+// makeRoom checks that need more bytes fit for the cache s, deleting
+// retired revisions first (oldest first, in their grace period or not)
+// when they hold the space: kept revisions must never make a download
+// fail. When that is not enough it evicts other caches, if mayEvict, by
+// the capacity rules (evict.go), or fails with a *spaceError.
+func (d *Daemon) makeRoom(ctx context.Context, need int64, s spec.Spec, mayEvict bool) error {
 	if need <= 0 {
 		return nil
 	}
+	select {
+	case d.evictSem <- struct{}{}:
+		defer func() { <-d.evictSem }()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	free, err := d.freeAfterPrunes(need)
+	if err != nil {
+		return err
+	}
+	if need <= free {
+		// Measured again: a deleted file whose reader still holds it open
+		// frees its space only when closed.
+		return d.store.CheckFits(need)
+	}
+	cands, err := d.evictables(s.Name)
+	if err != nil {
+		return err
+	}
+	e := pickEvictions(need, free, s.Priority, cands)
+	if !e.Fits || (!mayEvict && len(e.Victims) > 0) {
+		return &spaceError{api.SpaceShortage{Needed: e.Needed, Free: e.Free, Evictable: e.Evictable}}
+	}
+	for _, v := range e.Victims {
+		if err := d.evict(v, s.Name); err != nil {
+			return fmt.Errorf("evict %s: %w", v, err)
+		}
+	}
+	return d.store.CheckFits(need)
+}
+
+// freeAfterPrunes deletes retired revisions when need does not fit and
+// returns the space free then, less the reserve.
+func (d *Daemon) freeAfterPrunes(need int64) (int64, error) {
 	d.revMu.Lock()
 	defer d.revMu.Unlock()
 	sp, err := d.store.Space()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if short := need - (sp.Free - d.store.Reserve(sp)); short > 0 {
 		if err := d.pruneRetiredLocked(short); err != nil {
 			d.log.Warn("delete old revisions for space", "err", err)
 		}
+		if sp, err = d.store.Space(); err != nil {
+			return 0, err
+		}
 	}
-	// Measured again: a deleted file whose reader still holds it open
-	// frees its space only when closed.
-	return d.store.CheckFits(need)
+	return sp.Free - d.store.Reserve(sp), nil
 }

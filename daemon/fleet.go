@@ -77,7 +77,7 @@ func inventoryState(s string) gossip.State {
 	switch s {
 	case api.StateReady:
 		return gossip.StateReady
-	case api.StateFailed:
+	case api.StateFailed, api.StateInsufficientSpace:
 		return gossip.StateFailed
 	case api.StateDownloading, api.StateVerifying:
 		return gossip.StateDownloading

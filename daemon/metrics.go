@@ -27,9 +27,14 @@ type metrics struct {
 	fetches      *prometheus.CounterVec
 	available    prometheus.Gauge
 	damaged      *prometheus.CounterVec
+	// applyDirFiles and applyDirErrors report the watched directory.
+	applyDirFiles  *prometheus.GaugeVec
+	applyDirErrors prometheus.Counter
+	evictions      prometheus.Counter
 }
 
-var cacheStates = []string{api.StatePending, api.StateDownloading, api.StateVerifying, api.StateReady, api.StateFailed}
+var cacheStates = []string{api.StatePending, api.StateDownloading, api.StateVerifying, api.StateReady, api.StateFailed,
+	api.StateInsufficientSpace, api.StateEvicted}
 
 func newMetrics() *metrics {
 	reg := health.NewRegistry()
@@ -65,6 +70,15 @@ func newMetrics() *metrics {
 		damaged: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmfleet_cache_damaged_total", Help: "Damaged cached files (or current links) found after publish and fetched again.",
 		}, []string{"model"}),
+		applyDirFiles: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "warmfleet_apply_dir_files", Help: "Files of the watched --apply-dir by state: ok (applied) or error (not applied: see GET /v1/apply-dir).",
+		}, []string{"state"}),
+		evictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmfleet_cache_evictions_total", Help: "Ready model caches evicted to make room for another (unpinned, of its priority or lower; lowest priority, then least recently used, first).",
+		}),
+		applyDirErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmfleet_apply_dir_errors_total", Help: "Times a file of the watched --apply-dir failed to apply (counted once per content and error).",
+		}),
 	}
 	f(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "warmfleet_s3_bytes_total", Help: "Bytes read from S3 object bodies.",
@@ -81,6 +95,9 @@ func newMetrics() *metrics {
 	f(m.fetches)
 	f(m.available)
 	f(m.damaged)
+	f(m.applyDirFiles)
+	f(m.applyDirErrors)
+	f(m.evictions)
 	return m
 }
 

@@ -52,7 +52,7 @@ func plan(w world) []action {
 	for _, d := range w.desired {
 		want[d.Name] = true
 		if run, ok := w.running[d.Name]; ok {
-			if !run.Equal(d) {
+			if !sameFetch(run, d) {
 				acts = append(acts, action{kind: actCancel, name: d.Name, spec: run})
 			}
 			continue
@@ -81,11 +81,21 @@ func plan(w world) []action {
 	return acts
 }
 
+// sameFetch reports whether a running fetch still does what spec d asks:
+// the capacity settings and the applier do not change what it fetches, so
+// a change of them waits for the fetch to end rather than restart it.
+func sameFetch(run, d spec.Spec) bool {
+	for _, s := range []*spec.Spec{&run, &d} {
+		s.Pin, s.Priority, s.AppliedBy = false, 0, ""
+	}
+	return run.Equal(d)
+}
+
 func needsFetch(rec cacheRecord, found bool, d spec.Spec, now time.Time, resync time.Duration) bool {
 	switch {
 	case !found, !rec.Spec.Equal(d):
 		return true
-	case rec.State == api.StateFailed:
+	case rec.State == api.StateFailed, rec.State == api.StateInsufficientSpace, rec.State == api.StateEvicted:
 		return !now.Before(rec.NextTry)
 	case rec.State == api.StateReady && rec.Error != "":
 		// A failed re-check or update is retried after its backoff, also

@@ -38,6 +38,12 @@ func TestPlan(t *testing.T) {
 		{"interrupted download resumes", world{desired: []spec.Spec{a}, records: map[string]cacheRecord{"a": rec(a, api.StateDownloading, nil)}}, []string{"fetch a"}},
 		{"running fetch left alone", world{desired: []spec.Spec{a}, records: map[string]cacheRecord{"a": rec(a, api.StateDownloading, nil)}, running: map[string]spec.Spec{"a": a}}, nil},
 		{"spec changed while running cancels", world{desired: []spec.Spec{a2}, running: map[string]spec.Spec{"a": a}}, []string{"cancel a"}},
+		{"pin, priority or applier changed while running: left alone", world{desired: []spec.Spec{pinned(a)}, running: map[string]spec.Spec{"a": a}}, nil},
+		{"pin changed when ready: recorded by a fetch", world{desired: []spec.Spec{pinned(a)}, records: map[string]cacheRecord{"a": rec(a, api.StateReady, nil)}, resync: time.Hour}, []string{"fetch a"}},
+		{"evicted waits for backoff", world{desired: []spec.Spec{a}, records: map[string]cacheRecord{"a": rec(a, api.StateEvicted, func(r *cacheRecord) { r.NextTry = now.Add(time.Second) })}}, nil},
+		{"evicted tries again after backoff", world{desired: []spec.Spec{a}, records: map[string]cacheRecord{"a": rec(a, api.StateEvicted, func(r *cacheRecord) { r.NextTry = now })}}, []string{"fetch a"}},
+		{"insufficient space waits for backoff", world{desired: []spec.Spec{a}, records: map[string]cacheRecord{"a": rec(a, api.StateInsufficientSpace, func(r *cacheRecord) { r.NextTry = now.Add(time.Second) })}}, nil},
+		{"evicted and no longer desired is removed", world{records: map[string]cacheRecord{"a": rec(a, api.StateEvicted, nil)}}, []string{"remove a"}},
 		{"spec changed when ready refetches", world{desired: []spec.Spec{a2}, records: map[string]cacheRecord{"a": rec(a, api.StateReady, nil)}}, []string{"fetch a"}},
 		{"failed waits for backoff", world{desired: []spec.Spec{a}, records: map[string]cacheRecord{"a": rec(a, api.StateFailed, func(r *cacheRecord) { r.NextTry = now.Add(time.Second) })}}, nil},
 		{"failed retries after backoff", world{desired: []spec.Spec{a}, records: map[string]cacheRecord{"a": rec(a, api.StateFailed, func(r *cacheRecord) { r.NextTry = now })}}, []string{"fetch a"}},
@@ -72,4 +78,9 @@ func TestRetryDelay(t *testing.T) {
 	if got := retryDelay(100); got != 5*time.Minute {
 		t.Errorf("retryDelay(100) = %v, want 5m", got)
 	}
+}
+
+func pinned(s spec.Spec) spec.Spec {
+	s.Pin, s.Priority, s.AppliedBy = true, 5, "team-a"
+	return s
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/internal/bearer"
+	"github.com/warmfleet/warmfleet/internal/manifest"
 	"github.com/warmfleet/warmfleet/nvme"
 	"github.com/warmfleet/warmfleet/spec"
 )
@@ -45,6 +46,8 @@ func (d *Daemon) APIHandler(token string, ready func() error) http.Handler {
 	mux.HandleFunc("GET /v1/endpoints", d.handleEndpoints)
 	mux.HandleFunc("POST /v1/endpoints", d.handleAddEndpoint)
 	mux.HandleFunc("DELETE /v1/endpoints", d.handleRemoveEndpoint)
+	mux.HandleFunc("POST /v1/apply", d.handleApply)
+	mux.HandleFunc("GET /v1/apply-dir", d.handleApplyDir)
 	mux.HandleFunc("GET /v1/gossip/keys", d.handleListGossipKeys)
 	mux.HandleFunc("POST /v1/gossip/keys", d.handleGossipKeyOp)
 	return bearer.Require(token, mux, func(w http.ResponseWriter) {
@@ -203,6 +206,10 @@ func (d *Daemon) handleAddEndpoint(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
+	if ep.AppliedBy != "" {
+		writeError(w, http.StatusBadRequest, errors.New("applied_by is set by apply only (POST /v1/apply)"))
+		return
+	}
 	if err := d.AddEndpoint(r.Context(), ep); err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return
@@ -221,15 +228,20 @@ func (d *Daemon) handleRemoveEndpoint(w http.ResponseWriter, r *http.Request) {
 // decodeJSON reads one JSON object, strictly: bounded size, no unknown
 // fields, nothing after it.
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	return decodeJSONMax(w, r, v, maxBodyBytes)
+}
+
+// decodeJSONMax is decodeJSON with a body of at most limit bytes.
+func decodeJSONMax(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
 		return fmt.Errorf("content type %q: want application/json", ct)
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return fmt.Errorf("request body larger than %d bytes", maxBodyBytes)
+			return fmt.Errorf("request body larger than %d bytes", limit)
 		}
 		return fmt.Errorf("bad JSON body: %w", err)
 	}
@@ -289,4 +301,32 @@ func Listen(ctx context.Context, addr api.Addr, token string) (net.Listener, err
 		return nil, err
 	}
 	return l, nil
+}
+
+// maxApplyBytes bounds an apply's body: as much as the files of one
+// `apply -f` may hold (manifest.MaxBytes), as JSON.
+const maxApplyBytes = 8 << 20
+
+func (d *Daemon) handleApply(w http.ResponseWriter, r *http.Request) {
+	var req api.ApplyRequest
+	if err := decodeJSONMax(w, r, &req, maxApplyBytes); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	res, err := d.Apply(r.Context(), req)
+	var conflict *manifest.ConflictError
+	switch {
+	case errors.Is(err, ErrBadApply):
+		writeError(w, http.StatusBadRequest, err)
+	case errors.As(err, &conflict):
+		writeError(w, http.StatusConflict, err)
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err)
+	default:
+		writeJSON(w, http.StatusOK, res)
+	}
+}
+
+func (d *Daemon) handleApplyDir(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, d.ApplyDirStatus())
 }

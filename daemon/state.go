@@ -103,6 +103,8 @@ type cacheRecord struct {
 	Listing string `json:"listing,omitempty"`
 	// FilesChanged is the last change of the source's file set.
 	FilesChanged *api.FileSetChange `json:"files_changed,omitempty"`
+	// Space is the shortage of the last attempt that did not fit.
+	Space *api.SpaceShortage `json:"space,omitempty"`
 }
 
 // fetching is the revision whose parts are being downloaded.

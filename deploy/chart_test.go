@@ -511,6 +511,20 @@ func TestChartValueSets(t *testing.T) {
 				t.Errorf("monitoring off still renders %v", r.kinds)
 			}
 		}},
+		{"caches from a ConfigMap", []string{"--set", "daemon.cachesConfigMap=fleet-caches"}, func(t *testing.T, r rendered) {
+			checkDaemonSet(t, r, defaultData)
+			spec := &r.daemonSet(t).Spec.Template.Spec
+			if v := volume(t, spec, "caches"); v.ConfigMap == nil || v.ConfigMap.Name != "fleet-caches" {
+				t.Errorf("caches volume %+v, want the ConfigMap fleet-caches", v.VolumeSource)
+			}
+			c := &spec.Containers[0]
+			if !slices.Contains(c.Args, "--apply-dir=/etc/warmfleet/caches") ||
+				!slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+					return m.Name == "caches" && m.MountPath == "/etc/warmfleet/caches" && m.ReadOnly
+				}) {
+				t.Errorf("daemon args %q, mounts %+v: want --apply-dir on the mounted ConfigMap", c.Args, c.VolumeMounts)
+			}
+		}},
 		{"example inference", []string{"--set", "exampleInference.enabled=true", "--set", "image.pullPolicy=Always",
 			"--set", "imagePullSecrets[0].name=regcred", "--set", "exampleInference.waitTimeout=15m"}, func(t *testing.T, r rendered) {
 			ex := exampleInference(t, r)

@@ -467,3 +467,26 @@ func TestBoltStoreUnreadableRecordSkipped(t *testing.T) {
 		t.Fatalf("List = %v", got)
 	}
 }
+
+// TestWriteKeepsFieldsAnOlderNodeDrops: one write seen twice, once as an
+// older node passes it on (without the spec fields it does not know), is
+// the full write whatever the order it arrives in.
+func TestWriteKeepsFieldsAnOlderNodeDrops(t *testing.T) {
+	ctx := context.Background()
+	clk := testclock.New()
+	full := modelSpec("m")
+	full.Pin, full.Priority, full.AppliedBy = true, 3, "file:/etc/caches.yaml"
+	stripped := modelSpec("m")
+	ts := Timestamp{Wall: clk.Now().UnixMilli(), Node: "n1"}
+	for i, order := range [][]spec.Spec{{full, stripped}, {stripped, full}} {
+		d := newDesired(t, testbolt.OpenTemp(t), "x", clk.Now)
+		for _, s := range order {
+			if _, _, err := d.Merge(ctx, []Record{{Key: s.Key(), TS: ts, Spec: &s}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, _ := d.Get(full.Key()); !got.Equal(full) {
+			t.Errorf("order %d: holds %+v, want the full write", i, got)
+		}
+	}
+}

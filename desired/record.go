@@ -66,7 +66,11 @@ func ValidateNodeName(name string) error {
 // winner resolves two writes to the same key: the later timestamp wins. Equal
 // timestamps only happen when the same write is seen twice, or when a node
 // reuses a name and clock reading; a content order keeps the choice
-// deterministic anyway (a tombstone beats a live spec, then bytes compare).
+// deterministic anyway (a tombstone beats a live spec, then the longer
+// encoding, then bytes compare). The longer encoding wins because one write
+// seen shorter is that write passed on by an older node, which drops the
+// spec fields it does not know (pin, priority, applied_by): the copy that
+// kept them is the write.
 // winner is commutative, associative and idempotent, which is what lets
 // records arrive in any order, any number of times.
 func winner(a, b Record) Record {
@@ -86,6 +90,12 @@ func winner(a, b Record) Record {
 	}
 	ja, _ := json.Marshal(a.Spec)
 	jb, _ := json.Marshal(b.Spec)
+	if len(ja) != len(jb) {
+		if len(ja) > len(jb) {
+			return a
+		}
+		return b
+	}
 	if bytes.Compare(ja, jb) >= 0 {
 		return a
 	}

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // Kind tells what a spec caches.
@@ -48,6 +49,16 @@ type Spec struct {
 	// Owner names the deployment that wants an image; several owners share it.
 	Owner   string  `json:"owner,omitempty"`
 	Targets Targets `json:"targets,omitzero"`
+	// Pin keeps a model cache on its nodes: it is never evicted to make
+	// room for another.
+	Pin bool `json:"pin,omitempty"`
+	// Priority ranks model caches for eviction: a cache may evict only
+	// caches of its priority or lower, lowest first.
+	Priority int `json:"priority,omitempty"`
+	// AppliedBy names the source that applied the spec (warmfleet apply
+	// -f, the daemon's --apply-dir); empty for a spec made by hand. Only
+	// that source may change or prune it.
+	AppliedBy string `json:"applied_by,omitempty"`
 }
 
 // Key identifies a spec in the desired state: one model cache per name, one
@@ -62,7 +73,25 @@ func (s Spec) Key() string {
 // Equal reports whether two specs ask for the same thing.
 func (s Spec) Equal(o Spec) bool {
 	return s.Kind == o.Kind && s.Name == o.Name && s.Source == o.Source && s.Revision == o.Revision &&
-		slices.Equal(s.Include, o.Include) && slices.Equal(s.Exclude, o.Exclude) && s.Owner == o.Owner && s.Targets.Nodes == o.Targets.Nodes && maps.Equal(s.Targets.Selector, o.Targets.Selector)
+		slices.Equal(s.Include, o.Include) && slices.Equal(s.Exclude, o.Exclude) &&
+		s.Owner == o.Owner && s.Targets.Nodes == o.Targets.Nodes && maps.Equal(s.Targets.Selector, o.Targets.Selector) &&
+		s.Pin == o.Pin && s.Priority == o.Priority && s.AppliedBy == o.AppliedBy
+}
+
+// Limits of a spec's capacity settings and of its applier's name (it
+// travels with the spec in gossip).
+const (
+	MaxPriority     = 1000
+	MaxAppliedByLen = 256
+)
+
+// ValidateAppliedBy checks the name of an applying source: 1 to
+// MaxAppliedByLen printable UTF-8 bytes.
+func ValidateAppliedBy(owner string) error {
+	if owner == "" || len(owner) > MaxAppliedByLen || !utf8.ValidString(owner) || strings.ContainsFunc(owner, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return fmt.Errorf("owner %q: want 1 to %d printable UTF-8 bytes", owner, MaxAppliedByLen)
+	}
+	return nil
 }
 
 var (
@@ -102,11 +131,17 @@ func (s Spec) Validate() error {
 		if !ownerRE.MatchString(s.Owner) {
 			errs = append(errs, fmt.Errorf("owner %q: want letters, digits, '.', '_', '/', '-'", s.Owner))
 		}
-		if s.Source != "" || s.Revision != "" || len(s.Include) > 0 || len(s.Exclude) > 0 {
-			errs = append(errs, errors.New("source, revision, include and exclude apply to models only"))
+		if s.Source != "" || s.Revision != "" || len(s.Include) > 0 || len(s.Exclude) > 0 || s.Pin || s.Priority != 0 {
+			errs = append(errs, errors.New("source, revision, include, exclude, pin and priority apply to models only"))
 		}
 	default:
 		errs = append(errs, fmt.Errorf("kind %q: want %q or %q", s.Kind, KindModel, KindImage))
+	}
+	if s.Priority < -MaxPriority || s.Priority > MaxPriority {
+		errs = append(errs, fmt.Errorf("priority %d: want %d..%d", s.Priority, -MaxPriority, MaxPriority))
+	}
+	if s.AppliedBy != "" {
+		errs = append(errs, ValidateAppliedBy(s.AppliedBy))
 	}
 	errs = append(errs, s.Targets.validate())
 	return errors.Join(errs...)

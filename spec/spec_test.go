@@ -35,6 +35,11 @@ func TestValidate(t *testing.T) {
 		{"too many patterns", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Include: make([]string, MaxPatterns+1)}, "at most 32"},
 		{"long pattern", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Include: []string{strings.Repeat("a", MaxPatternBytes+1)}}, "include pattern"},
 		{"image include", Spec{Kind: KindImage, Name: "nginx:1", Owner: "o", Include: []string{"*"}}, "models only"},
+		{"pinned, prioritized, applied", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Pin: true, Priority: -MaxPriority, AppliedBy: "file:/etc/caches.yaml"}, ""},
+		{"priority too high", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", Priority: MaxPriority + 1}, "priority 1001"},
+		{"pinned image", Spec{Kind: KindImage, Name: "nginx:1", Owner: "o", Pin: true}, "apply to models only"},
+		{"applier with a newline", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", AppliedBy: "a\nb"}, "printable"},
+		{"applier too long", Spec{Kind: KindModel, Name: "m", Source: "s3://bkt/p/", AppliedBy: strings.Repeat("o", MaxAppliedByLen+1)}, "printable"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,6 +65,14 @@ func TestKeyAndEqual(t *testing.T) {
 	m2.Targets.Selector = map[string]string{"a": "2"}
 	if !m.Equal(m) || m.Equal(m2) {
 		t.Fatal("Equal must compare selectors")
+	}
+	// A change of pin, priority or applier is a write the fleet must see.
+	for _, change := range []func(*Spec){func(s *Spec) { s.Pin = true }, func(s *Spec) { s.Priority = 1 }, func(s *Spec) { s.AppliedBy = "o" }} {
+		m3 := m
+		change(&m3)
+		if m.Equal(m3) {
+			t.Fatalf("Equal misses a change: %+v", m3)
+		}
 	}
 	if m.Key() != "model/m" {
 		t.Fatalf("Key = %q", m.Key())

@@ -222,3 +222,19 @@ func escapeName(name string) string {
 	}
 	return url.PathEscape(org) + "/" + url.PathEscape(model)
 }
+
+// Apply plans and, unless req.DryRun, carries out one source's desired
+// state (POST /v1/apply). Another owner's objects make it fail with a 409
+// naming them.
+func (c *Client) Apply(ctx context.Context, req ApplyRequest) (ApplyResult, error) {
+	var res ApplyResult
+	err := c.do(ctx, "POST", "/v1/apply", req, &res)
+	return res, err
+}
+
+// ApplyDir reports the daemon's watched directory (GET /v1/apply-dir).
+func (c *Client) ApplyDir(ctx context.Context) (ApplyDirStatus, error) {
+	var st ApplyDirStatus
+	err := c.do(ctx, "GET", "/v1/apply-dir", nil, &st)
+	return st, err
+}

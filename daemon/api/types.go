@@ -19,7 +19,23 @@ const (
 	// StateNotTargeted: the cache is desired in the fleet, but its targets
 	// leave this node out, so this node will not cache it.
 	StateNotTargeted = "not-targeted"
+	// StateInsufficientSpace: the cache does not fit on this node even
+	// after evicting what it may (CacheStatus.Space has the numbers); it
+	// is tried again with backoff.
+	StateInsufficientSpace = "insufficient-space"
+	// StateEvicted: the cache's files were evicted to make room for a
+	// cache of its priority or higher; it comes back when it fits without
+	// evicting others.
+	StateEvicted = "evicted"
 )
+
+// SpaceShortage is why a cache does not fit: the bytes it needs, what is
+// free (less the reserve) and what the caches it may evict hold together.
+type SpaceShortage struct {
+	Needed    int64 `json:"needed_bytes"`
+	Free      int64 `json:"free_bytes"`
+	Evictable int64 `json:"evictable_bytes"`
+}
 
 // CacheStatus is one model cache on one node.
 type CacheStatus struct {
@@ -48,8 +64,14 @@ type CacheStatus struct {
 	ReadyAt   time.Time `json:"ready_at,omitzero"`
 	// Targets is what the spec asks of the fleet.
 	Targets spec.Targets `json:"targets,omitzero"`
+	// Pin, Priority and AppliedBy are the spec's (see spec.Spec).
+	Pin       bool   `json:"pin,omitempty"`
+	Priority  int    `json:"priority,omitempty"`
+	AppliedBy string `json:"applied_by,omitempty"`
 	// FilesChanged reports the last change of the source's file set.
 	FilesChanged *FileSetChange `json:"files_changed,omitempty"`
+	// Space says why an insufficient-space or evicted cache does not fit.
+	Space *SpaceShortage `json:"space,omitempty"`
 	// Nodes holds the fleet-wide view, one entry per node, when the daemon
 	// is in a gossip cluster.
 	Nodes []NodeCacheStatus `json:"nodes,omitempty"`
@@ -124,12 +146,15 @@ type AddCacheRequest struct {
 	Include  []string     `json:"include,omitempty"`
 	Exclude  []string     `json:"exclude,omitempty"`
 	Targets  spec.Targets `json:"targets,omitzero"`
+	// Pin and Priority are the capacity settings (see spec.Spec).
+	Pin      bool `json:"pin,omitempty"`
+	Priority int  `json:"priority,omitempty"`
 }
 
 // Spec converts the request to a desired-state spec.
 func (r AddCacheRequest) Spec() spec.Spec {
 	return spec.Spec{Kind: spec.KindModel, Name: r.Name, Source: r.Source, Revision: r.Revision,
-		Include: r.Include, Exclude: r.Exclude, Targets: r.Targets}
+		Include: r.Include, Exclude: r.Exclude, Targets: r.Targets, Pin: r.Pin, Priority: r.Priority}
 }
 
 // NodeInfo describes the daemon (GET /v1/node).
@@ -154,6 +179,9 @@ type Error struct {
 type Endpoint struct {
 	Model string `json:"model"`
 	URL   string `json:"url"`
+	// AppliedBy names the source that applied it (see spec.Spec); empty
+	// for one registered by hand. POST /v1/endpoints refuses it set.
+	AppliedBy string `json:"applied_by,omitempty"`
 }
 
 // Member is one fleet member as the daemon sees it (GET /v1/fleet).
@@ -227,4 +255,63 @@ type AddImageRequest struct {
 // Spec converts the request to a desired-state spec.
 func (r AddImageRequest) Spec() spec.Spec {
 	return spec.Spec{Kind: spec.KindImage, Name: r.Ref, Owner: r.Owner, Targets: r.Targets}
+}
+
+// ApplyRequest is one source's desired state (POST /v1/apply): what
+// `warmfleet apply -f` read, as specs and endpoints. The daemon plans it
+// against what it holds with the rules of package internal/manifest and,
+// unless DryRun, carries it out: specs go to the fleet's desired state,
+// endpoints to this node.
+type ApplyRequest struct {
+	// Owner names the source; what it creates records it as AppliedBy.
+	Owner string `json:"owner"`
+	// Prune deletes what Owner applied before that the request no longer
+	// names.
+	Prune  bool `json:"prune,omitempty"`
+	DryRun bool `json:"dry_run,omitempty"`
+	// Specs are model and image caches; their AppliedBy must be empty
+	// or Owner.
+	Specs     []spec.Spec `json:"specs,omitempty"`
+	Endpoints []Endpoint  `json:"endpoints,omitempty"`
+}
+
+// ApplyChange is one step of an apply: create, update or delete of a key
+// (a spec's key, or "endpoint/" and its URL).
+type ApplyChange struct {
+	Action string `json:"action"`
+	Key    string `json:"key"`
+}
+
+// ApplyResult is what an apply did, or would do when DryRun.
+type ApplyResult struct {
+	Owner     string        `json:"owner"`
+	DryRun    bool          `json:"dry_run,omitempty"`
+	Changes   []ApplyChange `json:"changes,omitempty"`
+	Unchanged int           `json:"unchanged"`
+	// Diff is the plan written for a person.
+	Diff string `json:"diff"`
+}
+
+// ApplyDirStatus is the daemon's watched directory (GET /v1/apply-dir).
+type ApplyDirStatus struct {
+	// Dir is empty when the daemon watches none.
+	Dir   string            `json:"dir,omitempty"`
+	Files []ApplyFileStatus `json:"files,omitempty"`
+}
+
+// ApplyFileStatus is one file of the watched directory: each file is its
+// own source (Owner), so a broken file changes nothing of what the others
+// or its own last good version applied.
+type ApplyFileStatus struct {
+	File  string `json:"file"`
+	Owner string `json:"owner"`
+	// Digest is the SHA-256 of the content last read.
+	Digest string `json:"digest"`
+	// Error says why that content was not applied (bad YAML, a field the
+	// schema lacks, another owner's object, the state failing); empty once
+	// it was.
+	Error     string    `json:"error,omitempty"`
+	AppliedAt time.Time `json:"applied_at,omitzero"`
+	// Objects counts the documents of the content last applied.
+	Objects int `json:"objects"`
 }

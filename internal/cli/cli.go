@@ -40,7 +40,7 @@ type Command struct {
 // commands are the product's subcommands; the lab binary (internal/lab)
 // adds its own to these.
 func commands() []Command {
-	return []Command{
+	return append([]Command{
 		{"daemon", "run the node daemon (cache, gossip, swarm, image cache, API)", runDaemon},
 		{"cache", "manage model weight caches: add, ls, status, wait, verify, rm", runCache},
 		{"fleet", "show fleet members and what each holds", runFleet},
@@ -50,7 +50,7 @@ func commands() []Command {
 		{"keygen", "write a new cluster key", runKeygen},
 		{"gossip", "fleet gossip administration: keys list, install, use, remove", runGossip},
 		{"version", "print the version", runVersion},
-	}
+	}, applyCommands()...)
 }
 
 // errUsage marks an error that is the caller's: exit code 2.

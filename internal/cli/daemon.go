@@ -70,6 +70,7 @@ type daemonFlags struct {
 	kubeConnect kubeConnector
 	// labelPoll is how often the node labels read the caches; 0 means nodeLabelPoll.
 	labelPoll time.Duration
+	apply           applyDirFlags
 }
 
 func (f *daemonFlags) register(fs *flagSet) {
@@ -110,6 +111,7 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.BoolVar(&f.nodeEvents, "node-events", false, "with node labels, also record Events on the Node when a cache or image becomes ready or fails (needs create on events in the default namespace)")
 	fs.Var(&f.discover, "discover-endpoints", "base URLs of local OpenAI-compatible servers, e.g. http://127.0.0.1:8000 (repeatable or comma-separated): each is asked for /v1/models and registered as an endpoint for a model it serves, and removed when it stops answering")
 	fs.DurationVar(&f.discoverEvery, "discover-interval", 10*time.Second, "how often --discover-endpoints servers are asked")
+	f.apply.register(fs)
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 }
@@ -285,6 +287,9 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	}
 	if len(f.discover) > 0 {
 		ps.start(stageListeners, "endpoint discovery", discoverEndpoints(log.With("component", "discovery"), d, f.discover, f.discoverEvery), nil)
+	}
+	if err := f.apply.start(ps, d); err != nil {
+		return ps.fail(err)
 	}
 	srv := apiServer(d.APIHandler(token, probes.ready.Err))
 	ps.start(stageListeners, "api server", serveHTTP(srv, ln), func() {

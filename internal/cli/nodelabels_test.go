@@ -197,12 +197,3 @@ func TestDaemonLabelsItsNode(t *testing.T) {
 	})
 }
 
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
-}

@@ -215,6 +215,15 @@ func (d *decoder) integer(f field, path string) int {
 	return n
 }
 
+func (d *decoder) boolean(f field, path string) bool {
+	v := deref(f.val)
+	var b bool
+	if v.Kind != yaml.ScalarNode || v.Tag != "!!bool" || v.Decode(&b) != nil {
+		d.errorf(f.key, "%s: want true or false, got %s", path, describe(v))
+	}
+	return b
+}
+
 func (d *decoder) labels(f field, path string) map[string]string {
 	fs, ok := d.mapping(f.val, path)
 	if !ok {
@@ -306,7 +315,7 @@ func (d *decoder) spec(o *Object, f field) {
 	var verr error
 	switch o.Kind {
 	case KindModelCache:
-		fs, ok := d.mapping(f.val, "spec", "source", "revision", "selector", "nodes", "pin")
+		fs, ok := d.mapping(f.val, "spec", "source", "revision", "selector", "nodes", "pin", "priority")
 		if !ok {
 			return
 		}
@@ -315,9 +324,10 @@ func (d *decoder) spec(o *Object, f field) {
 		d.str2(fs, "revision", &s.Revision)
 		d.targets(fs, &s.Targets)
 		if p, ok := fs["pin"]; ok {
-			// The shape of the schema keeps a place for it; the daemon
-			// has no pinning yet, and accepting it would be a fake success.
-			d.errorf(p.key, "spec.pin: not supported yet by the daemon")
+			s.Pin = d.boolean(p, "spec.pin")
+		}
+		if p, ok := fs["priority"]; ok {
+			s.Priority = d.integer(p, "spec.priority")
 		}
 		o.Spec, verr = s, s.Validate()
 	case KindImageCache:

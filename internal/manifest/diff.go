@@ -85,7 +85,8 @@ func fields(o Object) []kv {
 		return []kv{{"image", o.Spec.Name}, {"selector", selector(o.Spec.Targets.Selector)}, {"nodes", nodes(o.Spec.Targets.Nodes)}}
 	default:
 		return []kv{{"source", o.Spec.Source}, {"revision", o.Spec.Revision},
-			{"selector", selector(o.Spec.Targets.Selector)}, {"nodes", nodes(o.Spec.Targets.Nodes)}}
+			{"selector", selector(o.Spec.Targets.Selector)}, {"nodes", nodes(o.Spec.Targets.Nodes)},
+			{"pin", pin(o.Spec.Pin)}, {"priority", nodes(o.Spec.Priority)}}
 	}
 }
 
@@ -97,6 +98,14 @@ func selector(m map[string]string) string {
 	return strings.Join(parts, ",")
 }
 
+func pin(p bool) string {
+	if p {
+		return "true"
+	}
+	return ""
+}
+
+// nodes writes a count or a priority; 0, the default, as nothing.
 func nodes(n int) string {
 	if n == 0 {
 		return ""

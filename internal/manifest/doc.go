@@ -10,7 +10,7 @@
 //	apiVersion: warmfleet.io/v1alpha1
 //	kind: ModelCache
 //	metadata: {name: llama-3-8b}
-//	spec: {source: "s3://models/llama-3-8b/", revision: r1, selector: {gpu: h100}, nodes: 4}
+//	spec: {source: "s3://models/llama-3-8b/", revision: r1, selector: {gpu: h100}, nodes: 4, pin: true, priority: 10}
 //	---
 //	apiVersion: warmfleet.io/v1alpha1
 //	kind: ImageCache
@@ -25,8 +25,9 @@
 // A ModelCache's name is the model name. An ImageCache's name is the
 // image claim's owner (the CLI's --owner), so one image wanted by two
 // deployments is two documents. An Endpoint is identified by its URL; its
-// name only tells documents apart. spec.pin is reserved: the daemon cannot
-// pin yet, so it is refused rather than ignored.
+// name only tells documents apart. A ModelCache's pin and priority are the
+// capacity rules of package daemon: a pinned cache is never evicted, and a
+// cache may evict only caches of its priority or lower.
 //
 // Decoding is strict and reports every problem with its line: unknown
 // fields at any level, an unknown kind, another apiVersion, a field given

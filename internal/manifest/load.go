@@ -1,13 +1,16 @@
 package manifest
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // Load reads what `apply -f ARG` names: a file, every *.yaml, *.yml and
@@ -46,6 +49,22 @@ func Load(arg string, stdin io.Reader) ([]Object, error) {
 }
 
 func manifestFiles(dir string) ([]string, error) {
+	out, err := Files(dir)
+	if err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("read manifests: %s has no *.yaml, *.yml or *.json file", dir)
+	}
+	return out, nil
+}
+
+// Files lists the manifest files of a directory, in name order: its
+// *.yaml, *.yml and *.json files, symbolic links to files included, names
+// starting with a dot left out. A mounted Kubernetes ConfigMap is such a
+// directory: each key is a link into "..data", itself a link to the
+// current version's hidden directory, swapped at every update.
+func Files(dir string) ([]string, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("read manifests: %w", err)
@@ -53,14 +72,48 @@ func manifestFiles(dir string) ([]string, error) {
 	var out []string
 	for _, e := range ents {
 		ext := strings.ToLower(filepath.Ext(e.Name()))
-		if e.Type().IsRegular() && (ext == ".yaml" || ext == ".yml" || ext == ".json") {
-			out = append(out, filepath.Join(dir, e.Name()))
+		if strings.HasPrefix(e.Name(), ".") || (ext != ".yaml" && ext != ".yml" && ext != ".json") {
+			continue
 		}
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("read manifests: %s has no *.yaml, *.yml or *.json file", dir)
+		p := filepath.Join(dir, e.Name())
+		if e.Type()&os.ModeSymlink != 0 {
+			if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() {
+				continue // dangling, or a link to a directory
+			}
+		} else if !e.Type().IsRegular() {
+			continue
+		}
+		out = append(out, p)
 	}
 	return out, nil
+}
+
+// Parse decodes one file's content (Decode) and checks that its names
+// and keys are unique, as Load does across everything it reads.
+func Parse(name string, data []byte) ([]Object, error) {
+	objs, err := Decode(name, bytes.NewReader(data))
+	if err != nil {
+		return nil, err
+	}
+	if err := checkUnique(objs); err != nil {
+		return nil, err
+	}
+	return objs, nil
+}
+
+// Split sorts objects into what an apply request carries: the specs of
+// caches and the endpoints.
+func Split(objs []Object) ([]spec.Spec, []api.Endpoint) {
+	var specs []spec.Spec
+	var eps []api.Endpoint
+	for _, o := range objs {
+		if o.Kind == KindEndpoint {
+			eps = append(eps, o.Endpoint)
+		} else {
+			specs = append(specs, o.Spec)
+		}
+	}
+	return specs, eps
 }
 
 func loadFile(path string, add func(string, io.Reader) error) error {
@@ -120,12 +173,7 @@ func DefaultOwner(arg string) (string, error) {
 }
 
 // MaxOwnerLen bounds an owner: it travels with every spec in gossip.
-const MaxOwnerLen = 256
+const MaxOwnerLen = spec.MaxAppliedByLen
 
 // ValidateOwner checks an owner from outside (--owner, an API body).
-func ValidateOwner(owner string) error {
-	if owner == "" || len(owner) > MaxOwnerLen || !utf8.ValidString(owner) || strings.ContainsFunc(owner, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
-		return fmt.Errorf("owner %q: want 1 to %d printable UTF-8 bytes", owner, MaxOwnerLen)
-	}
-	return nil
-}
+func ValidateOwner(owner string) error { return spec.ValidateAppliedBy(owner) }

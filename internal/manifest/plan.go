@@ -5,6 +5,9 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // Current is one thing the daemon already holds, with who applied it.
@@ -153,3 +156,18 @@ func (p *Plan) sort() {
 
 // Empty reports whether the plan changes nothing.
 func (p Plan) Empty() bool { return len(p.Changes) == 0 }
+
+// Held is a spec the daemon holds, as a plan sees it: its AppliedBy moves
+// from the spec to the Current, so objects compare by what they ask.
+func Held(s spec.Spec) Current {
+	by := s.AppliedBy
+	s.AppliedBy = ""
+	return Current{Object: FromSpec(s), AppliedBy: by}
+}
+
+// HeldEndpoint is an endpoint the daemon holds, as a plan sees it.
+func HeldEndpoint(ep api.Endpoint) Current {
+	by := ep.AppliedBy
+	ep.AppliedBy = ""
+	return Current{Object: FromEndpoint(ep), AppliedBy: by}
+}

@@ -1,0 +1,178 @@
+package daemon
+
+import (
+	"cmp"
+	"fmt"
+	"io/fs"
+	"os"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/internal/bytesize"
+	"github.com/warmfleet/warmfleet/nvme"
+)
+
+// Capacity rules. A model cache that needs more space than is free (less
+// the reserve, after retired revisions went) may evict ready caches of
+// this node: never a pinned one, never one of a higher priority than its
+// own; of those, the lowest priority first, then the least recently used.
+// It evicts only when that makes it fit; otherwise it evicts nothing and
+// waits in the insufficient-space state with the numbers. An evicted cache
+// stays desired, in the evicted state, and comes back only when it fits
+// without evicting anything: two caches that do not fit together never
+// take turns.
+
+// evictable is a ready cache that might make room for another.
+type evictable struct {
+	Name     string
+	Bytes    int64
+	Pin      bool
+	Priority int
+	// LastUsed is the later of when it became ready and when its files
+	// were last read (their access time).
+	LastUsed time.Time
+}
+
+// eviction is what pickEvictions decided.
+type eviction struct {
+	// Victims are the caches to evict, in order; empty when the need fits
+	// as it is or cannot fit at all.
+	Victims []string
+	Fits    bool
+	// Needed, Free and Evictable are the numbers behind the decision:
+	// Evictable is what the caches this one may evict hold together.
+	Needed, Free, Evictable int64
+}
+
+// pickEvictions decides which caches to evict so that need bytes fit in
+// free, for a cache of the given priority (see the capacity rules).
+func pickEvictions(need, free int64, priority int, cands []evictable) eviction {
+	e := eviction{Needed: need, Free: free}
+	var order []evictable
+	for _, c := range cands {
+		if !c.Pin && c.Priority <= priority {
+			order = append(order, c)
+			e.Evictable += max(0, c.Bytes)
+		}
+	}
+	if need <= free {
+		e.Fits = true
+		return e
+	}
+	if free+e.Evictable < need {
+		return e
+	}
+	slices.SortFunc(order, func(a, b evictable) int {
+		return cmp.Or(cmp.Compare(a.Priority, b.Priority), a.LastUsed.Compare(b.LastUsed), cmp.Compare(a.Name, b.Name))
+	})
+	freed := int64(0)
+	for _, c := range order {
+		if free+freed >= need {
+			break
+		}
+		e.Victims = append(e.Victims, c.Name)
+		freed += max(0, c.Bytes)
+	}
+	e.Fits = true
+	return e
+}
+
+// spaceError is a cache that does not fit even after evicting what it
+// may: its state is insufficient-space (or stays evicted).
+type spaceError struct{ api.SpaceShortage }
+
+func (e *spaceError) Error() string {
+	return fmt.Sprintf("insufficient space: need %s, %s free, %s evictable (unpinned caches of this priority or lower)",
+		bytesize.Format(e.Needed), bytesize.Format(e.Free), bytesize.Format(e.Evictable))
+}
+
+func (e *spaceError) Unwrap() error { return nvme.ErrNoSpace }
+
+// evictables lists the ready caches of this node that another may evict,
+// leaving out keep and every cache a fetch or a check works on.
+func (d *Daemon) evictables(keep string) ([]evictable, error) {
+	recs, err := d.state.records()
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	busy := map[string]bool{keep: true}
+	for name := range d.fetches {
+		busy[name] = true
+	}
+	for name := range d.claimed {
+		busy[name] = true
+	}
+	d.mu.Unlock()
+	var out []evictable
+	for name, rec := range recs {
+		if busy[name] || rec.State != api.StateReady || rec.Path == "" {
+			continue
+		}
+		n, err := d.store.RevisionBytes(name, rec.RevisionID)
+		if err != nil || n <= 0 {
+			n = rec.BytesTotal
+		}
+		// The desired spec's settings are the current ones: the record's
+		// may predate a change of pin or priority.
+		s := rec.Spec
+		if cur, ok := d.desired.Get(s.Key()); ok {
+			s = cur
+		}
+		out = append(out, evictable{Name: name, Bytes: n, Pin: s.Pin, Priority: s.Priority,
+			LastUsed: lastRead(rec.Path, rec.ReadyAt)})
+	}
+	return out, nil
+}
+
+// lastRead is the latest access time of the files under dir, or since
+// when that is later. With the usual relatime mount option, a file's first
+// read after it was written moves its access time, and later reads at
+// most once a day: enough to tell caches in use from forgotten ones.
+func lastRead(dir string, since time.Time) time.Time {
+	last := since
+	_ = fs.WalkDir(os.DirFS(dir), ".", func(p string, de fs.DirEntry, err error) error {
+		if err != nil || de.IsDir() {
+			return nil
+		}
+		fi, err := de.Info()
+		if err != nil {
+			return nil
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			if at := time.Unix(st.Atim.Sec, st.Atim.Nsec); at.After(last) {
+				last = at
+			}
+		}
+		return nil
+	})
+	return last
+}
+
+// evict frees a ready cache's space for another: its files go, its record
+// stays, in the evicted state, so the loop does not fetch it straight
+// back (see the capacity rules).
+func (d *Daemon) evict(name, forWhom string) error {
+	rec, found, err := d.state.record(name)
+	if err != nil || !found {
+		return err
+	}
+	if err := d.removeCache(name); err != nil {
+		return err
+	}
+	now := d.now()
+	next := cacheRecord{
+		Spec: rec.Spec, State: api.StateEvicted, BytesTotal: rec.BytesTotal, UpdatedAt: now,
+		Error:    fmt.Sprintf("evicted to make room for %s; comes back when it fits without evicting others", forWhom),
+		Attempts: 1, NextTry: now.Add(retryDelay(1)),
+	}
+	if err := d.state.putRecord(next); err != nil {
+		return err
+	}
+	d.metrics.setState(name, api.StateEvicted)
+	d.metrics.evictions.Inc()
+	d.log.Warn("cache evicted", "model", name, "for", forWhom, "bytes", rec.BytesTotal, "priority", rec.Spec.Priority)
+	return nil
+}
