@@ -70,7 +70,7 @@ type daemonFlags struct {
 	kubeConnect kubeConnector
 	// labelPoll is how often the node labels read the caches; 0 means nodeLabelPoll.
 	labelPoll time.Duration
-	apply           applyDirFlags
+	apply     applyDirFlags
 }
 
 func (f *daemonFlags) register(fs *flagSet) {

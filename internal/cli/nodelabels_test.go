@@ -196,4 +196,3 @@ func TestDaemonLabelsItsNode(t *testing.T) {
 		return !l && !a && n.Labels["gpu"] == "h100"
 	})
 }
-
