@@ -49,7 +49,7 @@ func (st *Staging) OpenFile(relPath string, size int64) (*os.File, error) {
 			return nil, fmt.Errorf("nvme: %s: %w", relPath, err)
 		}
 	}
-	f, err := st.root.OpenFile(relPath, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := openOwn(st.root, relPath, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("nvme: %s: %w", relPath, err)
 	}

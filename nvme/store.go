@@ -417,7 +417,7 @@ func (s *Store) OpenPublished(name, revision, relPath string) (*os.File, error) 
 	if err := CheckRelPath(relPath); err != nil {
 		return nil, err
 	}
-	f, err := s.root.Open(filepath.Join(modelsDir, dirName(name), revision, filepath.FromSlash(relPath)))
+	f, err := openOwn(s.root, filepath.Join(modelsDir, dirName(name), revision, filepath.FromSlash(relPath)), os.O_RDONLY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("nvme: %w", err)
 	}

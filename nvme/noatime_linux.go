@@ -1,0 +1,5 @@
+package nvme
+
+import "syscall"
+
+const oNoATime = syscall.O_NOATIME

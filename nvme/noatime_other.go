@@ -1,0 +1,5 @@
+//go:build !linux
+
+package nvme
+
+const oNoATime = 0
