@@ -38,6 +38,11 @@ type Config struct {
 	KVCacheTokens    int     `yaml:"kv_cache_tokens"`   // default backend KV cache size
 	MaxInflight      int     `yaml:"max_inflight"`      // default backend concurrency limit (0: none)
 
+	// The cache-aware strategy's thresholds, as SGLang's router names them.
+	CacheThreshold      float64 `yaml:"cache_threshold"`       // match rate above which the best match wins, in (0, 1]
+	BalanceAbsThreshold int     `yaml:"balance_abs_threshold"` // in-flight gap (max-min) beyond which load decides...
+	BalanceRelThreshold float64 `yaml:"balance_rel_threshold"` // ...when max also exceeds this x min
+
 	MaxBodyBytes  int64         `yaml:"max_body_bytes"`
 	BodyTimeout   time.Duration `yaml:"body_timeout"`    // to read a whole request body, however it trickles in
 	MaxSlowBodies int           `yaml:"max_slow_bodies"` // bodies still arriving after slowBodyAfter at once; more are refused (408)
@@ -95,39 +100,42 @@ type BackendConfig struct {
 // Defaults returns the default configuration.
 func Defaults() Config {
 	return Config{
-		Strategy:         balance.PrefixAware,
-		LoadFactor:       1.25,
-		MinLoadBound:     2,
-		BlockChars:       256,
-		MaxBlocks:        1024,
-		RendezvousBlocks: 16,
-		Slack:            balance.DefaultSlack,
-		BalanceSlack:     0.1,
-		DecodeWeight:     1,
-		ShareFactor:      1.1,
-		ShareHalfLife:    256,
-		CharsPerToken:    4,
-		KVCacheTokens:    262144,
-		MaxBodyBytes:     16 << 20,
-		BodyTimeout:      30 * time.Second,
-		MaxSlowBodies:    256,
-		QueueTimeout:     2 * time.Second,
-		MaxQueue:         1024,
-		MaxRetries:       2,
-		ConnectTimeout:   2 * time.Second,
-		FirstByteTimeout: 60 * time.Second,
-		ResponseTimeout:  10 * time.Minute,
-		IdleTimeout:      60 * time.Second,
-		ProbeInterval:    5 * time.Second,
-		ProbePath:        "/health",
-		ProbeTimeout:     2 * time.Second,
-		EjectBase:        time.Second,
-		EjectMax:         30 * time.Second,
-		Eject5xx:         5,
-		RampUp:           60 * time.Second,
-		SessionHeader:    "X-Session-Id",
-		DebugHeader:      true,
-		ForwardPaths:     slices.Clone(DefaultForwardPaths),
+		Strategy:            balance.PrefixAware,
+		LoadFactor:          1.25,
+		MinLoadBound:        2,
+		BlockChars:          256,
+		MaxBlocks:           1024,
+		RendezvousBlocks:    16,
+		Slack:               balance.DefaultSlack,
+		BalanceSlack:        0.1,
+		DecodeWeight:        1,
+		ShareFactor:         1.1,
+		ShareHalfLife:       256,
+		CharsPerToken:       4,
+		KVCacheTokens:       262144,
+		CacheThreshold:      balance.DefaultCacheThreshold,
+		BalanceAbsThreshold: balance.DefaultBalanceAbsThreshold,
+		BalanceRelThreshold: balance.DefaultBalanceRelThreshold,
+		MaxBodyBytes:        16 << 20,
+		BodyTimeout:         30 * time.Second,
+		MaxSlowBodies:       256,
+		QueueTimeout:        2 * time.Second,
+		MaxQueue:            1024,
+		MaxRetries:          2,
+		ConnectTimeout:      2 * time.Second,
+		FirstByteTimeout:    60 * time.Second,
+		ResponseTimeout:     10 * time.Minute,
+		IdleTimeout:         60 * time.Second,
+		ProbeInterval:       5 * time.Second,
+		ProbePath:           "/health",
+		ProbeTimeout:        2 * time.Second,
+		EjectBase:           time.Second,
+		EjectMax:            30 * time.Second,
+		Eject5xx:            5,
+		RampUp:              60 * time.Second,
+		SessionHeader:       "X-Session-Id",
+		DebugHeader:         true,
+		ForwardPaths:        slices.Clone(DefaultForwardPaths),
 	}
 }
 
@@ -185,6 +193,10 @@ func (c *Config) Validate() error {
 	}
 	if !within(c.HotShare, 0, 100) {
 		errs = append(errs, fmt.Errorf("hot_share %v must be in [0, 100]", c.HotShare))
+	}
+	if !(c.CacheThreshold > 0 && c.CacheThreshold <= 1) || c.BalanceAbsThreshold < 1 || !within(c.BalanceRelThreshold, 1, 1000) {
+		errs = append(errs, fmt.Errorf("cache_threshold %v must be in (0, 1], balance_abs_threshold %d >= 1, balance_rel_threshold %v in [1, 1000]",
+			c.CacheThreshold, c.BalanceAbsThreshold, c.BalanceRelThreshold))
 	}
 	if c.MinLoadBound < 1 {
 		errs = append(errs, fmt.Errorf("min_load_bound %d must be >= 1", c.MinLoadBound))

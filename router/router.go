@@ -344,21 +344,22 @@ func (rt *Router) wakeLocked() {
 
 // scanKeys reads the model from an inference body and hashes its prompt
 // into a pooled buffer; the caller returns that with putKeys once the
-// request is done (the index keeps copies, not the slice). The error is
+// request is done (the index keeps copies, not the slice). sess is the
+// request's session for the session strategy (see sessionID). The error is
 // oai.Scan's; a body without a model gives "" and no keys.
-func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (model string, keys *[]uint64, stream bool, err error) {
+func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (model string, keys *[]uint64, stream bool, sess uint64, err error) {
 	sc := rt.scanner()
 	defer rt.scans.Put(sc) // nothing of the request outlives this call
 	req, err := sc.Scan(body)
 	if err != nil || req.Model == "" {
-		return "", nil, false, err
+		return "", nil, false, 0, err
 	}
 	kp, _ := rt.keyBufs.Get().(*[]uint64)
 	if kp == nil {
 		kp = new([]uint64)
 	}
 	*kp, _ = rt.hasher(cfg).Blocks((*kp)[:0], req.Model, &req, session)
-	return req.Model, kp, req.Stream, nil
+	return req.Model, kp, req.Stream, rt.sessionID(session, req.User), nil
 }
 
 // scanModel reads the model named in a body, "" if there is none.
@@ -474,6 +475,7 @@ type routeRequest struct {
 	model    string
 	keys     []uint64 // chained block hashes; nil for pass-through paths
 	strategy balance.Strategy
+	session  uint64 // the session strategy's key (0: none)
 	tried    []*backend
 	hashTime time.Duration // spent hashing the prompt, part of the decision time
 }
@@ -543,6 +545,9 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		c := balance.Candidate{ID: b.id, Inflight: b.inflight + b.peers.inflight, Limit: b.limit,
 			Pending: b.pending + b.peers.pending, Prefilling: b.prefilling + b.peers.prefilling,
 			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights, Recent: b.recent}
+		if req.strategy == balance.CacheAware {
+			c.Held = rt.index.Len(b.slot)
+		}
 		if len(req.keys) > 0 {
 			c.Matched = depth[b.slot]
 		}
@@ -556,6 +561,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		Strategy: req.strategy, LoadFactor: rt.cfg.LoadFactor, MinBound: rt.cfg.MinLoadBound, Candidates: cands, Keys: req.keys,
 		Common: common, RendezvousBlocks: rt.cfg.RendezvousBlocks, Slack: rt.cfg.Slack, Rand: rnd, Retry: len(req.tried) > 0,
 		ShareFactor: rt.cfg.ShareFactor, DecodeWeight: rt.cfg.DecodeWeight, BalanceSlack: rt.cfg.BalanceSlack,
+		Session: req.session, CacheThreshold: rt.cfg.CacheThreshold, BalanceAbs: rt.cfg.BalanceAbsThreshold, BalanceRel: rt.cfg.BalanceRelThreshold,
 	})
 	if d.Pick < 0 {
 		return routed{}, errFull

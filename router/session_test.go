@@ -1,0 +1,156 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/llmsim"
+)
+
+// simFleet starts n llmsim engines and a router over them with strategy st.
+func simFleet(t *testing.T, n int, st balance.Strategy) *harness {
+	t.Helper()
+	var urls []string
+	for range n {
+		sim, err := llmsim.New(llmsim.Defaults(), prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(sim)
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	cfg := Defaults()
+	cfg.Strategy = st
+	return newHarness(t, cfg, Options{}, urls...)
+}
+
+// routedTo sends body and returns the backend and reason the router names.
+func routedTo(t *testing.T, h *harness, body string, hdr ...string) (backend, reason string) {
+	t.Helper()
+	resp := post(t, h.srv.URL+"/v1/chat/completions", body, append(hdr, DebugRequestHeader, "1")...)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %s", resp.Status)
+	}
+	f := ParseRoute(resp.Header.Get(RouteHeader))
+	return f["backend"], f["reason"]
+}
+
+func chat(user, text string) string {
+	u := ""
+	if user != "" {
+		u = fmt.Sprintf(`"user":%q,`, user)
+	}
+	return fmt.Sprintf(`{"model":"sim","max_tokens":2,%s"messages":[{"role":"user","content":%q}]}`, u, text)
+}
+
+// TestSessionPins: under the session strategy every turn of a session, by
+// the session header or by the body's user field, reaches the same real
+// engine whatever its prompt, and sessions spread over the engines.
+func TestSessionPins(t *testing.T) {
+	h := simFleet(t, 4, balance.Session)
+	used := map[string]bool{}
+	for s := range 12 {
+		var first string
+		for turn := range 4 {
+			text := strings.Repeat(fmt.Sprintf("turn %d of a conversation. ", turn*100+s), 40) // no shared prefix
+			var got string
+			if s%2 == 0 {
+				got, _ = routedTo(t, h, chat("", text), "X-Session-Id", fmt.Sprint("session-", s))
+			} else {
+				got, _ = routedTo(t, h, chat(fmt.Sprint("user-", s), text))
+			}
+			if turn == 0 {
+				first = got
+			} else if got != first {
+				t.Fatalf("session %d turn %d went to %s, turn 0 to %s", s, turn, got, first)
+			}
+		}
+		used[first] = true
+	}
+	if len(used) < 3 {
+		t.Fatalf("12 sessions used %d of 4 engines", len(used))
+	}
+}
+
+// TestSessionWithinLoadBound: a session pinned to a backend moves on once
+// that backend reaches its load bound, and comes back when it drains.
+func TestSessionWithinLoadBound(t *testing.T) {
+	h := simFleet(t, 4, balance.Session)
+	sess := h.rt.sessionID("alice", "")
+	req := func() *routeRequest { return &routeRequest{model: "sim", strategy: balance.Session, session: sess} }
+	var held []routed
+	for range 2 { // the minimum bound is 2: both stay pinned
+		r, err := h.rt.acquire(context.Background(), req())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, r)
+	}
+	pinned := held[0].b
+	if held[1].b != pinned {
+		t.Fatalf("second request under the bound left the pinned backend")
+	}
+	third, err := h.rt.acquire(context.Background(), req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ceil(1.25 x 3 / 4) = 1, raised to the minimum 2: the pinned backend is full.
+	if third.b == pinned || third.decision.Reason != balance.Overflow {
+		t.Fatalf("third request: %s reason %s, pinned %s", third.b.url, third.decision.Reason, pinned.url)
+	}
+	h.rt.release(&third)
+	for i := range held {
+		h.rt.release(&held[i])
+	}
+	again, err := h.rt.acquire(context.Background(), req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.rt.release(&again)
+	if again.b != pinned {
+		t.Fatalf("after draining the session went to %s, not back to %s", again.b.url, pinned.url)
+	}
+}
+
+// TestFieldStrategiesRoute: each of the field's policies routes real
+// requests to real engines, keeps a document's questions together at low
+// load, and reports its decisions under its own strategy label.
+func TestFieldStrategiesRoute(t *testing.T) {
+	for _, st := range []balance.Strategy{balance.PrefixHash, balance.CacheAware, balance.BoundedLoad} {
+		t.Run(string(st), func(t *testing.T) {
+			h := simFleet(t, 4, st)
+			for doc := range 4 {
+				text := strings.Repeat(fmt.Sprintf("document %d is long and shared. ", doc), 200) // past the 16 blocks the ring and the naive hash key by
+				var first string
+				for q := range 3 {
+					body := fmt.Sprintf(`{"model":"sim","max_tokens":2,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, text, q)
+					got, reason := routedTo(t, h, body)
+					if q == 0 {
+						first = got
+						continue
+					}
+					if got != first || reason != string(balance.Hit) {
+						t.Fatalf("doc %d question %d: %s (%s), first went to %s", doc, q, got, reason, first)
+					}
+				}
+			}
+			h.settle()
+			n := 0.0
+			for _, r := range []balance.Reason{balance.Hit, balance.Cold, balance.Least, balance.Overflow} {
+				n += testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues(string(st), string(r)))
+			}
+			if n != 12 {
+				t.Fatalf("%v decisions counted under %s, want 12", n, st)
+			}
+		})
+	}
+}
