@@ -357,7 +357,7 @@ func TestPrefixAffinity(t *testing.T) {
 	if len(used) < 3 {
 		t.Fatalf("12 documents used only %d of 4 backends", len(used))
 	}
-	if v := testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "hit")); v != 60 {
+	if v := testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "hit", "other")); v != 60 {
 		t.Fatalf("hit decisions %v, want 60", v)
 	}
 }
@@ -445,8 +445,8 @@ func TestStrategySwitchAndAdmin(t *testing.T) {
 		post(t, h.srv.URL+"/v1/completions", `{"model":"`+m+`","prompt":"hello"}`).Body.Close()
 	}
 	h.settle()
-	if testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("least-outstanding", "least")) != 1 ||
-		testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "cold")) != 1 {
+	if testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("least-outstanding", "least", "m2")) != 1 ||
+		testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "cold", "other")) != 1 {
 		t.Fatal("per-model strategy not applied")
 	}
 	resp, err = http.Get(admin.URL + "/metrics")
@@ -456,7 +456,7 @@ func TestStrategySwitchAndAdmin(t *testing.T) {
 	m, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, name := range []string{"warmfleet_router_decisions_total", "warmfleet_router_decision_seconds", "warmfleet_router_ttfb_seconds",
-		"warmfleet_router_backend_inflight", "warmfleet_router_cached_prefix_fraction", "warmfleet_router_request_duration_seconds"} {
+		"warmfleet_router_backend_inflight", "warmfleet_router_cached_prefix_ratio", "warmfleet_router_request_duration_seconds"} {
 		if !bytes.Contains(m, []byte(name)) {
 			t.Errorf("metric %s missing", name)
 		}
@@ -829,7 +829,7 @@ func TestOverflowNamesTheBound(t *testing.T) {
 	if overflowed != 1 {
 		t.Fatalf("want one overflow, got routes %q", routes)
 	}
-	if v := testutil.ToFloat64(h.rt.metrics.overflows.WithLabelValues("prefix-aware", "limit")); v != 1 {
+	if v := testutil.ToFloat64(h.rt.metrics.overflows.WithLabelValues("prefix-aware", "limit", "other")); v != 1 {
 		t.Fatalf("overflows{bound=limit} = %v, want 1", v)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -146,11 +147,74 @@ func TestFieldStrategiesRoute(t *testing.T) {
 			h.settle()
 			n := 0.0
 			for _, r := range []balance.Reason{balance.Hit, balance.Cold, balance.Least, balance.Overflow} {
-				n += testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues(string(st), string(r)))
+				n += testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues(string(st), string(r), otherModel))
 			}
 			if n != 12 {
 				t.Fatalf("%v decisions counted under %s, want 12", n, st)
 			}
 		})
+	}
+}
+
+// TestMetricsModelAndWeights: requests are counted by model and by whether
+// the chosen node held the weights warm; a model neither the config nor an
+// endpoint names is labelled other, so callers cannot grow the series; the
+// build's version is exported.
+func TestMetricsModelAndWeights(t *testing.T) {
+	cold := false
+	cfg := Defaults()
+	cfg.ProbeInterval = -1
+	cfg.Backends = []BackendConfig{
+		{URL: okBackend(t, "a", nil).URL, Models: []string{"sim"}, HoldsWeights: &cold},
+		{URL: okBackend(t, "b", nil).URL, Models: []string{"b"}},
+		{URL: okBackend(t, "c", nil).URL}, // serves any model
+	}
+	src := NewStaticSource(StaticEndpoints(&cfg), nil)
+	reg := prometheus.NewRegistry()
+	rt, err := New(cfg, Options{Source: src, Registry: reg, Version: "v9.9.9-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(rt)
+	defer srv.Close()
+	// sim goes to a (cold) or c (warm), as the router decides; b only to
+	// b; the made-up models only to c.
+	simCold := 0.0
+	for i, m := range []string{"sim", "sim", "sim", "sim", "b", "made-up-1", "made-up-2"} {
+		resp := post(t, srv.URL+"/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"hello %d"}`, m, i), DebugRequestHeader, "1")
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %s", m, resp.Status)
+		}
+		if ParseRoute(resp.Header.Get(RouteHeader))["backend"] == cfg.Backends[0].URL {
+			simCold++
+		}
+	}
+	for _, c := range []struct {
+		model, weights string
+		want           float64
+	}{{"sim", "cold", simCold}, {"sim", "warm", 4 - simCold}, {"b", "warm", 1}, {otherModel, "warm", 2}, {otherModel, "cold", 0}} {
+		if got := testutil.ToFloat64(rt.metrics.requests.WithLabelValues(c.model, c.weights)); got != c.want {
+			t.Errorf("requests{model=%s,weights=%s} = %v, want %v", c.model, c.weights, got, c.want)
+		}
+	}
+	if simCold == 0 {
+		t.Error("no sim request reached the cold backend")
+	}
+	if got := testutil.ToFloat64(rt.metrics.buildInfo.WithLabelValues("v9.9.9-test", runtime.Version())); got != 1 {
+		t.Errorf("build_info = %v", got)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if strings.HasPrefix(l.GetValue(), "made-up") {
+					t.Errorf("%s carries the caller's model %q", f.GetName(), l.GetValue())
+				}
+			}
+		}
 	}
 }
