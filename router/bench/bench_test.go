@@ -120,6 +120,9 @@ func TestRunSmall(t *testing.T) {
 	if len(res.Workloads) != 2 || res.Decision == nil || res.Overhead == nil {
 		t.Fatalf("missing phases: %+v", res)
 	}
+	if d := res.Decision; len(d.ByStrategy) != len(o.Strategies) {
+		t.Fatalf("decision time of %d strategies, want %d", len(d.ByStrategy), len(o.Strategies))
+	}
 	// Scale-out: nothing reaches the added backends before they join,
 	// every strategy sends some there after.
 	if so := res.ScaleOut; so == nil || len(so.Strategies) != len(o.Strategies) || so.AddedAt != 12 {

@@ -223,7 +223,7 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 		res.Workloads = append(res.Workloads, wr)
 	}
 	if o.DecisionBackends > 0 {
-		d, err := measureDecision(o.DecisionBackends, o.DecisionPrompt, o.DecisionSamples, o.Seed)
+		d, err := measureDecision(o.DecisionBackends, o.DecisionPrompt, o.DecisionSamples, o.Seed, o.Strategies)
 		if err != nil {
 			return nil, err
 		}
