@@ -218,3 +218,50 @@ func TestMetricsModelAndWeights(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardedHeaders: a backend gets the client's headers, every value
+// of each, without the hop-by-hop ones (also those Connection names) and
+// the router's debug request, with the client's address appended to
+// X-Forwarded-For.
+func TestForwardedHeaders(t *testing.T) {
+	got := make(chan http.Header, 2)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	}))
+	defer backend.Close()
+	h := newHarness(t, Defaults(), Options{}, backend.URL)
+	for _, prior := range []string{"10.1.1.1", ""} {
+		req, err := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"hi"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer tok")
+		req.Header["X-Multi"] = []string{"a", "b"}
+		req.Header.Set("Connection", "X-Custom-Hop")
+		req.Header.Set("X-Custom-Hop", "1")
+		req.Header.Set("Keep-Alive", "timeout=5")
+		req.Header.Set(DebugRequestHeader, "1")
+		if prior != "" {
+			req.Header.Set("X-Forwarded-For", prior)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		hdr := <-got
+		wantXFF := "127.0.0.1"
+		if prior != "" {
+			wantXFF = prior + ", 127.0.0.1"
+		}
+		if hdr.Get("Authorization") != "Bearer tok" || strings.Join(hdr["X-Multi"], ",") != "a,b" || strings.Join(hdr["X-Forwarded-For"], "|") != wantXFF {
+			t.Fatalf("forwarded %v", hdr)
+		}
+		for _, k := range []string{"X-Custom-Hop", "Keep-Alive", DebugRequestHeader} {
+			if _, ok := hdr[k]; ok {
+				t.Fatalf("%s forwarded: %v", k, hdr)
+			}
+		}
+	}
+}
