@@ -4,7 +4,11 @@ import "math"
 
 // The field's policies, each implemented from its published description so
 // the bench can set warmfleet's own strategy against them in one run, and
-// selectable in the router for users who want one of them.
+// selectable in the router for users who want one of them. Their reasons:
+// Hit when the policy's own choice (the hash's, the best match, the pinned
+// backend) took the request, Overflow when a limit or load bound sent it
+// to another; cache-aware says Cold for its smallest-tree choice and Least
+// for its shortest-queue one.
 const (
 	// PrefixHash is the naive prefix-hash proxy: the hash of the prompt's
 	// first RendezvousBlocks blocks, modulo the number of eligible
