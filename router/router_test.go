@@ -601,7 +601,9 @@ func TestConfigParse(t *testing.T) {
 		// NaN and infinities pass a plain "< bound" check; each float is checked as "inside".
 		"load_factor: .nan\n", "load_factor: .inf\n", "load_factor: 1e308\n", "slack: .nan\n", "balance_slack: .nan\n", "decode_weight: .nan\n",
 		"share_factor: .nan\n", "chars_per_token: .nan\n", "chars_per_token: .inf\n", "chars_per_token: -1\n",
-		"backends:\n  - {url: http://a, id: x}\n  - {url: http://b, id: x}\n", "backends:\n  - url: http://a\n  - {url: http://b, id: \"http://a\"}\n"} {
+		"backends:\n  - {url: http://a, id: x}\n  - {url: http://b, id: x}\n", "backends:\n  - url: http://a\n  - {url: http://b, id: \"http://a\"}\n",
+		"cache_threshold: 0\n", "cache_threshold: 1.5\n", "cache_threshold: .nan\n", "balance_abs_threshold: 0\n", "balance_rel_threshold: 0.5\n",
+		"balance_rel_threshold: .nan\n", "strategy: sglang\n"} {
 		c := Defaults()
 		if err := ParseConfig([]byte(bad), &c); err == nil {
 			t.Errorf("accepted %q", bad)
@@ -610,6 +612,11 @@ func TestConfigParse(t *testing.T) {
 	c := Defaults()
 	if err := ParseConfig([]byte("backends:\n  - url: http://a\n  - url: http://a/\n"), &c); err == nil || strings.Contains(err.Error(), "duplicate id") {
 		t.Errorf("a duplicate url without ids: %v, want one duplicate url error", err)
+	}
+	c = Defaults()
+	if err := ParseConfig([]byte("strategy: cache-aware\ncache_threshold: 0.3\nbalance_abs_threshold: 64\nbalance_rel_threshold: 1.5\nmodels:\n  chat: {strategy: session}\n"), &c); err != nil ||
+		c.CacheThreshold != 0.3 || c.BalanceAbsThreshold != 64 || c.BalanceRelThreshold != 1.5 || c.StrategyFor("chat") != balance.Session {
+		t.Fatalf("cache-aware keys: %+v, %v", c, err)
 	}
 	c = Defaults()
 	if err := ParseConfig(nil, &c); err != nil {
