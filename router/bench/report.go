@@ -116,8 +116,12 @@ func writeDefaultsVsBest(w io.Writer, r *Results) error {
 				sat = s
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%s\t%.2f\t%s\t%.2f\t%s\t%.3f\t\n", wr.Name, ratio(p.TTFTp50, p50.TTFTp50), p50.Strategy,
-			ratio(p.TTFTp99, p99.TTFTp99), p99.Strategy, ratio(p.Throughput, sat.Throughput), sat.Strategy, p.BusiestShare)
+		satRatio, satBy := "-", "(not run)"
+		if sat.Throughput > 0 {
+			satRatio, satBy = fmt.Sprintf("%.2f", ratio(p.Throughput, sat.Throughput)), string(sat.Strategy)
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%s\t%.2f\t%s\t%s\t%s\t%.3f\t\n", wr.Name, ratio(p.TTFTp50, p50.TTFTp50), p50.Strategy,
+			ratio(p.TTFTp99, p99.TTFTp99), p99.Strategy, satRatio, satBy, p.BusiestShare)
 	}
 	return tw.Flush()
 }
