@@ -337,7 +337,7 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 	out.Header = r.Header.Clone()
 	removeHop(out.Header)
 	out.Header.Del(DebugRequestHeader)
-	if ip, _, ok := strings.Cut(r.RemoteAddr, ":"); ok && ip != "" {
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil && ip != "" { // [::1]:port too
 		if prior := out.Header.Get("X-Forwarded-For"); prior != "" {
 			ip = prior + ", " + ip
 		}

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -263,5 +264,30 @@ func TestForwardedHeaders(t *testing.T) {
 				t.Fatalf("%s forwarded: %v", k, hdr)
 			}
 		}
+	}
+}
+
+// TestForwardedForIPv6: a client reaching the router over IPv6 is named
+// in X-Forwarded-For by its whole address, not by what precedes its first
+// colon.
+func TestForwardedForIPv6(t *testing.T) {
+	l, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	got := make(chan string, 1)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("X-Forwarded-For")
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	}))
+	defer backend.Close()
+	h := newHarness(t, Defaults(), Options{}, backend.URL)
+	front := &httptest.Server{Listener: l, Config: &http.Server{Handler: h.rt}}
+	front.Start()
+	defer front.Close()
+	resp := post(t, front.URL+"/v1/completions", `{"model":"m","prompt":"hi"}`)
+	resp.Body.Close()
+	if xff := <-got; xff != "::1" {
+		t.Fatalf("X-Forwarded-For %q, want ::1", xff)
 	}
 }
