@@ -38,6 +38,11 @@ type Config struct {
 	KVCacheTokens    int     `yaml:"kv_cache_tokens"`   // default backend KV cache size
 	MaxInflight      int     `yaml:"max_inflight"`      // default backend concurrency limit (0: none)
 
+	// The cache-aware strategy's thresholds, as SGLang's router names them.
+	CacheThreshold      float64 `yaml:"cache_threshold"`       // match rate above which the best match wins, in (0, 1]
+	BalanceAbsThreshold int     `yaml:"balance_abs_threshold"` // in-flight gap (max-min) beyond which load decides...
+	BalanceRelThreshold float64 `yaml:"balance_rel_threshold"` // ...when max also exceeds this x min
+
 	MaxBodyBytes  int64         `yaml:"max_body_bytes"`
 	BodyTimeout   time.Duration `yaml:"body_timeout"`    // to read a whole request body, however it trickles in
 	MaxSlowBodies int           `yaml:"max_slow_bodies"` // bodies still arriving after slowBodyAfter at once; more are refused (408)
@@ -108,6 +113,12 @@ func Defaults() Config {
 		ShareHalfLife:    256,
 		CharsPerToken:    4,
 		KVCacheTokens:    262144,
+
+		// SGLang's cache_aware defaults.
+		CacheThreshold:      balance.DefaultCacheThreshold,
+		BalanceAbsThreshold: balance.DefaultBalanceAbsThreshold,
+		BalanceRelThreshold: balance.DefaultBalanceRelThreshold,
+
 		MaxBodyBytes:     16 << 20,
 		BodyTimeout:      30 * time.Second,
 		MaxSlowBodies:    256,
@@ -185,6 +196,10 @@ func (c *Config) Validate() error {
 	}
 	if !within(c.HotShare, 0, 100) {
 		errs = append(errs, fmt.Errorf("hot_share %v must be in [0, 100]", c.HotShare))
+	}
+	if !(c.CacheThreshold > 0 && c.CacheThreshold <= 1) || c.BalanceAbsThreshold < 1 || !within(c.BalanceRelThreshold, 1, 1000) {
+		errs = append(errs, fmt.Errorf("cache_threshold %v must be in (0, 1], balance_abs_threshold %d >= 1, balance_rel_threshold %v in [1, 1000]",
+			c.CacheThreshold, c.BalanceAbsThreshold, c.BalanceRelThreshold))
 	}
 	if c.MinLoadBound < 1 {
 		errs = append(errs, fmt.Errorf("min_load_bound %d must be >= 1", c.MinLoadBound))

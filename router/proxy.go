@@ -72,7 +72,7 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
-	strategy := ""
+	strategy, model := "", ""
 	defer func() {
 		if sw.status == 0 {
 			// The handler ended without answering (client gone): record as 499.
@@ -80,7 +80,7 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		rt.metrics.duration.WithLabelValues(strconv.Itoa(sw.status)).Observe(time.Since(start).Seconds())
 		if !sw.firstByte.IsZero() && strategy != "" {
-			rt.metrics.ttfb.WithLabelValues(strategy).Observe(sw.firstByte.Sub(start).Seconds())
+			rt.metrics.ttfb.WithLabelValues(strategy, model).Observe(sw.firstByte.Sub(start).Seconds())
 		}
 		if sw.abort {
 			// The answer broke after it began: the only honest end is to
@@ -104,7 +104,7 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				Code: "method_not_allowed", Message: "use POST for " + r.URL.Path})
 			return
 		}
-		strategy = rt.inference(sw, r, &cfg)
+		strategy, model = rt.inference(sw, r, &cfg)
 	case "/v1/models":
 		if r.Method == http.MethodGet {
 			rt.models(sw, r)
@@ -191,36 +191,37 @@ func (rt *Router) refuseBody(w http.ResponseWriter, e *oai.APIError) {
 }
 
 // inference routes a completions or chat completions request and returns
-// the strategy used ("" if the request was refused before routing).
-func (rt *Router) inference(w *statusWriter, r *http.Request, cfg *Config) string {
+// the strategy used and the model's label ("" if the request was refused
+// before routing).
+func (rt *Router) inference(w *statusWriter, r *http.Request, cfg *Config) (strategy, modelLabel string) {
 	body, apiErr := rt.readBody(w, r, cfg)
 	if apiErr != nil {
 		rt.refuseBody(w, apiErr)
-		return ""
+		return "", ""
 	}
 	start := time.Now()
-	model, kp, stream, err := rt.scanKeys(cfg, body, r.Header.Get(cfg.SessionHeader))
+	model, kp, stream, sess, err := rt.scanKeys(cfg, body, r.Header.Get(cfg.SessionHeader))
 	if err != nil {
 		msg := "invalid JSON body: " + err.Error()
 		if !oai.IsSyntax(err) {
 			msg = "invalid request: " + err.Error()
 		}
 		rt.fail(w, &oai.APIError{Status: http.StatusBadRequest, Type: oai.TypeInvalidRequest, Code: "invalid_request", Message: msg})
-		return ""
+		return "", ""
 	}
 	if model == "" {
 		rt.fail(w, &oai.APIError{Status: http.StatusBadRequest, Type: oai.TypeInvalidRequest, Code: "missing_model",
 			Param: "model", Message: "you must provide a model parameter"})
-		return ""
+		return "", ""
 	}
 	defer rt.putKeys(kp)
-	rr := &routeRequest{model: model, keys: *kp, strategy: cfg.StrategyFor(model), hashTime: time.Since(start)}
+	rr := &routeRequest{model: model, keys: *kp, strategy: cfg.StrategyFor(model), session: sess, hashTime: time.Since(start)}
 	firstByte := cfg.FirstByteTimeout
 	if !stream {
 		firstByte = cfg.ResponseTimeout
 	}
 	rt.forward(w, r, body, rr, cfg, firstByte)
-	return string(rr.strategy)
+	return string(rr.strategy), rr.label
 }
 
 // passthrough proxies any other path to a backend chosen by load, restricted
@@ -336,7 +337,7 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 	out.Header = r.Header.Clone()
 	removeHop(out.Header)
 	out.Header.Del(DebugRequestHeader)
-	if ip, _, ok := strings.Cut(r.RemoteAddr, ":"); ok && ip != "" {
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil && ip != "" { // [::1]:port too
 		if prior := out.Header.Get("X-Forwarded-For"); prior != "" {
 			ip = prior + ", " + ip
 		}

@@ -6,14 +6,22 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/warmfleet/warmfleet/router/balance"
 	"github.com/warmfleet/warmfleet/router/prefix"
 )
 
 // BenchmarkRoute64x16k: the whole routing decision (scan, hash, match,
 // decide, index update) with 64 backends and 16k-character prompts that
-// share long documents.
+// share long documents, per strategy.
 func BenchmarkRoute64x16k(b *testing.B) {
+	for _, st := range balance.Strategies() {
+		b.Run("strategy="+string(st), func(b *testing.B) { benchRoute(b, st) })
+	}
+}
+
+func benchRoute(b *testing.B, st balance.Strategy) {
 	cfg := Defaults()
+	cfg.Strategy = st
 	cfg.ProbeInterval = -1
 	for i := range 64 {
 		cfg.Backends = append(cfg.Backends, BackendConfig{URL: fmt.Sprintf("http://127.0.0.1:%d", 30000+i)})

@@ -43,6 +43,9 @@ type Options struct {
 	HashKey prefix.Key
 	// Transport carries requests to backends; nil builds one from Config.
 	Transport http.RoundTripper
+	// Version is the build's version, for warmfleet_router_build_info
+	// ("" reads as dev).
+	Version string
 	// OnEvent, if set, is told what happens to every request this router
 	// sends (see Event), so peer replicas can Observe it. It runs on the
 	// request's goroutine, outside the router's lock: hand the event off,
@@ -71,6 +74,7 @@ type Router struct {
 	cfg      Config
 	backends map[string]*backend // by URL
 	order    []*backend          // stable order for decisions
+	named    map[string]bool     // models the config or an endpoint names (metric labels)
 	slots    [prefix.MaxSlots]bool
 	index    *prefix.Index
 	freed    chan struct{} // closed and replaced when a slot frees up
@@ -149,7 +153,7 @@ func New(cfg Config, opts Options) (*Router, error) {
 	if rt.rand == nil {
 		rt.rand = rand.Uint64
 	}
-	m, err := newMetrics(opts.Registry)
+	m, err := newMetrics(opts.Registry, opts.Version)
 	if err != nil {
 		return nil, err
 	}
@@ -245,6 +249,7 @@ func (rt *Router) Apply(cfg Config) error {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	rt.cfg = cfg
+	rt.learnModelsLocked()
 	rt.shareDecay = 0
 	rt.index.SetHeat(heatHalfLife(&cfg))
 	for _, b := range rt.order {
@@ -273,6 +278,7 @@ func (rt *Router) SetStrategy(model string, s balance.Strategy) error {
 		cfg.Models = models
 	}
 	rt.cfg = cfg
+	rt.learnModelsLocked()
 	return nil
 }
 
@@ -331,7 +337,30 @@ func (rt *Router) syncLocked(eps []Endpoint) {
 		rt.metrics.inflight.DeleteLabelValues(u)
 		rt.metrics.healthy.DeleteLabelValues(u)
 	}
+	rt.learnModelsLocked()
 	rt.wakeLocked()
+}
+
+// learnModelsLocked collects the models the configuration and the
+// endpoints name: the metrics label only those (see metrics).
+func (rt *Router) learnModelsLocked() {
+	rt.named = map[string]bool{}
+	for m := range rt.cfg.Models {
+		rt.named[m] = true
+	}
+	for _, b := range rt.order {
+		for _, m := range b.ep.Models {
+			rt.named[m] = true
+		}
+	}
+}
+
+// modelLabelLocked is model's metric label.
+func (rt *Router) modelLabelLocked(model string) string {
+	if rt.named[model] {
+		return model
+	}
+	return otherModel
 }
 
 func (rt *Router) wakeLocked() {
@@ -344,21 +373,22 @@ func (rt *Router) wakeLocked() {
 
 // scanKeys reads the model from an inference body and hashes its prompt
 // into a pooled buffer; the caller returns that with putKeys once the
-// request is done (the index keeps copies, not the slice). The error is
+// request is done (the index keeps copies, not the slice). sess is the
+// request's session for the session strategy (see sessionID). The error is
 // oai.Scan's; a body without a model gives "" and no keys.
-func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (model string, keys *[]uint64, stream bool, err error) {
+func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (model string, keys *[]uint64, stream bool, sess uint64, err error) {
 	sc := rt.scanner()
 	defer rt.scans.Put(sc) // nothing of the request outlives this call
 	req, err := sc.Scan(body)
 	if err != nil || req.Model == "" {
-		return "", nil, false, err
+		return "", nil, false, 0, err
 	}
 	kp, _ := rt.keyBufs.Get().(*[]uint64)
 	if kp == nil {
 		kp = new([]uint64)
 	}
 	*kp, _ = rt.hasher(cfg).Blocks((*kp)[:0], req.Model, &req, session)
-	return req.Model, kp, req.Stream, nil
+	return req.Model, kp, req.Stream, rt.sessionID(session, req.User), nil
 }
 
 // scanModel reads the model named in a body, "" if there is none.
@@ -474,6 +504,8 @@ type routeRequest struct {
 	model    string
 	keys     []uint64 // chained block hashes; nil for pass-through paths
 	strategy balance.Strategy
+	session  uint64 // the session strategy's key (0: none)
+	label    string // the model's metric label, once a backend was picked
 	tried    []*backend
 	hashTime time.Duration // spent hashing the prompt, part of the decision time
 }
@@ -492,6 +524,8 @@ type routed struct {
 	pending  *pendingPrefill
 	// prefMatched is what the preferred backend (ignoring load) holds.
 	prefMatched int
+	model       string // the request's model label (metrics)
+	warm        bool   // b's node held the weights when it was picked
 }
 
 // pendingPrefill is a request's share of its backend's pending prefill,
@@ -543,6 +577,9 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		c := balance.Candidate{ID: b.id, Inflight: b.inflight + b.peers.inflight, Limit: b.limit,
 			Pending: b.pending + b.peers.pending, Prefilling: b.prefilling + b.peers.prefilling,
 			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights, Recent: b.recent}
+		if req.strategy == balance.CacheAware {
+			c.Held = rt.index.Len(b.slot)
+		}
 		if len(req.keys) > 0 {
 			c.Matched = depth[b.slot]
 		}
@@ -556,6 +593,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		Strategy: req.strategy, LoadFactor: rt.cfg.LoadFactor, MinBound: rt.cfg.MinLoadBound, Candidates: cands, Keys: req.keys,
 		Common: common, RendezvousBlocks: rt.cfg.RendezvousBlocks, Slack: rt.cfg.Slack, Rand: rnd, Retry: len(req.tried) > 0,
 		ShareFactor: rt.cfg.ShareFactor, DecodeWeight: rt.cfg.DecodeWeight, BalanceSlack: rt.cfg.BalanceSlack,
+		Session: req.session, CacheThreshold: rt.cfg.CacheThreshold, BalanceAbs: rt.cfg.BalanceAbsThreshold, BalanceRel: rt.cfg.BalanceRelThreshold,
 	})
 	if d.Pick < 0 {
 		return routed{}, errFull
@@ -572,7 +610,8 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		rt.index.Insert(b.slot, req.keys, d.Matched)
 	}
 	return routed{b: b, id: b.id, sent: now, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
-		pending: &pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched}, nil
+		pending: &pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched,
+		model: rt.modelLabelLocked(req.model), warm: b.ep.HoldsWeights}, nil
 }
 
 // countLocked records one request for b in the decayed traffic counts.
@@ -600,12 +639,18 @@ func (rt *Router) acquire(ctx context.Context, req *routeRequest) (routed, error
 			rt.metrics.decisionTime.Observe((time.Since(start) + req.hashTime).Seconds())
 			req.hashTime = 0
 			if err == nil {
-				rt.metrics.decisions.WithLabelValues(string(req.strategy), string(r.decision.Reason)).Inc()
+				req.label = r.model
+				rt.metrics.decisions.WithLabelValues(string(req.strategy), string(r.decision.Reason), r.model).Inc()
 				if r.decision.Yielded != "" {
-					rt.metrics.overflows.WithLabelValues(string(req.strategy), string(r.decision.Yielded)).Inc()
+					rt.metrics.overflows.WithLabelValues(string(req.strategy), string(r.decision.Yielded), r.model).Inc()
 				}
+				weights := "cold"
+				if r.warm {
+					weights = "warm"
+				}
+				rt.metrics.requests.WithLabelValues(r.model, weights).Inc()
 				if r.blocks > 0 {
-					rt.metrics.cachedFraction.Observe(float64(r.decision.Matched) / float64(r.blocks))
+					rt.metrics.cachedFraction.WithLabelValues(r.model).Observe(float64(r.decision.Matched) / float64(r.blocks))
 				}
 				if !waitStart.IsZero() {
 					rt.metrics.queueWait.Observe(time.Since(waitStart).Seconds())

@@ -357,7 +357,7 @@ func TestPrefixAffinity(t *testing.T) {
 	if len(used) < 3 {
 		t.Fatalf("12 documents used only %d of 4 backends", len(used))
 	}
-	if v := testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "hit")); v != 60 {
+	if v := testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "hit", "other")); v != 60 {
 		t.Fatalf("hit decisions %v, want 60", v)
 	}
 }
@@ -445,8 +445,8 @@ func TestStrategySwitchAndAdmin(t *testing.T) {
 		post(t, h.srv.URL+"/v1/completions", `{"model":"`+m+`","prompt":"hello"}`).Body.Close()
 	}
 	h.settle()
-	if testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("least-outstanding", "least")) != 1 ||
-		testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "cold")) != 1 {
+	if testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("least-outstanding", "least", "m2")) != 1 ||
+		testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "cold", "other")) != 1 {
 		t.Fatal("per-model strategy not applied")
 	}
 	resp, err = http.Get(admin.URL + "/metrics")
@@ -456,7 +456,7 @@ func TestStrategySwitchAndAdmin(t *testing.T) {
 	m, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, name := range []string{"warmfleet_router_decisions_total", "warmfleet_router_decision_seconds", "warmfleet_router_ttfb_seconds",
-		"warmfleet_router_backend_inflight", "warmfleet_router_cached_prefix_fraction", "warmfleet_router_request_duration_seconds"} {
+		"warmfleet_router_backend_inflight", "warmfleet_router_cached_prefix_ratio", "warmfleet_router_request_duration_seconds"} {
 		if !bytes.Contains(m, []byte(name)) {
 			t.Errorf("metric %s missing", name)
 		}
@@ -601,7 +601,9 @@ func TestConfigParse(t *testing.T) {
 		// NaN and infinities pass a plain "< bound" check; each float is checked as "inside".
 		"load_factor: .nan\n", "load_factor: .inf\n", "load_factor: 1e308\n", "slack: .nan\n", "balance_slack: .nan\n", "decode_weight: .nan\n",
 		"share_factor: .nan\n", "chars_per_token: .nan\n", "chars_per_token: .inf\n", "chars_per_token: -1\n",
-		"backends:\n  - {url: http://a, id: x}\n  - {url: http://b, id: x}\n", "backends:\n  - url: http://a\n  - {url: http://b, id: \"http://a\"}\n"} {
+		"backends:\n  - {url: http://a, id: x}\n  - {url: http://b, id: x}\n", "backends:\n  - url: http://a\n  - {url: http://b, id: \"http://a\"}\n",
+		"cache_threshold: 0\n", "cache_threshold: 1.5\n", "cache_threshold: .nan\n", "balance_abs_threshold: 0\n", "balance_rel_threshold: 0.5\n",
+		"balance_rel_threshold: .nan\n", "strategy: sglang\n"} {
 		c := Defaults()
 		if err := ParseConfig([]byte(bad), &c); err == nil {
 			t.Errorf("accepted %q", bad)
@@ -610,6 +612,11 @@ func TestConfigParse(t *testing.T) {
 	c := Defaults()
 	if err := ParseConfig([]byte("backends:\n  - url: http://a\n  - url: http://a/\n"), &c); err == nil || strings.Contains(err.Error(), "duplicate id") {
 		t.Errorf("a duplicate url without ids: %v, want one duplicate url error", err)
+	}
+	c = Defaults()
+	if err := ParseConfig([]byte("strategy: cache-aware\ncache_threshold: 0.3\nbalance_abs_threshold: 64\nbalance_rel_threshold: 1.5\nmodels:\n  chat: {strategy: session}\n"), &c); err != nil ||
+		c.CacheThreshold != 0.3 || c.BalanceAbsThreshold != 64 || c.BalanceRelThreshold != 1.5 || c.StrategyFor("chat") != balance.Session {
+		t.Fatalf("cache-aware keys: %+v, %v", c, err)
 	}
 	c = Defaults()
 	if err := ParseConfig(nil, &c); err != nil {
@@ -829,7 +836,7 @@ func TestOverflowNamesTheBound(t *testing.T) {
 	if overflowed != 1 {
 		t.Fatalf("want one overflow, got routes %q", routes)
 	}
-	if v := testutil.ToFloat64(h.rt.metrics.overflows.WithLabelValues("prefix-aware", "limit")); v != 1 {
+	if v := testutil.ToFloat64(h.rt.metrics.overflows.WithLabelValues("prefix-aware", "limit", "other")); v != 1 {
 		t.Fatalf("overflows{bound=limit} = %v, want 1", v)
 	}
 }

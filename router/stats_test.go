@@ -9,9 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/warmfleet/warmfleet/router/llmsim"
+	"github.com/warmfleet/warmfleet/router/balance"
 )
 
 func TestLatencyPercentiles(t *testing.T) {
@@ -51,17 +49,7 @@ func TestLatencyPercentiles(t *testing.T) {
 // latency of real llmsim engines; it wants the admin token like the other
 // admin paths, and refuses every method but GET.
 func TestStatusPageData(t *testing.T) {
-	var urls []string
-	for range 2 {
-		sim, err := llmsim.New(llmsim.Defaults(), prometheus.NewRegistry())
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := httptest.NewServer(sim)
-		t.Cleanup(srv.Close)
-		urls = append(urls, srv.URL)
-	}
-	h := newHarness(t, Defaults(), Options{}, urls...)
+	h := simFleet(t, 2, balance.PrefixAware)
 	const token = "status-page-token-0123456789"
 	admin := httptest.NewServer(h.rt.AdminHandler(h.reg, nil, token))
 	defer admin.Close()

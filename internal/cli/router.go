@@ -110,7 +110,7 @@ func (f *routerFlags) register(fs *flagSet) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fs.Var(&f.backends, "backend", "backend base URL (repeatable, or comma-separated); added to the config file's backends")
 	f.strategy = balance.PrefixAware
-	fs.Var(strategyFlag{&f.strategy}, "strategy", "default strategy: prefix-aware, least-outstanding or random")
+	fs.Var(strategyFlag{&f.strategy}, "strategy", "default strategy: prefix-aware, least-outstanding, random, or one of the field's policies: prefix-hash, cache-aware (SGLang), bounded-load (consistent hashing with bounded loads), session (HyperPod; pins X-Session-Id or the body's user)")
 	fs.StringVar(&f.configFile, "config", "", "YAML config file (backends, per-model strategies, limits); re-read on SIGHUP")
 	fs.DurationVar(&f.configPoll, "config-poll", 0, "also re-read --config this often and reload it when its content changed, e.g. a mounted ConfigMap (0: off)")
 	fs.StringVar(&f.hashKeyFile, "hash-key-file", "", "per-fleet secret keying prompt hashes (replicas must share it; default: random per process)")

@@ -42,6 +42,9 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"router", "--kv-blocks", "0"}, "kv-blocks"},
 		{[]string{"router", "--plot", "/nonexistent-dir/ttft.svg"}, "directory does not exist"},
 		{[]string{"router", "--plot", "ttft.png"}, "must end in .svg"},
+		{[]string{"router", "--scale-out", "everything"}, "scale-out workload"},
+		{[]string{"router", "--scale-out-add", "0"}, "scale-out workload"},
+		{[]string{"router", "--strategies", "prefix-aware,round-robin"}, `unknown strategy "round-robin"`},
 	}
 	for _, tt := range tests {
 		args := append([]string{"bench"}, tt.args...)

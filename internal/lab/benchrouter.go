@@ -20,7 +20,11 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 	fs.Float64Var(&o.Load, "load", o.Load, "offered load: uncached prefill work / fleet prefill capacity")
 	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per workload")
 	workloads := fs.String("workloads", strings.Join(o.Workloads, ","), "comma-separated: "+strings.Join(bench.AllWorkloads(), ", "))
-	strategies := fs.String("strategies", "random,least-outstanding,prefix-aware", "comma-separated strategies to compare")
+	var names []string
+	for _, s := range o.Strategies {
+		names = append(names, string(s))
+	}
+	strategies := fs.String("strategies", strings.Join(names, ","), "comma-separated strategies to compare, side by side in one run")
 	fs.StringVar(&o.TracesDir, "traces-dir", o.TracesDir, "directory holding the Mooncake traces (.jsonl or .jsonl.gz); empty uses the copies built into the binary")
 	fs.IntVar(&o.TraceOffset, "trace-offset", o.TraceOffset, "first trace row to replay")
 	simFlags(fs, &o.Sim)
@@ -41,6 +45,8 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 	fs.IntVar(&o.OverheadRounds, "overhead-rounds", o.OverheadRounds, "overhead rounds per mode")
 	fs.IntVar(&o.DecisionBackends, "decision-backends", o.DecisionBackends, "backends for the decision-time phase (0: skip)")
 	fs.IntVar(&o.DecisionPrompt, "prompt-bytes", o.DecisionPrompt, "prompt size for the decision-time and overhead phases")
+	fs.StringVar(&o.ScaleOut, "scale-out", o.ScaleOut, "workload of the scale-out phase, which adds backends when half its requests have arrived (empty: skip)")
+	fs.IntVar(&o.ScaleOutAdd, "scale-out-add", o.ScaleOutAdd, "backends the scale-out phase adds")
 	output := fs.String("o", "text", "output format: text or json")
 	plot := fs.String("plot", "", "also write a TTFT CDF plot to this SVG file")
 	if err := cli.ParseFlags(fs, e, args); err != nil {

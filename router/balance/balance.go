@@ -8,6 +8,7 @@ package balance
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // Strategy selects how requests for a model are spread.
@@ -26,7 +27,10 @@ func ParseStrategy(s string) (Strategy, error) {
 	case Random, LeastOutstanding, PrefixAware:
 		return st, nil
 	}
-	return "", fmt.Errorf("unknown strategy %q (want prefix-aware, least-outstanding or random)", s)
+	if slices.Contains(fieldStrategies, Strategy(s)) {
+		return Strategy(s), nil
+	}
+	return "", fmt.Errorf("unknown strategy %q (want one of %v)", s, Strategies())
 }
 
 // Reason says why a backend was chosen.
@@ -82,6 +86,9 @@ type Candidate struct {
 	// Recent is its recent traffic: requests routed to it, decayed (only
 	// ratios between candidates matter).
 	Recent float64
+	// Held is how many blocks the router's index has it hold (the size of
+	// its approximate prefix tree, for cache-aware).
+	Held int
 }
 
 // Input is everything one decision depends on.
@@ -123,6 +130,14 @@ type Input struct {
 	ShareFactor float64
 	Rand        uint64 // caller-supplied randomness (random strategy, tie-breaks)
 	Retry       bool   // this is a second or later attempt
+	// Session is the hash of the request's session id (0: none), for the
+	// session strategy.
+	Session uint64
+	// CacheThreshold, BalanceAbs and BalanceRel are cache-aware's
+	// thresholds (SGLang's defaults where zero).
+	CacheThreshold float64
+	BalanceAbs     int
+	BalanceRel     float64
 }
 
 // Decision is the outcome.
@@ -237,7 +252,10 @@ func Decide(in Input) Decision {
 	case LeastOutstanding:
 		d = decideLeast(in)
 	default:
-		d = decidePrefix(in)
+		var ok bool
+		if d, ok = decideField(in); !ok {
+			d = decidePrefix(in)
+		}
 	}
 	if in.Retry && d.Pick >= 0 {
 		d.Reason = Retry

@@ -120,6 +120,30 @@ func TestRunSmall(t *testing.T) {
 	if len(res.Workloads) != 2 || res.Decision == nil || res.Overhead == nil {
 		t.Fatalf("missing phases: %+v", res)
 	}
+	if d := res.Decision; len(d.ByStrategy) != len(o.Strategies) {
+		t.Fatalf("decision time of %d strategies, want %d", len(d.ByStrategy), len(o.Strategies))
+	}
+	// Scale-out: nothing reaches the added backends before they join,
+	// every strategy sends some there after.
+	if so := res.ScaleOut; so == nil || len(so.Strategies) != len(o.Strategies) || so.AddedAt != 12 {
+		t.Fatalf("scale-out: %+v", so)
+	}
+	for _, s := range res.ScaleOut.Strategies {
+		before, after := 0.0, 0.0
+		for _, win := range s.Windows {
+			if win.Failed != 0 || win.HitRate < 0 || win.HitRate > 1 || win.TTFTp50 <= 0 {
+				t.Errorf("scale-out %s window %+v", s.Strategy, win)
+			}
+			if win.To <= res.ScaleOut.AddedAt {
+				before += win.NewShare
+			} else {
+				after += win.NewShare
+			}
+		}
+		if before != 0 || after == 0 {
+			t.Errorf("scale-out %s: share to the added backends %v before, %v after", s.Strategy, before, after)
+		}
+	}
 	if ov := res.Overhead; len(ov.ByStrategy) != len(o.Strategies) || ov.Failures != 0 {
 		t.Fatalf("overhead: %+v", ov)
 	}
@@ -139,7 +163,7 @@ func TestRunSmall(t *testing.T) {
 		}
 	}
 	var sb strings.Builder
-	if err := WriteText(&sb, res); err != nil || !strings.Contains(sb.String(), "prefix-aware") {
+	if err := WriteText(&sb, res); err != nil || !strings.Contains(sb.String(), "prefix-aware") || !strings.Contains(sb.String(), "scale-out: rag") {
 		t.Fatalf("report: %v\n%s", err, sb.String())
 	}
 	sb.Reset()
@@ -161,7 +185,7 @@ func TestRunIsReproducible(t *testing.T) {
 		o := DefaultOptions()
 		o.Backends, o.Requests, o.ClosedPerBE, o.Replicas = 4, 120, 4, replicas
 		o.Workloads = []string{WorkMultiTurn}
-		o.OverheadRate, o.DecisionBackends = 0, 0
+		o.OverheadRate, o.DecisionBackends, o.ScaleOut = 0, 0, ""
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		var runs [2][]StrategyResult

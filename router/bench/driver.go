@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/warmfleet/warmfleet/router"
 	"github.com/warmfleet/warmfleet/router/llmsim"
 )
 
@@ -31,6 +32,11 @@ type driver struct {
 	// every open request is queued in or held by the router, so the next
 	// decision sees the in-flight counts of this instant, not a race.
 	open atomic.Int64
+	// arrival, if set, runs (in openLoop, at quiet) before request i is
+	// sent: the scale-out phase changes the fleet there.
+	arrival func(i int) error
+	// debug asks the router to name the backend (Outcome.backend).
+	debug bool
 }
 
 func newDriver(clock *llmsim.VirtualClock, client *http.Client, f *fleet) *driver {
@@ -93,6 +99,8 @@ type outcome struct {
 	ttft   time.Duration // to the first body byte (virtual, or wall for sendReal)
 	end    time.Time
 	err    error
+	// backend is the router's choice when the driver asked for it.
+	backend string
 }
 
 // send posts one request whose Busy the caller (start) counted, reads the
@@ -104,13 +112,16 @@ func (d *driver) send(ctx context.Context, base string, r *Request) outcome {
 		return outcome{err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if d.debug {
+		req.Header.Set(router.DebugRequestHeader, "1")
+	}
 	resp, err := d.client.Do(req)
 	if err != nil {
 		return outcome{err: err}
 	}
 	defer resp.Body.Close()
 	fromSim := resp.Header.Get("X-Llmsim") != ""
-	out := outcome{status: resp.StatusCode}
+	out := outcome{status: resp.StatusCode, backend: router.ParseRoute(resp.Header.Get(router.RouteHeader))["backend"]}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := resp.Body.Read(buf)
@@ -147,6 +158,11 @@ func (d *driver) openLoop(ctx context.Context, reqs []Request) ([]outcome, time.
 			// decision then sees the one before it, in trace order.
 			d.clock.AdvanceTo(t0.Add(reqs[next].At))
 			i := next
+			if d.arrival != nil {
+				if err := d.arrival(i); err != nil {
+					return nil, 0, err
+				}
+			}
 			d.start(ctx, &wg, &reqs[i], func(o outcome) { outs[i] = o })
 			next++
 			continue

@@ -38,6 +38,7 @@ type replica struct {
 	rt  *router.Router
 	url string
 	reg *prometheus.Registry
+	src *router.StaticSource // its backends (the scale-out phase changes them)
 }
 
 // reasons sums every replica's decisions by reason and, when there are
@@ -168,7 +169,7 @@ func startRouter(ctx context.Context, cfg router.Config, seed, index uint64, onE
 		<-done
 		return replica{}, nil, err
 	}
-	return replica{rt: rt, url: u, reg: reg}, func() { stopServe(); cancel(); <-done }, nil
+	return replica{rt: rt, url: u, reg: reg, src: src}, func() { stopServe(); cancel(); <-done }, nil
 }
 
 // newClient is the load generator's client. It runs in the router's process,

@@ -28,10 +28,43 @@ type DecisionResult struct {
 	P50us       float64 `json:"p50_us"`
 	P99us       float64 `json:"p99_us"`
 	HitFraction float64 `json:"hit_fraction"`
+	// ByStrategy is every strategy's, on the same prompts; the figures
+	// above are prefix-aware's (the default's, the goal's).
+	ByStrategy []StrategyDecision `json:"by_strategy,omitempty"`
 }
 
-func measureDecision(backends, promptBytes, samples int, seed uint64) (*DecisionResult, error) {
+// StrategyDecision is one strategy's decision time.
+type StrategyDecision struct {
+	Strategy balance.Strategy `json:"strategy"`
+	P50us    float64          `json:"p50_us"`
+	P99us    float64          `json:"p99_us"`
+}
+
+func measureDecision(backends, promptBytes, samples int, seed uint64, strategies []balance.Strategy) (*DecisionResult, error) {
+	if !slices.Contains(strategies, balance.PrefixAware) {
+		strategies = append(slices.Clone(strategies), balance.PrefixAware)
+	}
+	var res *DecisionResult
+	var each []StrategyDecision
+	for _, st := range strategies {
+		d, err := measureDecisionOf(st, backends, promptBytes, samples, seed)
+		if err != nil {
+			return nil, err
+		}
+		each = append(each, StrategyDecision{Strategy: st, P50us: d.P50us, P99us: d.P99us})
+		if st == balance.PrefixAware {
+			res = d
+		}
+	}
+	if len(each) > 1 {
+		res.ByStrategy = each
+	}
+	return res, nil
+}
+
+func measureDecisionOf(st balance.Strategy, backends, promptBytes, samples int, seed uint64) (*DecisionResult, error) {
 	cfg := router.Defaults()
+	cfg.Strategy = st
 	cfg.ProbeInterval = -1
 	for i := range backends {
 		cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: fmt.Sprintf("http://127.0.0.1:%d", 20000+i)})

@@ -64,12 +64,21 @@ func WriteText(w io.Writer, r *Results) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := writeDefaultsVsBest(w, r); err != nil {
+		return err
+	}
+	if err := writeScaleOut(w, r.ScaleOut); err != nil {
+		return err
+	}
 	if d := r.Decision; d != nil {
-		fmt.Fprintf(w, "\ndecision time (scan+hash+decide+index), %d backends, %d-byte bodies, %d samples: p50 %.1f us, p99 %.1f us (goal p99 <= 50 us)\n",
+		fmt.Fprintf(w, "\ndecision time (scan+hash+decide+index), %d backends, %d-byte bodies, %d samples: p50 %.1f us, p99 %.1f us (goal p99 <= 25 us)\n",
 			d.Backends, d.PromptBytes, d.Samples, d.P50us, d.P99us)
+		for _, s := range d.ByStrategy {
+			fmt.Fprintf(w, "  %-17s p50 %.1f us p99 %.1f us\n", s.Strategy, s.P50us, s.P99us)
+		}
 	}
 	if ov := r.Overhead; ov != nil {
-		fmt.Fprintf(w, "added latency at %d req/s, %d-byte bodies, %d requests per mode: direct p50 %.3f ms p99 %.3f ms; via router p50 %.3f ms p99 %.3f ms; added p50 %.3f ms p99 %.3f ms (goal p99 <= 0.5 ms); failures %d\n",
+		fmt.Fprintf(w, "added latency at %d req/s, %d-byte bodies, %d requests per mode: direct p50 %.3f ms p99 %.3f ms; via router p50 %.3f ms p99 %.3f ms; added p50 %.3f ms p99 %.3f ms (goal p99 <= 0.3 ms); failures %d\n",
 			ov.Rate, ov.PromptBytes, ov.Requests, ov.DirectP50ms, ov.DirectP99ms, ov.RouterP50ms, ov.RouterP99ms, ov.AddedP50ms, ov.AddedP99ms, ov.Failures)
 		for _, so := range ov.ByStrategy {
 			fmt.Fprintf(w, "  %-17s via router p50 %.3f ms p99 %.3f ms; added p50 %.3f ms p99 %.3f ms; failures %d\n",
@@ -77,4 +86,64 @@ func WriteText(w io.Writer, r *Results) error {
 		}
 	}
 	return nil
+}
+
+// writeDefaultsVsBest sets prefix-aware (the default) against the best
+// other strategy of the same run, per workload: TTFT p50 and p99 (lower is
+// better; the goal is a ratio <= 1) and saturated throughput.
+func writeDefaultsVsBest(w io.Writer, r *Results) error {
+	fmt.Fprintln(w, "\nprefix-aware (the default) against the best other strategy in this run (goal: TTFT ratios <= 1, sat ratio >= 1, busiest <= 1.25):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tTTFT p50 ratio\tbest p50 by\tTTFT p99 ratio\tbest p99 by\tsat rps ratio\tbest sat by\tbusiest\t")
+	for _, wr := range r.Workloads {
+		p := wr.get(balance.PrefixAware)
+		if p == nil || len(wr.Strategies) < 2 {
+			continue
+		}
+		var p50, p99, sat *StrategyResult
+		for i := range wr.Strategies {
+			s := &wr.Strategies[i]
+			if s.Strategy == balance.PrefixAware {
+				continue
+			}
+			if p50 == nil || s.TTFTp50 < p50.TTFTp50 {
+				p50 = s
+			}
+			if p99 == nil || s.TTFTp99 < p99.TTFTp99 {
+				p99 = s
+			}
+			if sat == nil || s.Throughput > sat.Throughput {
+				sat = s
+			}
+		}
+		satRatio, satBy := "-", "(not run)"
+		if sat.Throughput > 0 {
+			satRatio, satBy = fmt.Sprintf("%.2f", ratio(p.Throughput, sat.Throughput)), string(sat.Strategy)
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%s\t%.2f\t%s\t%s\t%s\t%.3f\t\n", wr.Name, ratio(p.TTFTp50, p50.TTFTp50), p50.Strategy,
+			ratio(p.TTFTp99, p99.TTFTp99), p99.Strategy, satRatio, satBy, p.BusiestShare)
+	}
+	return tw.Flush()
+}
+
+// writeScaleOut prints the scale-out phase, one row per strategy and window.
+func writeScaleOut(w io.Writer, so *ScaleOutResult) error {
+	if so == nil {
+		return nil
+	}
+	fmt.Fprintf(w, "\nscale-out: %s on %d backends, %d more (not holding the weights warm) join before request %d; per window of arrivals:\n",
+		so.Workload, so.Backends, so.Added, so.AddedAt)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "strategy\trequests\tKV hit\tTTFT p50 s\tp95 s\tp99 s\tto added\tfailed\t")
+	for _, s := range so.Strategies {
+		for _, win := range s.Windows {
+			mark := ""
+			if win.From <= so.AddedAt && so.AddedAt < win.To {
+				mark = "+"
+			}
+			fmt.Fprintf(tw, "%s\t%s%d-%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.2f\t%d\t\n", s.Strategy, mark, win.From, win.To-1,
+				win.HitRate, win.TTFTp50, win.TTFTp95, win.TTFTp99, win.NewShare, win.Failed)
+		}
+	}
+	return tw.Flush()
 }

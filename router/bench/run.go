@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/warmfleet/warmfleet/router"
@@ -55,6 +56,10 @@ type Options struct {
 	DecisionBackends int // backends for the decision-time phase (0 skips it)
 	DecisionPrompt   int // prompt bytes for the decision-time phase
 	DecisionSamples  int
+	// ScaleOut names the workload of the scale-out phase ("" skips it):
+	// ScaleOutAdd backends join when half its requests have arrived.
+	ScaleOut    string
+	ScaleOutAdd int
 
 	Progress io.Writer // nil: quiet
 }
@@ -65,10 +70,11 @@ func DefaultOptions() Options {
 	sim.KVBlocks = 65536 // 1M tokens per backend: a multi-GPU node
 	return Options{
 		Backends: 8, Load: 0.8, Requests: 1000, Workloads: AllWorkloads(),
-		Strategies: []balance.Strategy{balance.Random, balance.LeastOutstanding, balance.PrefixAware},
+		Strategies: balance.Strategies(),
 		TracesDir:  "", Sim: sim, Seed: 1, Saturation: true, Replicas: 1,
 		OverheadRate: 1000, OverheadDuration: 2 * time.Second, OverheadRounds: 3,
 		DecisionBackends: 64, DecisionPrompt: 16000, DecisionSamples: 20000,
+		ScaleOut: WorkRAG, ScaleOutAdd: 2,
 	}
 }
 
@@ -79,6 +85,7 @@ type Results struct {
 	Workloads []WorkloadResult `json:"workloads"`
 	Overhead  *OverheadResult  `json:"overhead,omitempty"`
 	Decision  *DecisionResult  `json:"decision,omitempty"`
+	ScaleOut  *ScaleOutResult  `json:"scale_out,omitempty"`
 }
 
 // Machine describes where the run happened (noise context).
@@ -164,6 +171,9 @@ func (o *Options) Validate() error {
 		(o.DecisionBackends > 0 && (o.DecisionPrompt < 1 || o.DecisionPrompt > 8<<20 || o.DecisionSamples < 1)) {
 		return errors.New("bench: decision backends must be 0 (skip) to 256, with a prompt of 1 byte to 8 MiB and at least one sample")
 	}
+	if o.ScaleOut != "" && (!slices.Contains(AllWorkloads(), o.ScaleOut) || o.ScaleOutAdd < 1 || o.Backends+o.ScaleOutAdd > prefix.MaxSlots) {
+		return fmt.Errorf("bench: the scale-out workload must be one of %v, adding 1 or more backends (at most %d in all)", AllWorkloads(), prefix.MaxSlots)
+	}
 	if err := o.Sim.Validate(); err != nil {
 		return err
 	}
@@ -187,18 +197,10 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 			Replicas: o.replicas()}}
 	tok := llmsim.Tokenizer{CharsPerToken: o.Sim.CharsPerToken, BlockTokens: o.Sim.BlockTokens}
 	for _, name := range o.Workloads {
-		var w Workload
-		var err error
-		switch name {
-		case WorkMoonConv, WorkMoonSynth:
-			w, err = LoadTrace(o.TracesDir, name, o.TraceOffset, o.Requests, o.Sim.Model, o.Sim.CharsPerToken)
-		default:
-			w, err = Synthetic(name, o.Requests, o.Seed, o.Sim.Model, o.Sim.CharsPerToken, o.Sim.KVBlocks*o.Sim.BlockTokens)
-		}
+		w, err := o.workload(name)
 		if err != nil {
 			return nil, err
 		}
-		w.Schedule(o.Load, o.Backends, o.Sim.PrefillPerToken, o.Seed)
 		wr := WorkloadResult{Name: name, Requests: len(w.Requests), BestReuse: BestReuse(&w, tok, 0),
 			BestReuseFleet: BestReuse(&w, tok, o.Backends*o.Sim.KVBlocks)}
 		tokens := 0
@@ -221,12 +223,24 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 		res.Workloads = append(res.Workloads, wr)
 	}
 	if o.DecisionBackends > 0 {
-		d, err := measureDecision(o.DecisionBackends, o.DecisionPrompt, o.DecisionSamples, o.Seed)
+		d, err := measureDecision(o.DecisionBackends, o.DecisionPrompt, o.DecisionSamples, o.Seed, o.Strategies)
 		if err != nil {
 			return nil, err
 		}
 		res.Decision = d
 		o.logf("decision: %d backends, %d-byte prompts: p50 %.1fus p99 %.1fus", d.Backends, d.PromptBytes, d.P50us, d.P99us)
+	}
+	if o.ScaleOut != "" {
+		w, err := o.workload(o.ScaleOut)
+		if err != nil {
+			return nil, err
+		}
+		so, err := measureScaleOut(ctx, &o, &w)
+		if err != nil {
+			return nil, err
+		}
+		res.ScaleOut = so
+		o.logf("scale-out: %s, %d backends + %d at request %d", so.Workload, so.Backends, so.Added, so.AddedAt)
 	}
 	if o.OverheadRate > 0 {
 		ov, err := measureOverhead(ctx, &o)
@@ -238,6 +252,24 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 	}
 	res.Machine.LoadAvg1E = loadAvg()
 	return res, nil
+}
+
+// workload builds the named workload, scheduled at the offered load for
+// Backends backends.
+func (o *Options) workload(name string) (Workload, error) {
+	var w Workload
+	var err error
+	switch name {
+	case WorkMoonConv, WorkMoonSynth:
+		w, err = LoadTrace(o.TracesDir, name, o.TraceOffset, o.Requests, o.Sim.Model, o.Sim.CharsPerToken)
+	default:
+		w, err = Synthetic(name, o.Requests, o.Seed, o.Sim.Model, o.Sim.CharsPerToken, o.Sim.KVBlocks*o.Sim.BlockTokens)
+	}
+	if err != nil {
+		return w, err
+	}
+	w.Schedule(o.Load, o.Backends, o.Sim.PrefillPerToken, o.Seed)
+	return w, nil
 }
 
 // routerConfig is the router configuration the options produce: 0 keeps

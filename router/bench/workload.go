@@ -87,6 +87,11 @@ func chatBody(model string, msgs []chatMsg, out int) []byte {
 	return b
 }
 
+func sessionBody(model, user string, msgs []chatMsg, out int) []byte {
+	b, _ := json.Marshal(map[string]any{"model": model, "user": user, "messages": msgs, "max_tokens": out, "stream": true})
+	return b
+}
+
 func completionBody(model, prompt string, out int) []byte {
 	b, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": out, "stream": true})
 	return b
@@ -178,7 +183,9 @@ func Synthetic(name string, n int, seed uint64, model string, cpt, kvTokens int)
 			i := rng.IntN(len(active))
 			s := active[i]
 			hist[s] = append(hist[s], chatMsg{"user", text(rng, 150, cpt)})
-			add("/v1/chat/completions", chatBody(model, hist[s], 150), 150)
+			// The session names itself as a chat app would, in the user
+			// field, for the session strategy.
+			add("/v1/chat/completions", sessionBody(model, fmt.Sprintf("session-%d", s), hist[s], 150), 150)
 			hist[s] = append(hist[s], chatMsg{"assistant", text(rng, 150, cpt)})
 			if left[s]--; left[s] == 0 {
 				active = slices.Delete(active, i, i+1)
