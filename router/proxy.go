@@ -199,7 +199,7 @@ func (rt *Router) inference(w *statusWriter, r *http.Request, cfg *Config) strin
 		return ""
 	}
 	start := time.Now()
-	model, kp, stream, err := rt.scanKeys(cfg, body, r.Header.Get(cfg.SessionHeader))
+	model, kp, stream, exact, err := rt.scanKeys(cfg, body, r.Header.Get(cfg.SessionHeader))
 	if err != nil {
 		msg := "invalid JSON body: " + err.Error()
 		if !oai.IsSyntax(err) {
@@ -214,7 +214,7 @@ func (rt *Router) inference(w *statusWriter, r *http.Request, cfg *Config) strin
 		return ""
 	}
 	defer rt.putKeys(kp)
-	rr := &routeRequest{model: model, keys: *kp, strategy: cfg.StrategyFor(model), hashTime: time.Since(start)}
+	rr := &routeRequest{model: model, keys: *kp, exact: exact, strategy: cfg.StrategyFor(model), hashTime: time.Since(start)}
 	firstByte := cfg.FirstByteTimeout
 	if !stream {
 		firstByte = cfg.ResponseTimeout

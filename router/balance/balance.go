@@ -18,15 +18,20 @@ const (
 	Random           Strategy = "random"
 	LeastOutstanding Strategy = "least-outstanding"
 	PrefixAware      Strategy = "prefix-aware"
+	// KVAware is the prefix-aware decision, under the same bounds, with
+	// each backend's expected prefix taken from its engine's KV events
+	// where it publishes them (the router's job: to this package both are
+	// the same rule over Candidate.Matched).
+	KVAware Strategy = "kv-aware"
 )
 
 // ParseStrategy validates a strategy name.
 func ParseStrategy(s string) (Strategy, error) {
 	switch st := Strategy(s); st {
-	case Random, LeastOutstanding, PrefixAware:
+	case Random, LeastOutstanding, PrefixAware, KVAware:
 		return st, nil
 	}
-	return "", fmt.Errorf("unknown strategy %q (want prefix-aware, least-outstanding or random)", s)
+	return "", fmt.Errorf("unknown strategy %q (want prefix-aware, kv-aware, least-outstanding or random)", s)
 }
 
 // Reason says why a backend was chosen.
