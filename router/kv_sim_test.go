@@ -101,4 +101,3 @@ func complete(t *testing.T, url string, prompt []uint32) {
 		t.Fatalf("completion at %s: %s: %s", url, resp.Status, body)
 	}
 }
-
