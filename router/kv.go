@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/warmfleet/warmfleet/router/kvevents"
+	"github.com/warmfleet/warmfleet/router/oai"
 )
 
 // KV events. A backend whose config names a kv_events address gets one
@@ -186,7 +187,7 @@ func (rt *Router) KVStats(backend string) kvevents.Stats { return rt.kv.index.St
 // text hashes do). ok is false when the prompt is not a flat array of
 // token ids or the model cannot be hashed so.
 func (rt *Router) engineKeys(dst []uint64, cfg *Config, model string, prompt []byte, toks *[]uint32) ([]uint64, bool) {
-	ids, ok := tokenIDs(prompt, (*toks)[:0])
+	ids, ok := oai.TokenIDs(prompt, (*toks)[:0])
 	*toks = ids
 	if !ok || len(ids) == 0 {
 		return dst, false
@@ -202,50 +203,6 @@ func (rt *Router) engineKeys(dst []uint64, cfg *Config, model string, prompt []b
 			tail = rt.opts.HashKey.Sum2(tail, uint64(t))
 		}
 		dst = append(dst, tail)
-	}
-	return dst, true
-}
-
-// tokenIDs parses a completions prompt given as a flat JSON array of token
-// ids (the raw JSON oai.Scan keeps) into dst; ok is false for anything
-// else (a string, a batch of prompts, an id over 2^32-1).
-func tokenIDs(raw []byte, dst []uint32) ([]uint32, bool) {
-	if len(raw) < 2 || raw[0] != '[' || raw[len(raw)-1] != ']' {
-		return dst, false
-	}
-	n, in, sep := uint64(0), false, true // sep: a separator came last (or the opening bracket)
-	for _, c := range raw[1 : len(raw)-1] {
-		switch {
-		case c >= '0' && c <= '9':
-			if !in && !sep {
-				return dst, false // two numbers with only space between
-			}
-			n = n*10 + uint64(c-'0')
-			if n > 1<<32-1 {
-				return dst, false
-			}
-			in, sep = true, false
-		case c == ',':
-			if !in && sep {
-				return dst, false
-			}
-			if in {
-				dst = append(dst, uint32(n))
-			}
-			n, in, sep = 0, false, true
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
-			if in {
-				dst = append(dst, uint32(n))
-				n, in = 0, false
-			}
-		default:
-			return dst, false
-		}
-	}
-	if in {
-		dst = append(dst, uint32(n))
-	} else if sep && len(dst) > 0 {
-		return dst, false // a trailing comma
 	}
 	return dst, true
 }

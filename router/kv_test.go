@@ -334,22 +334,3 @@ func TestParseKVEvents(t *testing.T) {
 		t.Fatal("kv_block_size 0 accepted")
 	}
 }
-
-func TestTokenIDs(t *testing.T) {
-	for in, want := range map[string][]uint32{
-		"[1,2,3]":         {1, 2, 3},
-		"[ 1 , 20 ,\n3 ]": {1, 20, 3},
-		"[]":              {},
-		"[4294967295]":    {4294967295},
-	} {
-		got, ok := tokenIDs([]byte(in), nil)
-		if !ok || fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("tokenIDs(%q) = %v, %v; want %v", in, got, ok, want)
-		}
-	}
-	for _, in := range []string{"[4294967296]", "[[1,2]]", `["a"]`, "[1,,2]", "[-1]", "[1.5]", "hello", "[,]", "[1 2", "[1 2]", "[1,]", "[1,2"} {
-		if got, ok := tokenIDs([]byte(in), nil); ok {
-			t.Errorf("tokenIDs(%q) = %v, accepted", in, got)
-		}
-	}
-}
