@@ -56,6 +56,11 @@ type Options struct {
 	DecisionPrompt   int // prompt bytes for the decision-time phase
 	DecisionSamples  int
 
+	// KVEvents has every simulator publish its KV-cache events and the
+	// routers follow them (kv_events); TokenPrompts sends every prompt as
+	// token ids, whose engine block hashes the routers can compute.
+	KVEvents, TokenPrompts bool
+
 	Progress io.Writer // nil: quiet
 }
 
@@ -105,6 +110,8 @@ type OptionsSummary struct {
 	Slack           float64 `json:"slack"`
 	HotShare        float64 `json:"hot_share"`
 	Replicas        int     `json:"router_replicas"`
+	KVEvents        bool    `json:"kv_events"`
+	TokenPrompts    bool    `json:"token_prompts"`
 }
 
 // WorkloadResult is one workload under every strategy.
@@ -184,7 +191,7 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 		Options: OptionsSummary{Backends: o.Backends, Load: o.Load, Requests: o.Requests, KVBlocks: o.Sim.KVBlocks, BlockTokens: o.Sim.BlockTokens,
 			MaxSeqs: o.Sim.MaxSeqs, PrefillPerToken: o.Sim.PrefillPerToken.String(), DecodePerToken: o.Sim.DecodePerToken.String(),
 			LoadFactor: rc.LoadFactor, ShareFactor: rc.ShareFactor, BalanceSlack: rc.BalanceSlack, Slack: rc.Slack, HotShare: rc.HotShare,
-			Replicas: o.replicas()}}
+			Replicas: o.replicas(), KVEvents: o.KVEvents, TokenPrompts: o.TokenPrompts}}
 	tok := llmsim.Tokenizer{CharsPerToken: o.Sim.CharsPerToken, BlockTokens: o.Sim.BlockTokens}
 	for _, name := range o.Workloads {
 		var w Workload
@@ -197,6 +204,11 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 		}
 		if err != nil {
 			return nil, err
+		}
+		if o.TokenPrompts {
+			if w, err = tokenWorkload(w, o.Sim.CharsPerToken); err != nil {
+				return nil, err
+			}
 		}
 		w.Schedule(o.Load, o.Backends, o.Sim.PrefillPerToken, o.Seed)
 		wr := WorkloadResult{Name: name, Requests: len(w.Requests), BestReuse: BestReuse(&w, tok, 0),

@@ -14,6 +14,9 @@ import (
 
 const overflowPrefix = "overflow/"
 
+// kvPrefix marks the KV-event scorings among the reasons (kv/exact, kv/approximate).
+const kvPrefix = "kv/"
+
 // reasons sums the router's decisions by reason, and its overflows by the
 // bound that caused them ("overflow/load", say).
 func reasons(reg *prometheus.Registry) map[string]float64 {
@@ -25,6 +28,8 @@ func reasons(reg *prometheus.Registry) map[string]float64 {
 	series := map[string]struct{ label, prefix string }{
 		"warmfleet_router_decisions_total": {"reason", ""},
 		"warmfleet_router_overflows_total": {"bound", overflowPrefix},
+		// Not decisions: how each backend publishing KV events was scored.
+		"warmfleet_router_kv_scored_total": {"view", kvPrefix},
 	}
 	for _, f := range fams {
 		s, ok := series[f.GetName()]
