@@ -52,6 +52,18 @@ type simStats struct {
 	requests      []float64
 }
 
+// minus is what happened between an earlier scrape b and s.
+func (s simStats) minus(b simStats) simStats {
+	sub := func(x, y []float64) []float64 {
+		out := make([]float64, len(x))
+		for i := range x {
+			out[i] = x[i] - y[i]
+		}
+		return out
+	}
+	return simStats{hits: sub(s.hits, b.hits), queries: sub(s.queries, b.queries), requests: sub(s.requests, b.requests)}
+}
+
 func (s simStats) hitRate() float64 {
 	h, q := 0.0, 0.0
 	for i := range s.hits {
@@ -116,8 +128,10 @@ func scrape(ctx context.Context, c *http.Client, urls []string) (simStats, error
 			}
 			return total
 		}
-		st.hits = append(st.hits, sum("vllm:prefix_cache_hits_total"))
-		st.queries = append(st.queries, sum("vllm:prefix_cache_queries_total"))
+		// llm-d-inference-sim names its prefix cache counters without
+		// the _total suffix vLLM (and llmsim) use.
+		st.hits = append(st.hits, sum("vllm:prefix_cache_hits_total")+sum("vllm:prefix_cache_hits"))
+		st.queries = append(st.queries, sum("vllm:prefix_cache_queries_total")+sum("vllm:prefix_cache_queries"))
 		st.requests = append(st.requests, sum("vllm:request_success_total"))
 	}
 	return st, nil
