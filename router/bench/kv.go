@@ -84,6 +84,15 @@ func (k *kvFeed) handshake(ctx context.Context) error {
 			all = all && r.rt.KVStats(k.url).Trusted
 		}
 		if all {
+			// Clears still on their way would land among the run's
+			// batches and wipe what the engine then holds: wait for
+			// every one sent.
+			for target := k.sent.Load(); k.applied() < target; {
+				if time.Now().After(deadline) || ctx.Err() != nil {
+					return fmt.Errorf("bench: the routers never applied %s's handshake", k.url)
+				}
+				time.Sleep(time.Millisecond)
+			}
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
