@@ -334,3 +334,25 @@ func TestParseKVEvents(t *testing.T) {
 		t.Fatal("kv_block_size 0 accepted")
 	}
 }
+
+// A backend that leaves the endpoint set (or loses its kv_events) takes its
+// feed and exact view with it: nothing it or a stray publisher sends
+// afterwards is indexed, and a backend that returns starts from nothing.
+func TestKVFeedFollowsEndpoints(t *testing.T) {
+	h := newKVHarness(t, 2, Defaults())
+	h.store(t, 0, seqTokens(1, 4*16))
+	eps := StaticEndpoints(&Config{Backends: []BackendConfig{{URL: h.urls[1], KVEvents: "bind:tcp://127.0.0.1:0"}}})
+	h.src.Set(eps)
+	wait.For(t, "the gone backend's feed stopped", func() bool { return h.rt.KVEventsAddr(h.urls[0]) == "" })
+	if s := h.rt.KVStats(h.urls[0]); s.Blocks != 0 || s.Batches != 0 {
+		t.Fatalf("view of a gone backend kept: %+v", s)
+	}
+	// Its old publisher goes on; nothing may come of it.
+	h.publish(t, 0, kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{1, 2}, BlockSize: 16})
+	if s := h.rt.KVStats(h.urls[0]); s.Blocks != 0 {
+		t.Fatalf("a gone backend's events indexed: %+v", s)
+	}
+	if n := len(h.rt.kv.subscribers()); n != 1 {
+		t.Fatalf("%d feeds, want 1", n)
+	}
+}
