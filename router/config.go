@@ -37,6 +37,12 @@ type Config struct {
 	CharsPerToken    float64 `yaml:"chars_per_token"`   // to size the index from KV cache tokens
 	KVCacheTokens    int     `yaml:"kv_cache_tokens"`   // default backend KV cache size
 	MaxInflight      int     `yaml:"max_inflight"`      // default backend concurrency limit (0: none)
+	// KV events (backends' kv_events): the engines' block size in tokens
+	// and hash seed, to compute their block hashes for token-id prompts,
+	// and how long a view rebuilt after a gap stays untrusted.
+	KVBlockSize int           `yaml:"kv_block_size"`
+	KVHashSeed  string        `yaml:"kv_hash_seed"`
+	KVResync    time.Duration `yaml:"kv_resync"`
 
 	// The cache-aware strategy's thresholds, as SGLang's router names them.
 	CacheThreshold      float64 `yaml:"cache_threshold"`       // match rate above which the best match wins, in (0, 1]
@@ -95,6 +101,11 @@ type BackendConfig struct {
 	MaxInflight   int      `yaml:"max_inflight"`
 	KVCacheTokens int      `yaml:"kv_cache_tokens"`
 	HoldsWeights  *bool    `yaml:"holds_weights"` // default true
+	// KVEvents is where the backend's engine publishes its KV-cache
+	// events: tcp://HOST:PORT to connect to a publisher that binds (vLLM's
+	// default), bind:tcp://HOST:PORT for the router to bind and the engine
+	// to connect (llm-d-inference-sim's --zmq-endpoint). Empty: none.
+	KVEvents string `yaml:"kv_events"`
 }
 
 // Defaults returns the default configuration.
@@ -119,6 +130,8 @@ func Defaults() Config {
 		BalanceAbsThreshold: balance.DefaultBalanceAbsThreshold,
 		BalanceRelThreshold: balance.DefaultBalanceRelThreshold,
 
+		KVBlockSize:      16,
+		KVResync:         30 * time.Second,
 		MaxBodyBytes:     16 << 20,
 		BodyTimeout:      30 * time.Second,
 		MaxSlowBodies:    256,
@@ -210,6 +223,9 @@ func (c *Config) Validate() error {
 	if !(c.CharsPerToken > 0 && c.CharsPerToken <= 64) || c.KVCacheTokens < 1 || c.MaxInflight < 0 {
 		errs = append(errs, errors.New("chars_per_token must be in (0, 64], kv_cache_tokens positive, max_inflight >= 0"))
 	}
+	if c.KVBlockSize < 1 || c.KVBlockSize > 4096 || c.KVResync <= 0 || len(c.KVHashSeed) > 1024 {
+		errs = append(errs, errors.New("kv_block_size must be in [1, 4096], kv_resync positive and kv_hash_seed at most 1024 bytes"))
+	}
 	if c.MaxBodyBytes < 1 || c.MaxQueue < 0 || c.MaxRetries < 0 || c.QueueTimeout < 0 || c.Eject5xx < 0 {
 		errs = append(errs, errors.New("max_body_bytes must be positive; max_queue, max_retries, queue_timeout, eject_5xx >= 0"))
 	}
@@ -242,6 +258,11 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("backends[%d]: duplicate id %q (an id must differ from every other backend's id or url)", i, id))
 		}
 		seen[u], ids[id] = true, true
+		if b.KVEvents != "" {
+			if _, _, err := ParseKVEvents(b.KVEvents); err != nil {
+				errs = append(errs, fmt.Errorf("backends[%d]: kv_events: %w", i, err))
+			}
+		}
 		if b.MaxInflight < 0 || b.KVCacheTokens < 0 {
 			errs = append(errs, fmt.Errorf("backends[%d]: max_inflight and kv_cache_tokens must be >= 0", i))
 		}

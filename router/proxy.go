@@ -200,7 +200,7 @@ func (rt *Router) inference(w *statusWriter, r *http.Request, cfg *Config) (stra
 		return "", ""
 	}
 	start := time.Now()
-	model, kp, stream, sess, err := rt.scanKeys(cfg, body, r.Header.Get(cfg.SessionHeader))
+	model, kp, stream, exact, sess, err := rt.scanKeys(cfg, body, r.Header.Get(cfg.SessionHeader))
 	if err != nil {
 		msg := "invalid JSON body: " + err.Error()
 		if !oai.IsSyntax(err) {
@@ -215,7 +215,7 @@ func (rt *Router) inference(w *statusWriter, r *http.Request, cfg *Config) (stra
 		return "", ""
 	}
 	defer rt.putKeys(kp)
-	rr := &routeRequest{model: model, keys: *kp, strategy: cfg.StrategyFor(model), session: sess, hashTime: time.Since(start)}
+	rr := &routeRequest{model: model, keys: *kp, exact: exact, strategy: cfg.StrategyFor(model), session: sess, hashTime: time.Since(start)}
 	firstByte := cfg.FirstByteTimeout
 	if !stream {
 		firstByte = cfg.ResponseTimeout

@@ -20,7 +20,7 @@ type Route struct {
 // reserved slot is released at once. For benchmarks and dry runs.
 func (rt *Router) Route(ctx context.Context, body []byte, session string) (Route, error) {
 	cfg := rt.Config()
-	model, kp, _, sess, err := rt.scanKeys(&cfg, body, session)
+	model, kp, _, exact, sess, err := rt.scanKeys(&cfg, body, session)
 	if err != nil {
 		return Route{}, err
 	}
@@ -28,7 +28,7 @@ func (rt *Router) Route(ctx context.Context, body []byte, session string) (Route
 		return Route{}, errors.New("missing model")
 	}
 	defer rt.putKeys(kp)
-	got, err := rt.acquire(ctx, &routeRequest{model: model, keys: *kp, strategy: cfg.StrategyFor(model), session: sess})
+	got, err := rt.acquire(ctx, &routeRequest{model: model, keys: *kp, exact: exact, strategy: cfg.StrategyFor(model), session: sess})
 	if err != nil {
 		return Route{}, err
 	}

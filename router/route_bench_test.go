@@ -2,11 +2,14 @@ package router
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/kvevents"
 	"github.com/warmfleet/warmfleet/router/prefix"
 )
 
@@ -58,6 +61,68 @@ func benchRoute(b *testing.B, st balance.Strategy) {
 		if _, err := rt.Route(ctx, body, ""); err != nil {
 			b.Fatal(err)
 		}
+	}
+	b.SetBytes(int64(len(bodies[0])))
+	i := 0
+	for b.Loop() {
+		if _, err := rt.Route(ctx, bodies[i%len(bodies)], ""); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
+
+// BenchmarkRouteKV64x4k is BenchmarkRoute64x16k's decision for token-id
+// prompts of 4,000 tokens (16k characters at 4 per token) with every
+// backend publishing KV events: the engine's block hashes are computed and
+// each backend's exact view matched. Documents are held by two backends
+// each, as their engines reported.
+func BenchmarkRouteKV64x4k(b *testing.B) {
+	cfg := Defaults()
+	cfg.ProbeInterval = -1
+	for i := range 64 {
+		cfg.Backends = append(cfg.Backends, BackendConfig{URL: fmt.Sprintf("http://127.0.0.1:%d", 30000+i), KVEvents: fmt.Sprintf("tcp://127.0.0.1:%d", 40000+i)})
+	}
+	rt, err := New(cfg, Options{Source: NewStaticSource(StaticEndpoints(&cfg), nil), HashKey: prefix.KeyFromBytes([]byte("k"))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	ids := func(n int) []uint32 {
+		out := make([]uint32, n)
+		for i := range out {
+			out[i] = rng.Uint32N(150000)
+		}
+		return out
+	}
+	docs := make([][]uint32, 256)
+	for i := range docs {
+		docs[i] = ids(3000)
+		chain := kvevents.LLMDChain(cfg.KVHashSeed, "m", docs[i], cfg.KVBlockSize)
+		for _, be := range []int{i % 64, (i + 7) % 64} {
+			u := cfg.Backends[be].URL
+			seq := rt.kv.index.Stats(u).Seq + 1
+			rt.kv.index.Apply(u, seq, kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored, Hashes: chain, BlockSize: cfg.KVBlockSize}}})
+		}
+	}
+	bodies := make([][]byte, 512)
+	for i := range bodies {
+		p := append(slices.Clone(docs[rng.IntN(len(docs))]), ids(1000)...)
+		bodies[i], _ = json.Marshal(map[string]any{"model": "m", "stream": true, "prompt": p})
+	}
+	ctx := context.Background()
+	hits := 0
+	for _, body := range bodies {
+		got, err := rt.Route(ctx, body, "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got.Matched > 0 {
+			hits++
+		}
+	}
+	if hits < len(bodies)/2 { // the rest go elsewhere for balance
+		b.Fatalf("%d of %d routes matched a reported document", hits, len(bodies))
 	}
 	b.SetBytes(int64(len(bodies[0])))
 	i := 0

@@ -28,6 +28,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/kvevents"
 	"github.com/warmfleet/warmfleet/router/oai"
 	"github.com/warmfleet/warmfleet/router/prefix"
 )
@@ -70,6 +71,9 @@ type Router struct {
 
 	slowBodies slowBodies
 
+	kv   *kvFeeds  // KV event subscribers and their exact index (kv.go)
+	toks sync.Pool // *[]uint32 token ids of token-id prompts
+
 	mu       sync.Mutex
 	cfg      Config
 	backends map[string]*backend // by URL
@@ -97,6 +101,12 @@ type backend struct {
 	kvSize int // index capacity in blocks
 	// learnedKV is the KV cache size in tokens read from the backend's metrics.
 	learnedKV int
+	// eventsKV is the same learned from its KV events (kv.go): its engine's
+	// peak block count once it evicted; it wins over learnedKV.
+	eventsKV int
+	// kvExact and kvApprox count token-id prompts scored for it by its
+	// event view or by the approximate index (looked up once; kv.go).
+	kvExact, kvApprox prometheus.Counter
 
 	inflight     int
 	pending      int // prompt blocks sent but not yet answered with a first byte
@@ -158,6 +168,12 @@ func New(cfg Config, opts Options) (*Router, error) {
 		return nil, err
 	}
 	rt.metrics = m
+	km, err := newKVMetrics(opts.Registry)
+	if err != nil {
+		return nil, err
+	}
+	rt.kv = newKVFeeds(&cfg, km)
+	km.feeds, km.index = rt.kv.subscribers, func() *kvevents.Index { return rt.kv.index }
 	tr := opts.Transport
 	if tr == nil {
 		dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
@@ -196,6 +212,7 @@ func (rt *Router) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { rt.follow(ctx) })
 	wg.Go(func() { rt.probeLoop(ctx) })
+	wg.Go(func() { rt.kv.run(ctx) })
 	wg.Wait()
 	return nil
 }
@@ -289,7 +306,7 @@ func (rt *Router) configureLocked(b *backend) {
 	}
 	tokens := b.ep.KVCacheTokens
 	if tokens == 0 {
-		tokens = b.learnedKV
+		tokens = cmp.Or(b.eventsKV, b.learnedKV)
 	}
 	if tokens == 0 {
 		tokens = rt.cfg.KVCacheTokens
@@ -338,6 +355,7 @@ func (rt *Router) syncLocked(eps []Endpoint) {
 		rt.metrics.healthy.DeleteLabelValues(u)
 	}
 	rt.learnModelsLocked()
+	rt.syncKVLocked()
 	rt.wakeLocked()
 }
 
@@ -376,19 +394,34 @@ func (rt *Router) wakeLocked() {
 // request is done (the index keeps copies, not the slice). sess is the
 // request's session for the session strategy (see sessionID). The error is
 // oai.Scan's; a body without a model gives "" and no keys.
-func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (model string, keys *[]uint64, stream bool, sess uint64, err error) {
+//
+// exact is true when the keys are the engine's own block hashes (a
+// token-id prompt, and some backend publishes KV events; kv.go).
+func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (model string, keys *[]uint64, stream, exact bool, sess uint64, err error) {
 	sc := rt.scanner()
 	defer rt.scans.Put(sc) // nothing of the request outlives this call
 	req, err := sc.Scan(body)
 	if err != nil || req.Model == "" {
-		return "", nil, false, 0, err
+		return "", nil, false, false, 0, err
 	}
 	kp, _ := rt.keyBufs.Get().(*[]uint64)
 	if kp == nil {
 		kp = new([]uint64)
 	}
-	*kp, _ = rt.hasher(cfg).Blocks((*kp)[:0], req.Model, &req, session)
-	return req.Model, kp, req.Stream, rt.sessionID(session, req.User), nil
+	if rt.kv.active.Load() > 0 && req.HasPrompt && !req.HasMessages && req.CacheSalt == "" {
+		tp, _ := rt.toks.Get().(*[]uint32)
+		if tp == nil {
+			tp = new([]uint32)
+		}
+		*kp, exact = rt.engineKeys((*kp)[:0], cfg, req.Model, req.Prompt, tp)
+		if cap(*tp) <= 1<<16 {
+			rt.toks.Put(tp)
+		}
+	}
+	if !exact {
+		*kp, _ = rt.hasher(cfg).Blocks((*kp)[:0], req.Model, &req, session)
+	}
+	return req.Model, kp, req.Stream, exact, rt.sessionID(session, req.User), nil
 }
 
 // scanModel reads the model named in a body, "" if there is none.
@@ -503,6 +536,7 @@ func heatHalfLife(cfg *Config) int {
 type routeRequest struct {
 	model    string
 	keys     []uint64 // chained block hashes; nil for pass-through paths
+	exact    bool     // keys are the engine's block hashes (kv.go)
 	strategy balance.Strategy
 	session  uint64 // the session strategy's key (0: none)
 	label    string // the model's metric label, once a backend was picked
@@ -561,6 +595,9 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	if len(req.keys) > 0 {
 		clear(depth)
 		rt.index.Match(req.keys, depth)
+		if req.exact {
+			rt.kvMatchLocked(members, req.keys, depth)
+		}
 		// The prefix every eligible backend holds says nothing about where
 		// to go (a system prompt all have seen).
 		common = len(req.keys)
@@ -586,7 +623,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		cands = append(cands, c)
 	}
 	var rnd uint64
-	if req.strategy != balance.PrefixAware { // prefix-aware draws no randomness
+	if req.strategy != balance.PrefixAware && req.strategy != balance.KVAware { // neither draws randomness
 		rnd = rt.rand()
 	}
 	d := balance.Decide(balance.Input{

@@ -27,7 +27,10 @@ type Endpoint struct {
 	// Config.RampUp. Zero means long ago (full share at once).
 	ReadySince    time.Time
 	MaxInflight   int // 0: Config.MaxInflight
-	KVCacheTokens int // 0: learned from the backend's metrics or Config.KVCacheTokens
+	KVCacheTokens int // 0: learned from the backend's KV events, its metrics, or Config.KVCacheTokens
+	// KVEvents is the engine's KV-event address (BackendConfig.KVEvents);
+	// empty: it publishes none.
+	KVEvents string
 }
 
 // EndpointSource is what the router needs from discovery: the current set
@@ -101,7 +104,7 @@ func StaticEndpoints(cfg *Config) []Endpoint {
 		}
 		warm := b.HoldsWeights == nil || *b.HoldsWeights
 		eps = append(eps, Endpoint{URL: u, ID: b.ID, Models: slices.Clone(b.Models), Ready: true, HoldsWeights: warm,
-			MaxInflight: b.MaxInflight, KVCacheTokens: b.KVCacheTokens})
+			MaxInflight: b.MaxInflight, KVCacheTokens: b.KVCacheTokens, KVEvents: b.KVEvents})
 	}
 	return eps
 }

@@ -90,6 +90,10 @@ func TestRunUsage(t *testing.T) {
 		{[]string{"router", "--backend", "http://127.0.0.1:1", "--peer", "http://127.0.0.1:2"}, 2, "--peer and --peer-listen need --cluster-key-file or --hash-key-file"},
 		{[]string{"router", "--backend", "http://127.0.0.1:1", "--peer-listen", "127.0.0.1:0"}, 2, "--peer and --peer-listen need"},
 		{[]string{"router", "--backend", "http://127.0.0.1:1", "--peer", "ftp://x"}, 2, "ftp://x"},
+		{[]string{"router", "--backend", "http://127.0.0.1:1", "--kv-events", "http://127.0.0.1:1"}, 2, "want BACKEND_URL=tcp://HOST:PORT"},
+		{[]string{"router", "--backend", "http://127.0.0.1:1", "--kv-events", "http://127.0.0.1:1=udp://x:1"}, 2, "http://127.0.0.1:1: \"udp://x:1\": want tcp://HOST:PORT"},
+		{[]string{"router", "--backend", "http://127.0.0.1:1", "--kv-events", "http://127.0.0.1:2=tcp://127.0.0.1:5557"}, 2, "--kv-events http://127.0.0.1:2: not a configured backend"},
+		{[]string{"router", "--backend", "http://127.0.0.1:1", "--kv-events", "http://127.0.0.1:1=tcp://h:1", "--kv-events", "http://127.0.0.1:1/=tcp://h:2"}, 2, "given twice"},
 		{[]string{"version"}, 0, ""},
 	}
 	for _, tt := range tests {

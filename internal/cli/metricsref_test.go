@@ -88,7 +88,11 @@ func routerCollectors(t *testing.T, log *slog.Logger) []prometheus.Collector {
 		t.Fatal(err)
 	}
 	reg.MustRegister(link)
-	if _, err := router.New(router.Defaults(), router.Options{Source: router.NewStaticSource(nil, nil), Registry: reg, Logger: log}); err != nil {
+	// A backend with a KV event feed, so the feeds' collector has samples
+	// to describe (the feed is not started: the router does not Run).
+	cfg := router.Defaults()
+	cfg.Backends = []router.BackendConfig{{URL: "http://127.0.0.1:1", KVEvents: "bind:tcp://127.0.0.1:0"}}
+	if _, err := router.New(cfg, router.Options{Source: router.NewStaticSource(router.StaticEndpoints(&cfg), nil), Registry: reg, Logger: log}); err != nil {
 		t.Fatal(err)
 	}
 	return reg.Collectors()

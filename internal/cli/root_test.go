@@ -211,7 +211,9 @@ func TestPartFailureStopsAll(t *testing.T) {
 
 // TestRoutersStopCleanly runs two routers that gossip, watch the fleet and
 // stream to each other over a peer link, each with an admin listener, and
-// stops both at once: each returns and no goroutine is left.
+// stops both at once: each returns and no goroutine is left. One follows
+// its backend's KV events by connecting (to nobody: it keeps retrying),
+// the other by binding.
 func TestRoutersStopCleanly(t *testing.T) {
 	keyFile := filepath.Join(t.TempDir(), "hash.key")
 	if err := os.WriteFile(keyFile, []byte("fleet secret for prompt hashes"), 0o600); err != nil {
@@ -223,17 +225,18 @@ func TestRoutersStopCleanly(t *testing.T) {
 		stop context.CancelFunc
 		done chan error
 	}
-	start := func(name, gossipAddr, peerListen, peerTo string) *replica {
+	start := func(name, gossipAddr, peerListen, peerTo, kvEvents string) *replica {
 		ctx, stop := context.WithCancel(context.Background())
 		r := &replica{log: &syncBuffer{}, stop: stop, done: make(chan error, 1)}
 		args := []string{"--listen", "127.0.0.1:0", "--admin-listen", testenv.FreeAddr(t), "--node-name", name,
 			"--hash-key-file", keyFile, "--gossip", gossipAddr, "--join", gossipA, "--insecure-gossip",
-			"--peer-listen", peerListen, "--peer", "http://" + peerTo, "--backend", "http://127.0.0.1:9"}
+			"--peer-listen", peerListen, "--peer", "http://" + peerTo, "--backend", "http://127.0.0.1:9", "--kv-events", "http://127.0.0.1:9=" + kvEvents}
 		env := &Env{Stdout: r.log, Stderr: r.log, Getenv: func(string) string { return "" }}
 		go func() { r.done <- serveRouter(ctx, env, args, nil) }()
 		return r
 	}
-	routers := []*replica{start("ra", gossipA, peerA, peerB), start("rb", testenv.FreeAddr(t), peerB, peerA)}
+	routers := []*replica{start("ra", gossipA, peerA, peerB, "tcp://"+testenv.FreeAddr(t)),
+		start("rb", testenv.FreeAddr(t), peerB, peerA, "bind:tcp://127.0.0.1:0")}
 	for _, r := range routers {
 		wait.For(t, "the routers stream to each other", func() bool { return strings.Contains(r.log.String(), "peer stream open") })
 	}

@@ -72,6 +72,30 @@ func runRouter(ctx context.Context, e *Env, args []string) error {
 	return serveRouter(ctx, e, args, nil)
 }
 
+// kvEventsFlag is the repeatable --kv-events BACKEND_URL=ADDRESS.
+type kvEventsFlag map[string]string
+
+func (f kvEventsFlag) String() string { return "" }
+
+func (f kvEventsFlag) Set(v string) error {
+	u, addr, ok := strings.Cut(v, "=")
+	if !ok {
+		return fmt.Errorf("%q: want BACKEND_URL=tcp://HOST:PORT (or =bind:tcp://HOST:PORT)", v)
+	}
+	url, err := router.ParseBackendURL(u)
+	if err != nil {
+		return err
+	}
+	if _, _, err := router.ParseKVEvents(addr); err != nil {
+		return fmt.Errorf("%s: %w", url, err)
+	}
+	if _, dup := f[url]; dup {
+		return fmt.Errorf("%s: given twice", url)
+	}
+	f[url] = addr
+	return nil
+}
+
 // routerFlags are the router's settings, from flags and env.
 type routerFlags struct {
 	listen, adminListen, adminTokenFile string
@@ -80,6 +104,7 @@ type routerFlags struct {
 	idleTimeout                         time.Duration
 	logLevel, logFormat                 string
 	backends                            urlList
+	kvEvents                            kvEventsFlag
 	strategy                            balance.Strategy
 	configFile                          string
 	configPoll                          time.Duration
@@ -109,8 +134,10 @@ func (f *routerFlags) register(fs *flagSet) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fs.Var(&f.backends, "backend", "backend base URL (repeatable, or comma-separated); added to the config file's backends")
+	f.kvEvents = kvEventsFlag{}
+	fs.Var(f.kvEvents, "kv-events", "BACKEND_URL=tcp://HOST:PORT: where that backend's engine publishes its KV-cache events (vLLM binds; bind:tcp://HOST:PORT when the router binds and the engine connects, as llm-d-inference-sim does); repeatable; config key kv_events")
 	f.strategy = balance.PrefixAware
-	fs.Var(strategyFlag{&f.strategy}, "strategy", "default strategy: prefix-aware, least-outstanding, random, or one of the field's policies: prefix-hash, cache-aware (SGLang), bounded-load (consistent hashing with bounded loads), session (HyperPod; pins X-Session-Id or the body's user)")
+	fs.Var(strategyFlag{&f.strategy}, "strategy", "default strategy: prefix-aware, kv-aware (prefix-aware ranked by the engines' KV events), least-outstanding, random, or one of the field's policies: prefix-hash, cache-aware (SGLang), bounded-load (consistent hashing with bounded loads), session (HyperPod; pins X-Session-Id or the body's user)")
 	fs.StringVar(&f.configFile, "config", "", "YAML config file (backends, per-model strategies, limits); re-read on SIGHUP")
 	fs.DurationVar(&f.configPoll, "config-poll", 0, "also re-read --config this often and reload it when its content changed, e.g. a mounted ConfigMap (0: off)")
 	fs.StringVar(&f.hashKeyFile, "hash-key-file", "", "per-fleet secret keying prompt hashes (replicas must share it; default: random per process)")
@@ -170,6 +197,17 @@ func (f *routerFlags) load() (router.Config, error) {
 	}
 	for _, b := range f.backends {
 		cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: b})
+	}
+	for u, addr := range f.kvEvents {
+		found := false
+		for i := range cfg.Backends {
+			if b, err := router.ParseBackendURL(cfg.Backends[i].URL); err == nil && b == u {
+				cfg.Backends[i].KVEvents, found = addr, true
+			}
+		}
+		if !found {
+			return cfg, fmt.Errorf("--kv-events %s: not a configured backend (give it with --backend or in --config)", u)
+		}
 	}
 	return cfg, cfg.Validate()
 }

@@ -40,6 +40,10 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 	fs.Float64Var(&o.HotShare, "hot-share", o.HotShare, "router hot-prefix share (0: the router's default, off)")
 	fs.IntVar(&o.Replicas, "replicas", o.Replicas, "router replicas sharing the workload traffic, each with its own state (request i goes to replica i mod N)")
 	fs.BoolVar(&o.ReplicaSync, "replica-sync", o.ReplicaSync, "replicas observe each other's requests at once: placements, traffic shares and load (what --peer-listen streams between real replicas)")
+	fs.BoolVar(&o.KVEvents, "kv-events", o.KVEvents, "every simulator publishes its KV-cache events (ZMQ, vLLM's format) and the routers follow them")
+	fs.BoolVar(&o.TokenPrompts, "token-prompts", o.TokenPrompts, "send every prompt as token ids (completions), whose engine block hashes the router can compute")
+	engine := fs.String("engine", "llmsim", "backends: llmsim (simulated in virtual time) or llm-d-inference-sim (processes from bin/ or PATH, in wall time)")
+	fs.IntVar(&o.EngineClients, "engine-clients", o.EngineClients, "closed-loop clients with --engine llm-d-inference-sim")
 	fs.IntVar(&o.OverheadRate, "overhead-rate", o.OverheadRate, "requests/s for the overhead phase (0: skip)")
 	fs.DurationVar(&o.OverheadDuration, "overhead-duration", o.OverheadDuration, "length of each overhead round")
 	fs.IntVar(&o.OverheadRounds, "overhead-rounds", o.OverheadRounds, "overhead rounds per mode")
@@ -88,6 +92,9 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 			return cli.UsageError("%v", err)
 		}
 		o.Strategies = append(o.Strategies, st)
+	}
+	if *engine != "llmsim" {
+		o.Engine = *engine
 	}
 	if err := o.Validate(); err != nil {
 		return cli.UsageError("%v", err)

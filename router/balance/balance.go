@@ -19,12 +19,17 @@ const (
 	Random           Strategy = "random"
 	LeastOutstanding Strategy = "least-outstanding"
 	PrefixAware      Strategy = "prefix-aware"
+	// KVAware is the prefix-aware decision, under the same bounds, with
+	// each backend's expected prefix taken from its engine's KV events
+	// where it publishes them (the router's job: to this package both are
+	// the same rule over Candidate.Matched).
+	KVAware Strategy = "kv-aware"
 )
 
 // ParseStrategy validates a strategy name.
 func ParseStrategy(s string) (Strategy, error) {
 	switch st := Strategy(s); st {
-	case Random, LeastOutstanding, PrefixAware:
+	case Random, LeastOutstanding, PrefixAware, KVAware:
 		return st, nil
 	}
 	if slices.Contains(fieldStrategies, Strategy(s)) {

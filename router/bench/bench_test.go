@@ -300,3 +300,42 @@ func TestEmbeddedTraces(t *testing.T) {
 		t.Errorf("a directory without the trace: err = %v, want one naming the file", err)
 	}
 }
+
+// TestRunWithKVEvents: simulators publishing their KV events, followed by
+// two router replicas, over token-id prompts: the routers score backends
+// from the events (exact, never a fallback on these clean streams), the
+// decisions repeat from run to run (each batch holds the virtual clock
+// until both replicas applied it), and the hit rate is within the best.
+func TestRunWithKVEvents(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 2 fleets per strategy, twice")
+	}
+	o := DefaultOptions()
+	o.Backends, o.Requests, o.Replicas, o.Saturation = 3, 80, 2, false
+	o.Sim.KVBlocks = 1024 // small enough to evict
+	o.Workloads = []string{WorkRAG}
+	o.Strategies = []balance.Strategy{balance.KVAware}
+	o.KVEvents, o.TokenPrompts = true, true
+	o.OverheadRate, o.DecisionBackends = 0, 0
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var runs [2]StrategyResult
+	for i := range runs {
+		res, err := Run(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wr := res.Workloads[0]
+		s := wr.Strategies[0]
+		if s.Errors != 0 || s.Reasons["kv/exact"] == 0 || s.Reasons["kv/approximate"] != 0 || s.HitRate <= 0 || s.HitRate > wr.BestReuse+1e-9 {
+			t.Fatalf("run %d: %+v (best %v)", i, s, wr.BestReuse)
+		}
+		runs[i] = s
+	}
+	// The decisions repeat exactly; the simulators' hit counts can differ
+	// by a few tokens between runs (seen: 0.56018 and 0.56031 under -race
+	// on a loaded machine), a residue not yet tracked down.
+	if a, b := runs[0], runs[1]; math.Abs(a.HitRate-b.HitRate) > 0.005 || !maps.Equal(a.Reasons, b.Reasons) || !slices.Equal(a.ByReplica, b.ByReplica) {
+		t.Errorf("runs differ:\n%+v\n%+v", a, b)
+	}
+}

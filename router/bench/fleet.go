@@ -30,6 +30,7 @@ type fleet struct {
 	sims    []*llmsim.Server
 	simURLs []string
 	routers []replica
+	kv      []*kvFeed // the simulators' KV event feeds, with Options.KVEvents
 	stop    func()
 }
 
@@ -50,12 +51,19 @@ func (f *fleet) reasons() (map[string]float64, []float64) {
 		n := 0.0
 		for k, v := range reasons(r.reg) {
 			out[k] += v
-			if !strings.HasPrefix(k, overflowPrefix) { // overflows are counted under their reason too
+			// Overflows are counted under their reason too; kv scorings
+			// are per backend, not decisions.
+			if !strings.HasPrefix(k, overflowPrefix) && !strings.HasPrefix(k, kvPrefix) {
 				n += v
 			}
 		}
 		if len(f.routers) > 1 {
 			each = append(each, n)
+		}
+	}
+	for _, k := range f.kv {
+		if n := k.late.Load(); n > 0 {
+			out[kvPrefix+"late"] += float64(n)
 		}
 	}
 	return out, each
@@ -73,23 +81,59 @@ func serve(h http.Handler) (string, func(), error) {
 
 func startFleet(ctx context.Context, o *Options, n int, sim llmsim.Config, st balance.Strategy) (*fleet, error) {
 	var sims []*llmsim.Server
-	f, err := startFleetWith(ctx, o, n, o.replicas(), st, func() (http.Handler, error) {
-		s, err := llmsim.New(sim, prometheus.NewRegistry())
+	var feeds []*kvFeed
+	kctx, cancel := context.WithCancel(ctx)
+	f, err := startFleetWith(ctx, o, n, o.replicas(), st, func() (http.Handler, string, error) {
+		c := sim
+		kvEvents := ""
+		if o.KVEvents {
+			k, err := newKVFeed(kctx, sim.Clock)
+			if err != nil {
+				return nil, "", err
+			}
+			feeds = append(feeds, k)
+			c.Events, kvEvents = k, k.endpoint()
+		}
+		s, err := llmsim.New(c, prometheus.NewRegistry())
 		if err == nil {
 			sims = append(sims, s)
 		}
-		return s, err
+		return s, kvEvents, err
 	})
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	f.sims = sims
+	f.sims, f.kv = sims, feeds
+	for i, k := range feeds {
+		k.url, k.f = f.simURLs[i], f
+	}
+	for _, k := range feeds {
+		if err := k.handshake(ctx); err != nil {
+			cancel()
+			f.stop()
+			return nil, err
+		}
+	}
+	for _, k := range feeds {
+		go k.run(kctx)
+	}
+	stop := f.stop
+	f.stop = func() {
+		cancel()
+		for _, k := range feeds {
+			k.pub.Wait()
+			<-k.done
+		}
+		stop()
+	}
 	return f, nil
 }
 
 // startFleetWith starts n backends from newBackend and the given number of
 // router replicas over them.
-func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance.Strategy, newBackend func() (http.Handler, error)) (*fleet, error) {
+// newBackend also returns the backend's kv_events address ("" for none).
+func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance.Strategy, newBackend func() (http.Handler, string, error)) (*fleet, error) {
 	f := &fleet{}
 	var stops []func()
 	f.stop = func() {
@@ -106,8 +150,9 @@ func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance
 	cfg.QueueTimeout = 60 * time.Second
 	cfg.ProbeInterval = -1 // probed once below; later probes would only add noise
 	cfg.RampUp = 0
+	cfg.KVBlockSize, cfg.KVHashSeed = o.Sim.BlockTokens, o.Sim.HashSeed
 	for i := range n {
-		h, err := newBackend()
+		h, kvEvents, err := newBackend()
 		if err != nil {
 			f.stop()
 			return nil, err
@@ -121,7 +166,7 @@ func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance
 		f.simURLs = append(f.simURLs, u)
 		// Rendezvous by name, not by the ephemeral port: the same seed
 		// then makes the same decisions.
-		cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: u, ID: fmt.Sprintf("sim-%d", i)})
+		cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: u, ID: fmt.Sprintf("sim-%d", i), KVEvents: kvEvents})
 	}
 	for i := range replicas {
 		var onEvent func(router.Event)

@@ -61,6 +61,16 @@ type Options struct {
 	ScaleOut    string
 	ScaleOutAdd int
 
+	// KVEvents has every simulator publish its KV-cache events and the
+	// routers follow them (kv_events); TokenPrompts sends every prompt as
+	// token ids, whose engine block hashes the routers can compute.
+	KVEvents, TokenPrompts bool
+	// Engine is the backends: "" for llmsim in virtual time, or
+	// EngineInferenceSim for llm-d-inference-sim processes in wall time
+	// (EngineClients closed-loop clients; no saturation phase).
+	Engine        string
+	EngineClients int
+
 	Progress io.Writer // nil: quiet
 }
 
@@ -75,6 +85,7 @@ func DefaultOptions() Options {
 		OverheadRate: 1000, OverheadDuration: 2 * time.Second, OverheadRounds: 3,
 		DecisionBackends: 64, DecisionPrompt: 16000, DecisionSamples: 20000,
 		ScaleOut: WorkRAG, ScaleOutAdd: 2,
+		EngineClients: 16,
 	}
 }
 
@@ -112,6 +123,9 @@ type OptionsSummary struct {
 	Slack           float64 `json:"slack"`
 	HotShare        float64 `json:"hot_share"`
 	Replicas        int     `json:"router_replicas"`
+	KVEvents        bool    `json:"kv_events"`
+	TokenPrompts    bool    `json:"token_prompts"`
+	Engine          string  `json:"engine,omitempty"`
 }
 
 // WorkloadResult is one workload under every strategy.
@@ -177,6 +191,15 @@ func (o *Options) Validate() error {
 	if err := o.Sim.Validate(); err != nil {
 		return err
 	}
+	switch o.Engine {
+	case "":
+	case EngineInferenceSim:
+		if bt := o.Sim.BlockTokens; bt != 8 && bt != 16 && bt != 32 && bt != 64 && bt != 128 || o.EngineClients < 1 || o.EngineClients > 1024 {
+			return errors.New("bench: llm-d-inference-sim takes block sizes 8, 16, 32, 64 or 128; engine clients must be 1..1024")
+		}
+	default:
+		return fmt.Errorf("bench: unknown engine %q (want llmsim or %s)", o.Engine, EngineInferenceSim)
+	}
 	rc := o.routerConfig()
 	if err := rc.Validate(); err != nil {
 		return fmt.Errorf("bench: %w", err)
@@ -194,12 +217,17 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 		Options: OptionsSummary{Backends: o.Backends, Load: o.Load, Requests: o.Requests, KVBlocks: o.Sim.KVBlocks, BlockTokens: o.Sim.BlockTokens,
 			MaxSeqs: o.Sim.MaxSeqs, PrefillPerToken: o.Sim.PrefillPerToken.String(), DecodePerToken: o.Sim.DecodePerToken.String(),
 			LoadFactor: rc.LoadFactor, ShareFactor: rc.ShareFactor, BalanceSlack: rc.BalanceSlack, Slack: rc.Slack, HotShare: rc.HotShare,
-			Replicas: o.replicas()}}
+			Replicas: o.replicas(), KVEvents: o.KVEvents, TokenPrompts: o.TokenPrompts, Engine: o.Engine}}
 	tok := llmsim.Tokenizer{CharsPerToken: o.Sim.CharsPerToken, BlockTokens: o.Sim.BlockTokens}
 	for _, name := range o.Workloads {
 		w, err := o.workload(name)
 		if err != nil {
 			return nil, err
+		}
+		if o.TokenPrompts {
+			if w, err = tokenWorkload(w, o.Sim.CharsPerToken); err != nil {
+				return nil, err
+			}
 		}
 		wr := WorkloadResult{Name: name, Requests: len(w.Requests), BestReuse: BestReuse(&w, tok, 0),
 			BestReuseFleet: BestReuse(&w, tok, o.Backends*o.Sim.KVBlocks)}
@@ -212,7 +240,11 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			sr, err := runStrategy(ctx, &o, &w, st)
+			run := runStrategy
+			if o.Engine == EngineInferenceSim {
+				run = runEngine
+			}
+			sr, err := run(ctx, &o, &w, st)
 			if err != nil {
 				return nil, fmt.Errorf("%s/%s: %w", name, st, err)
 			}

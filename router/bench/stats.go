@@ -14,6 +14,9 @@ import (
 
 const overflowPrefix = "overflow/"
 
+// kvPrefix marks the KV-event scorings among the reasons (kv/exact, kv/approximate).
+const kvPrefix = "kv/"
+
 // reasons sums the router's decisions by reason, and its overflows by the
 // bound that caused them ("overflow/load", say).
 func reasons(reg *prometheus.Registry) map[string]float64 {
@@ -25,6 +28,8 @@ func reasons(reg *prometheus.Registry) map[string]float64 {
 	series := map[string]struct{ label, prefix string }{
 		"warmfleet_router_decisions_total": {"reason", ""},
 		"warmfleet_router_overflows_total": {"bound", overflowPrefix},
+		// Not decisions: how each backend publishing KV events was scored.
+		"warmfleet_router_kv_scored_total": {"view", kvPrefix},
 	}
 	for _, f := range fams {
 		s, ok := series[f.GetName()]
@@ -45,6 +50,18 @@ func reasons(reg *prometheus.Registry) map[string]float64 {
 type simStats struct {
 	hits, queries []float64
 	requests      []float64
+}
+
+// minus is what happened between an earlier scrape b and s.
+func (s simStats) minus(b simStats) simStats {
+	sub := func(x, y []float64) []float64 {
+		out := make([]float64, len(x))
+		for i := range x {
+			out[i] = x[i] - y[i]
+		}
+		return out
+	}
+	return simStats{hits: sub(s.hits, b.hits), queries: sub(s.queries, b.queries), requests: sub(s.requests, b.requests)}
 }
 
 func (s simStats) hitRate() float64 {
@@ -111,8 +128,10 @@ func scrape(ctx context.Context, c *http.Client, urls []string) (simStats, error
 			}
 			return total
 		}
-		st.hits = append(st.hits, sum("vllm:prefix_cache_hits_total"))
-		st.queries = append(st.queries, sum("vllm:prefix_cache_queries_total"))
+		// llm-d-inference-sim names its prefix cache counters without
+		// the _total suffix vLLM (and llmsim) use.
+		st.hits = append(st.hits, sum("vllm:prefix_cache_hits_total")+sum("vllm:prefix_cache_hits"))
+		st.queries = append(st.queries, sum("vllm:prefix_cache_queries_total")+sum("vllm:prefix_cache_queries"))
 		st.requests = append(st.requests, sum("vllm:request_success_total"))
 	}
 	return st, nil

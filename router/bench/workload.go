@@ -346,9 +346,8 @@ func BestReuse(w *Workload, tok llmsim.Tokenizer, capacity int) float64 {
 		if err != nil {
 			continue
 		}
-		textBytes := llmsim.Render(&req)
-		hashes := tok.BlockHashes(textBytes, req.CacheSalt)
-		tokens := max(tok.Tokens(textBytes), 1)
+		// The seed does not change which blocks repeat.
+		hashes, tokens := promptBlocks(&req, tok, "")
 		lead := 0
 		for lead < len(hashes) {
 			if _, ok := seen[hashes[lead]]; !ok {

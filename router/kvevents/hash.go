@@ -17,18 +17,31 @@ func LLMDChain(seed, model string, tokens []uint32, blockSize int) []uint64 {
 	if blockSize <= 0 {
 		return nil
 	}
+	return AppendLLMDChain(make([]uint64, 0, len(tokens)/blockSize), seed, model, tokens, blockSize, 0)
+}
+
+// AppendLLMDChain appends to dst the hashes LLMDChain computes, for at most
+// maxBlocks leading blocks (all when maxBlocks <= 0).
+func AppendLLMDChain(dst []uint64, seed, model string, tokens []uint32, blockSize, maxBlocks int) []uint64 {
+	if blockSize <= 0 {
+		return dst
+	}
+	if n := len(tokens) / blockSize; maxBlocks <= 0 || maxBlocks > n {
+		maxBlocks = n
+	}
 	h := fnv.New64a()
 	h.Write([]byte(seed))
 	// The root: [seed hash, nil, model].
 	var e cborBuf
+	e.b = make([]byte, 0, 32+len(model)+5*blockSize)
 	e.head(4, 3)
 	e.head(0, h.Sum64())
 	e.b = append(e.b, cborNull)
 	e.head(3, uint64(len(model)))
 	e.b = append(e.b, model...)
 	parent := e.fnv()
-	chain := make([]uint64, 0, len(tokens)/blockSize)
-	for i := 0; i+blockSize <= len(tokens); i += blockSize {
+	chain := dst
+	for i := 0; i < maxBlocks*blockSize; i += blockSize {
 		// A block: [parent, tokens, nil].
 		e.b = e.b[:0]
 		e.head(4, 3)
@@ -65,8 +78,13 @@ func (e *cborBuf) head(major byte, v uint64) {
 	}
 }
 
+// fnv is FNV-64a of the buffer, inline: hash/fnv's digest would escape.
 func (e *cborBuf) fnv() uint64 {
-	h := fnv.New64a()
-	h.Write(e.b)
-	return h.Sum64()
+	const prime = 1099511628211
+	h := uint64(14695981039346656037)
+	for _, c := range e.b {
+		h ^= uint64(c)
+		h *= prime
+	}
+	return h
 }

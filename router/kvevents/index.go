@@ -40,9 +40,18 @@ type Stats struct {
 	Batches, Stored, Removed, Cleared uint64
 	Gaps, Restarts, Overflows         uint64
 	Ignored                           uint64 // events for another medium, or of an unknown kind
-	Blocks                            int
-	Trusted, Connected                bool
-	Seq                               uint64
+	// Resets counts the times the view was emptied (a clear, a restart, a
+	// gap, an overflow, a reconnection): a caller that keeps its own guess
+	// of the backend's cache drops it when this moves.
+	Resets uint64
+	Blocks int
+	// Peak is the most blocks the view ever held at once; once the engine
+	// has evicted (Removed > 0) it is about the engine's cache capacity in
+	// blocks (a little under it: blocks pinned by running requests while
+	// the view was at its peak are counted too, as they are stored).
+	Peak               int
+	Trusted, Connected bool
+	Seq                uint64
 }
 
 // NewIndex returns an empty index. resync is how long a backend's view is
@@ -67,6 +76,7 @@ func (x *Index) viewLocked(backend string) *view {
 // reset empties a view; trusted says whether the empty view is known to
 // match the engine (it just started) or only a subset of it.
 func (x *Index) reset(v *view, trusted bool) {
+	v.stats.Resets++
 	v.blocks = map[uint64]struct{}{}
 	v.untilTrusted = time.Time{}
 	if !trusted {
@@ -151,6 +161,7 @@ func (x *Index) applyEvent(v *view, ev Event) {
 			}
 			v.blocks[h] = struct{}{}
 		}
+		v.stats.Peak = max(v.stats.Peak, len(v.blocks))
 	case BlockRemoved:
 		v.stats.Removed++
 		for _, h := range ev.Hashes {

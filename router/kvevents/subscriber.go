@@ -32,6 +32,11 @@ type Subscriber struct {
 	Index  *Index
 	Limits Limits
 	Log    *slog.Logger // nil: discard
+	// OnApply, if set, is called after each batch is applied, outside the
+	// Index's lock, with the backend's stats then: a caller that corrects
+	// its own view from the stream (a reset, the learned capacity) hooks in
+	// here. It runs on the subscriber's goroutine: do not block.
+	OnApply func(Stats)
 	// MinBackoff and MaxBackoff bound the wait between connection attempts
 	// (doubling from min to max); After is the clock's timer (time.After
 	// when nil).
@@ -191,6 +196,9 @@ func (s *Subscriber) handle(frames [][]byte) bool {
 		return false
 	}
 	s.Index.Apply(s.Backend, seq, b)
+	if s.OnApply != nil {
+		s.OnApply(s.Index.Stats(s.Backend))
+	}
 	return true
 }
 

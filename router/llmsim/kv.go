@@ -2,6 +2,7 @@ package llmsim
 
 import (
 	"github.com/cespare/xxhash/v2"
+	"github.com/warmfleet/warmfleet/router/kvevents"
 	"github.com/warmfleet/warmfleet/router/oai"
 )
 
@@ -66,6 +67,41 @@ type kvCache struct {
 	// evictable list: head is most recently freed.
 	head, tail *kvBlock
 	evictable  int
+
+	// record: keep the changes as KV events until takeEvents.
+	record      bool
+	blockTokens int
+	events      []kvevents.Event
+}
+
+// takeEvents returns the changes recorded since the last call.
+func (c *kvCache) takeEvents() []kvevents.Event {
+	evs := c.events
+	c.events = nil
+	return evs
+}
+
+// stored records newly cached blocks: hashes[from:] of a chain.
+func (c *kvCache) stored(hashes []uint64, from int) {
+	if !c.record || from >= len(hashes) {
+		return
+	}
+	ev := kvevents.Event{Kind: kvevents.BlockStored, Hashes: append([]uint64(nil), hashes[from:]...), BlockSize: c.blockTokens}
+	if from > 0 {
+		ev.Parent, ev.HasParent = hashes[from-1], true
+	}
+	c.events = append(c.events, ev)
+}
+
+func (c *kvCache) removed(h uint64) {
+	if !c.record {
+		return
+	}
+	if n := len(c.events); n > 0 && c.events[n-1].Kind == kvevents.BlockRemoved {
+		c.events[n-1].Hashes = append(c.events[n-1].Hashes, h)
+		return
+	}
+	c.events = append(c.events, kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: []uint64{h}})
 }
 
 type kvBlock struct {
@@ -135,9 +171,11 @@ func (c *kvCache) need(hashes []uint64, anon int) int {
 
 // pin allocates a sequence's blocks (caller checked need <= free).
 func (c *kvCache) pin(hashes []uint64, anon int) {
-	for _, h := range hashes {
+	first := len(hashes) // the first block newly stored: the rest of the chain is new too
+	for i, h := range hashes {
 		b, ok := c.blocks[h]
 		if !ok {
+			first = min(first, i)
 			for len(c.blocks)+c.anon >= c.capacity && c.tail != nil {
 				c.evictTail()
 			}
@@ -152,12 +190,14 @@ func (c *kvCache) pin(hashes []uint64, anon int) {
 		c.evictTail()
 	}
 	c.anon += anon
+	c.stored(hashes, first)
 }
 
 func (c *kvCache) evictTail() {
 	b := c.tail
 	c.unlink(b)
 	delete(c.blocks, b.hash)
+	c.removed(b.hash)
 }
 
 // unpin releases a sequence's blocks; hashed ones stay cached, the tail

@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/warmfleet/warmfleet/router/kvevents"
 	"github.com/warmfleet/warmfleet/router/oai"
 )
 
@@ -43,6 +44,21 @@ type Config struct {
 	ChunkInterval time.Duration
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
+	// Events, if set, is told of every change to the prefix cache as vLLM
+	// publishes it (BlockStored, BlockRemoved), one batch per change, in
+	// order, from under the simulator's lock: it must not block
+	// (kvevents.Publisher does not).
+	Events EventSink
+	// HashSeed seeds the block hashes of token-id prompts, which are
+	// llm-d's (kvevents.LLMDChain over the model name), as
+	// llm-d-inference-sim's --hash-seed does; a router given the same seed
+	// computes them too. Text prompts keep the simulator's own hashes.
+	HashSeed string
+}
+
+// EventSink takes KV event batches (kvevents.Publisher is one).
+type EventSink interface {
+	Publish([]kvevents.Event) error
 }
 
 // Defaults resemble an 8B model on one modern GPU.
@@ -108,6 +124,8 @@ func New(cfg Config, reg *prometheus.Registry) (*Server, error) {
 		cfg.Clock = RealClock{}
 	}
 	s := &Server{clock: cfg.Clock, cfg: cfg, tok: Tokenizer{CharsPerToken: cfg.CharsPerToken, BlockTokens: cfg.BlockTokens}, kv: newKVCache(cfg.KVBlocks)}
+	s.kv.record = cfg.Events != nil
+	s.kv.blockTokens = cfg.BlockTokens
 	labels := prometheus.Labels{"model_name": cfg.Model}
 	secs := prometheus.ExponentialBucketsRange(0.001, 600, 30)
 	s.m = simMetrics{
@@ -188,12 +206,24 @@ func (s *Server) admitLocked() {
 	s.m.kvUsage.Set(s.kv.used())
 }
 
+// publishLocked sends the cache's changes since the last call, if anyone
+// listens.
+func (s *Server) publishLocked() {
+	evs := s.kv.takeEvents()
+	if s.cfg.Events != nil && len(evs) > 0 {
+		// The sink drops (and its subscribers see a gap) rather than
+		// block; an encoding error cannot happen for these events.
+		_ = s.cfg.Events.Publish(evs)
+	}
+}
+
 // startLocked pins the sequence's blocks and counts its cache hits.
 func (s *Server) startLocked(q *seq) {
 	cached := s.kv.cachedPrefix(q.hashes) * s.cfg.BlockTokens
 	cached = min(cached, q.tokens-1) // the last prompt token is always computed
 	cached = max(cached, 0)
 	s.kv.pin(q.hashes, q.anon)
+	s.publishLocked()
 	s.running++
 	q.started = true
 	s.m.queries.Add(float64(q.tokens))
@@ -248,13 +278,21 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, http.StatusBadRequest, oai.TypeInvalidRequest, "invalid_request", "completions need a prompt, chat completions need messages")
 		return
 	}
-	text := Render(&req)
-	tokens := max(s.tok.Tokens(text), 1)
+	var hashes []uint64
+	var tokens int
+	if ids, ok := oai.TokenIDs(req.Prompt, nil); ok && !req.HasMessages && req.CacheSalt == "" {
+		// Token ids: the engine's hashes, as llm-d-inference-sim's.
+		tokens = max(len(ids), 1)
+		hashes = kvevents.LLMDChain(s.cfg.HashSeed, s.cfg.Model, ids, s.cfg.BlockTokens)
+	} else {
+		text := Render(&req)
+		tokens = max(s.tok.Tokens(text), 1)
+		hashes = s.tok.BlockHashes(text, req.CacheSalt)
+	}
 	outTokens := req.MaxTokens
 	if outTokens <= 0 {
 		outTokens = s.cfg.DefaultMaxTok
 	}
-	hashes := s.tok.BlockHashes(text, req.CacheSalt)
 	// Blocks for the partial prompt tail and the output, never reusable.
 	tail := tokens - len(hashes)*s.cfg.BlockTokens
 	anon := (tail + outTokens + s.cfg.BlockTokens - 1) / s.cfg.BlockTokens

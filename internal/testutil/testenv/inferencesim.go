@@ -33,6 +33,9 @@ type InferenceSimOptions struct {
 	BlockSize      int // tokens per block (8, 16, 32, 64 or 128)
 	CacheBlocks    int // blocks in the simulated KV cache
 	HashSeed       string
+	// MaxModelLen is the longest prompt plus output it takes, in tokens
+	// (0: the simulator's default, 1024).
+	MaxModelLen int
 	// MapEvents selects vLLM's map encoding of events (named fields)
 	// instead of the array encoding.
 	MapEvents bool
@@ -50,20 +53,38 @@ func StartInferenceSim(tb testing.TB, o InferenceSimOptions) *InferenceSim {
 	tb.Helper()
 	bin := Bin(tb, "llm-d-inference-sim")
 	return startForTest(tb, "llm-d-inference-sim", 60*time.Second, func(ctx context.Context) (*InferenceSim, func() error, error) {
-		var lastErr error
-		// A port picked by us may be taken before the simulator binds it.
-		for range 3 {
-			s, err := startInferenceSim(ctx, bin, o)
-			if err == nil {
-				return s, func() error { s.Stop(); return nil }, nil
-			}
-			lastErr = err
-			if ctx.Err() != nil {
-				break
-			}
+		s, err := launchInferenceSim(ctx, bin, o)
+		if err != nil {
+			return nil, nil, err
 		}
-		return nil, nil, lastErr
+		return s, func() error { s.Stop(); return nil }, nil
 	})
+}
+
+// LaunchInferenceSim starts the simulator outside a test (the lab's
+// benchmarks); the caller stops it.
+func LaunchInferenceSim(ctx context.Context, o InferenceSimOptions) (*InferenceSim, error) {
+	bin, err := InferenceSimPath()
+	if err != nil {
+		return nil, err
+	}
+	return launchInferenceSim(ctx, bin, o)
+}
+
+func launchInferenceSim(ctx context.Context, bin string, o InferenceSimOptions) (*InferenceSim, error) {
+	var lastErr error
+	// A port picked by us may be taken before the simulator binds it.
+	for range 3 {
+		s, err := startInferenceSim(ctx, bin, o)
+		if err == nil {
+			return s, nil
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, lastErr
 }
 
 func startInferenceSim(ctx context.Context, bin string, o InferenceSimOptions) (*InferenceSim, error) {
@@ -72,7 +93,7 @@ func startInferenceSim(ctx context.Context, bin string, o InferenceSimOptions) (
 		return nil, err
 	}
 	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command(bin,
+	args := []string{
 		"--port", port,
 		"--model", o.Model,
 		"--mode", "echo",
@@ -83,8 +104,12 @@ func startInferenceSim(ctx context.Context, bin string, o InferenceSimOptions) (
 		"--hash-seed", o.HashSeed,
 		"--event-batch-size", "16",
 		"--force-dummy-tokenizer",
-		"--use-vllm-map-event-format="+strconv.FormatBool(o.MapEvents),
-	)
+		"--use-vllm-map-event-format=" + strconv.FormatBool(o.MapEvents),
+	}
+	if o.MaxModelLen > 0 {
+		args = append(args, "--max-model-len", strconv.Itoa(o.MaxModelLen))
+	}
+	cmd := exec.Command(bin, args...)
 	// The simulator names its event topic after POD_IP and refuses to
 	// publish without it; only --hash-seed may seed its block hashes.
 	cmd.Env = append(filteredEnv(os.Environ(), "POD_IP", "PYTHONHASHSEED"), "POD_IP=127.0.0.1")
