@@ -1,0 +1,362 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"time"
+
+	"github.com/warmfleet/warmfleet/integration/netlab"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+)
+
+// Scenarios is the table, in the order the suite runs it. Models are a
+// few MiB so the suite fits a CI job; links are shaped so a transfer lasts
+// long enough to be cut in the middle.
+func Scenarios() []Scenario {
+	return []Scenario{
+		{
+			Name:   "origin-killed",
+			Fault:  "the node furthest into its S3 reads (the origin of a shard) is killed with SIGKILL mid-transfer",
+			Expect: "its shards move to the next node in rank; the survivors finish verified, reading the model from S3 about once (<= 1.1x)",
+			Lab:    netlab.Options{Hosts: 3, Link: 200 * netlab.Mbit, S3Link: 100 * netlab.Mbit, S3: true},
+			Run:    originKilled,
+		},
+		{
+			Name:   "seeder-killed",
+			Fault:  "a warm member serving a joining node is killed with SIGKILL while the joiner fills",
+			Expect: "the joiner finishes verified from the other warm member, reading nothing from S3",
+			Lab:    netlab.Options{Hosts: 3, Link: 200 * netlab.Mbit, S3: true},
+			Run:    seederKilled,
+		},
+		{
+			Name:   "fleet-restart",
+			Fault:  "every node of a cold fleet is restarted a third of the way into the warm-up",
+			Expect: "the fleet finishes verified and no node verifies a piece it had verified before the restart (pieces verified across both runs <= pieces of the model)",
+			Lab:    netlab.Options{Hosts: 3, Link: 200 * netlab.Mbit, S3Link: 40 * netlab.Mbit, S3: true},
+			Run:    fleetRestart,
+		},
+		{
+			Name:   "s3-storm",
+			Fault:  "S3 answers GETs with 503 SlowDown and cuts response bodies mid-way (connection resets) during the warm-up",
+			Expect: "the fleet backs off, retries and finishes verified; S3 sends at most 1.05x the model",
+			Lab:    netlab.Options{Hosts: 2, Link: 200 * netlab.Mbit, S3: true, S3Front: faultFront},
+			Run:    s3Storm,
+		},
+		{
+			Name:   "corrupting-peer",
+			Fault:  "a warm member serves corrupt piece bytes (a proxy in front of its peer port flips bits past the handshake)",
+			Expect: "a joining node detects the bad pieces, bans that member and fills verified from the honest one, reading nothing from S3",
+			Lab:    netlab.Options{Hosts: 3, Link: 400 * netlab.Mbit, S3: true},
+			Run:    corruptingPeer,
+		},
+		{
+			Name:   "disk-full",
+			Fault:  "one host's data disk is too small for the model",
+			Expect: "that host reports not enough space with the bytes needed and free; the others finish verified",
+			Lab:    netlab.Options{Hosts: 3, Link: 200 * netlab.Mbit, S3: true},
+			Run:    diskFull,
+		},
+	}
+}
+
+// faultFront puts testenv's S3 fault proxy in front of the lab's S3 server.
+func faultFront(target string) (http.Handler, error) { return testenv.NewFaultProxy(target) }
+
+func originKilled(ctx context.Context, f *Fleet) error {
+	model, ds, err := f.Cold(ctx, "fault", 3, 3, 48<<20, 12)
+	if err != nil {
+		return err
+	}
+	var victim *netlab.Daemon
+	err = wait.Until(ctx, func() error {
+		for _, d := range ds {
+			if s3, _, err := d.Metric(ctx, metricS3); err == nil && s3 >= 4<<20 {
+				victim = d
+				return nil
+			}
+		}
+		return errors.New("no node has read 4 MiB from S3 yet")
+	})
+	if err != nil {
+		return fmt.Errorf("an origin at work: %w", err)
+	}
+	if err := victim.Kill(); err != nil {
+		return err
+	}
+	f.Log.Info("chaos: killed an origin mid-way", "host", victim.Host().Name)
+	var survivors []*netlab.Daemon
+	for _, d := range ds {
+		if d != victim {
+			survivors = append(survivors, d)
+		}
+	}
+	if err := f.WaitReady(ctx, "fault", model, survivors...); err != nil {
+		return err
+	}
+	s3, err := f.Sum(ctx, metricS3, survivors...)
+	if err != nil {
+		return err
+	}
+	// One survivor takes over each of the victim's shards; the others keep
+	// following, so the survivors together still read the model about once.
+	if size := float64(model.Size()); s3 > 1.1*size {
+		return fmt.Errorf("survivors read %.2fx the model from S3, want about 1x", s3/size)
+	}
+	return nil
+}
+
+func seederKilled(ctx context.Context, f *Fleet) error {
+	model, warm, err := f.Cold(ctx, "seed", 2, 2, 24<<20, 21)
+	if err != nil {
+		return err
+	}
+	if err := f.WaitReady(ctx, "seed", model, warm...); err != nil {
+		return err
+	}
+	// The joiner's slow link keeps its fill going long enough to kill a
+	// seeder in the middle of it.
+	h := f.Lab.Hosts()[2]
+	if err := h.Link().Shape(ctx, 40*netlab.Mbit); err != nil {
+		return err
+	}
+	joiner, err := f.Start(ctx, h, nil)
+	if err != nil {
+		return err
+	}
+	err = wait.Until(ctx, func() error {
+		if in, _, err := joiner.Metric(ctx, metricPeerIn); err != nil || in < 4<<20 {
+			return fmt.Errorf("joiner has %v bytes from peers (err %v)", in, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("the joiner filling: %w", err)
+	}
+	// Kill the seeder that has sent it the most.
+	victim := warm[0]
+	if a, b := outBytes(ctx, warm[0]), outBytes(ctx, warm[1]); b > a {
+		victim = warm[1]
+	}
+	if err := victim.Kill(); err != nil {
+		return err
+	}
+	f.Log.Info("chaos: killed a seeder mid-way", "host", victim.Host().Name)
+	if err := joiner.WaitReady(ctx, "seed", model); err != nil {
+		return err
+	}
+	if s3, err := joiner.MetricValue(ctx, metricS3); err != nil || s3 != 0 {
+		return fmt.Errorf("joiner read %v bytes from S3 (err %v), want 0: the other seeder holds everything", s3, err)
+	}
+	return nil
+}
+
+func outBytes(ctx context.Context, d *netlab.Daemon) float64 {
+	v, _, _ := d.Metric(ctx, `warmfleet_peer_bytes_total{direction="out"}`)
+	return v
+}
+
+// restartFigures are one node's counters at the moment its run ended.
+type restartFigures struct{ verified, s3, peerIn float64 }
+
+func readFigures(ctx context.Context, d *netlab.Daemon) (restartFigures, error) {
+	var r restartFigures
+	var err error
+	for _, m := range []struct {
+		name string
+		v    *float64
+	}{{metricVerified, &r.verified}, {metricS3, &r.s3}, {metricPeerIn, &r.peerIn}} {
+		if *m.v, err = d.MetricValue(ctx, m.name); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+func fleetRestart(ctx context.Context, f *Fleet) error {
+	const pieces = 12 // two files of 6 pieces of 2 MiB (the daemon's piece size)
+	model, ds, err := f.Cold(ctx, "restart", 3, 2, pieces*2<<20, 31)
+	if err != nil {
+		return err
+	}
+	err = wait.Until(ctx, func() error {
+		s3, err := f.Sum(ctx, metricS3, ds...)
+		if err == nil && s3 < float64(model.Size())/3 {
+			err = fmt.Errorf("the fleet has read %.0f bytes from S3", s3)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("a third of the warm-up: %w", err)
+	}
+	// Cut every link so no byte moves while the counters are read; the
+	// daemons stop while cut, and start again with their links back.
+	hosts := f.Lab.Hosts()
+	for _, h := range hosts {
+		if err := h.Link().Cut(ctx); err != nil {
+			return err
+		}
+	}
+	before := make([]restartFigures, len(ds))
+	for i, d := range ds {
+		if before[i], err = readFigures(ctx, d); err != nil {
+			return err
+		}
+		if err := d.Stop(10 * time.Second); err != nil {
+			f.Log.Info("chaos: stop", "host", d.Host().Name, "err", err)
+		}
+	}
+	for _, h := range hosts {
+		if err := h.Link().Restore(ctx); err != nil {
+			return err
+		}
+	}
+	for _, d := range ds {
+		if err := d.Restart(ctx, 10*time.Second); err != nil {
+			return err
+		}
+	}
+	if err := f.WaitReady(ctx, "restart", model, ds...); err != nil {
+		return err
+	}
+	var errs []error
+	for i, d := range ds {
+		after, err := readFigures(ctx, d)
+		if err != nil {
+			return err
+		}
+		b := before[i]
+		f.Log.Info("chaos: restart figures", "host", d.Host().Name, "verified_before", b.verified, "verified_after", after.verified,
+			"s3_before", b.s3, "s3_after", after.s3, "peer_before", b.peerIn, "peer_after", after.peerIn)
+		if n := b.verified + after.verified; n > pieces {
+			errs = append(errs, fmt.Errorf("%s verified %v pieces before the restart and %v after, %v in all for a model of %d: pieces fetched again",
+				d.Host().Name, b.verified, after.verified, n, pieces))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func s3Storm(ctx context.Context, f *Fleet) error {
+	faults, ok := f.Lab.S3().Front.(*testenv.FaultProxy)
+	if !ok {
+		return fmt.Errorf("lab's S3 front is %T, want the fault proxy", f.Lab.S3().Front)
+	}
+	// The daemons GET nothing before the cache is added (seeding goes
+	// around the proxy), so the storm hits the warm-up.
+	const slowDowns, resets = 8, 4
+	faults.SlowDownGETs(slowDowns)
+	faults.ResetAfter(64<<10, resets)
+	model, ds, err := f.Cold(ctx, "storm", 2, 2, 16<<20, 41)
+	if err != nil {
+		return err
+	}
+	if err := f.WaitReady(ctx, "storm", model, ds...); err != nil {
+		return err
+	}
+	st := faults.Stats()
+	f.Log.Info("chaos: storm figures", "requests", st.Requests, "slowdowns", st.SlowDowns, "resets", st.Resets, "body_bytes", st.BodyBytes)
+	if st.SlowDowns != slowDowns || st.Resets != resets {
+		return fmt.Errorf("S3 answered %d SlowDowns and cut %d bodies, want %d and %d: the storm missed the warm-up", st.SlowDowns, st.Resets, slowDowns, resets)
+	}
+	if size := float64(model.Size()); float64(st.BodyBytes) > 1.05*size {
+		return fmt.Errorf("S3 sent %.3fx the model, want <= 1.05x", float64(st.BodyBytes)/size)
+	}
+	return nil
+}
+
+func corruptingPeer(ctx context.Context, f *Fleet) error {
+	model, err := f.Seed(ctx, "corrupt/", 2, 16<<20, 13)
+	if err != nil {
+		return err
+	}
+	hosts := f.Lab.Hosts()
+	bad := hosts[0]
+	// The bad member's daemon listens on 7948; members reach it through the
+	// proxy on 7947, the address it advertises.
+	proxy, err := bad.Proxy(bad.Addr(7947), bad.Addr(7948))
+	if err != nil {
+		return err
+	}
+	defer proxy.Close()
+	badD, err := f.Start(ctx, bad, []string{"--p2p", bad.Addr(7948), "--p2p-advertise", bad.Addr(7947)})
+	if err != nil {
+		return err
+	}
+	honest, err := f.Start(ctx, hosts[1], nil)
+	if err != nil {
+		return err
+	}
+	if err := honest.WaitMembers(ctx, 2); err != nil {
+		return err
+	}
+	if err := f.Add(ctx, honest, "corrupt", model); err != nil {
+		return err
+	}
+	if err := f.WaitReady(ctx, "corrupt", model, badD, honest); err != nil {
+		return err
+	}
+	// From now on every 256 KiB-th byte the bad member sends past its
+	// first 64 KiB is flipped: handshakes and bitfields pass, piece bytes do
+	// not.
+	proxy.SetMangle(func(off int64, p []byte) {
+		for i := range p {
+			if o := off + int64(i); o >= 64<<10 && o%(256<<10) == 0 {
+				p[i] ^= 0x01
+			}
+		}
+	})
+	joiner, err := f.Start(ctx, hosts[2], nil)
+	if err != nil {
+		return err
+	}
+	if err := joiner.WaitReady(ctx, "corrupt", model); err != nil {
+		return err
+	}
+	var v [3]float64
+	for i, name := range []string{metricBanned, metricFailed, metricS3} {
+		if v[i], err = joiner.MetricValue(ctx, name); err != nil {
+			return err
+		}
+	}
+	banned, failed, s3 := v[0], v[1], v[2]
+	f.Log.Info("chaos: joiner figures", "banned", banned, "failed", failed, "s3", s3)
+	if failed < 1 || banned < 1 {
+		return fmt.Errorf("corrupt pieces went unnoticed: %v failed, %v bans", failed, banned)
+	}
+	if s3 != 0 {
+		return fmt.Errorf("joiner read %v bytes from S3; the honest member holds everything", s3)
+	}
+	return nil
+}
+
+// noSpace is the daemon's report of a cache that does not fit, with its
+// figures.
+var noSpace = regexp.MustCompile(`not enough space: need [0-9.]+ ?[KMGT]?i?B, [0-9.]+ ?[KMGT]?i?B free`)
+
+func diskFull(ctx context.Context, f *Fleet) error {
+	small := f.Lab.Hosts()[2]
+	if err := small.LimitDisk(8 << 20); err != nil {
+		return err
+	}
+	model, ds, err := f.Cold(ctx, "full", 3, 2, 24<<20, 51)
+	if err != nil {
+		return err
+	}
+	err = wait.Until(ctx, func() error {
+		st, err := ds[2].CacheStatus(ctx, "full")
+		if err != nil {
+			return err
+		}
+		if !noSpace.MatchString(st.Error) {
+			return fmt.Errorf("%s: state %s, error %q", small.Name, st.State, st.Error)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("the small host reporting no space with figures: %w", err)
+	}
+	return f.WaitReady(ctx, "full", model, ds[:2]...)
+}
