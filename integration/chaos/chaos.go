@@ -40,6 +40,10 @@ type Scenario struct {
 	// Lab is the lab the scenario runs in; Dir and Logger come from
 	// Options.
 	Lab netlab.Options
+	// KnownBug, if set, describes a bug of the daemon this scenario shows
+	// today: the test skips the scenario, naming the bug, until it is
+	// fixed; the bench runs it and reports it failed.
+	KnownBug string
 	// Run starts the fleet, does the fault and checks the scenario's own
 	// outcome; the shared checks follow it.
 	Run func(ctx context.Context, f *Fleet) error

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
@@ -35,9 +36,12 @@ func Scenarios() []Scenario {
 		{
 			Name:   "fleet-restart",
 			Fault:  "every node of a cold fleet is restarted a third of the way into the warm-up",
-			Expect: "the fleet finishes verified and no node verifies a piece it had verified before the restart (pieces verified across both runs <= pieces of the model)",
+			Expect: "the fleet finishes verified and no node fetches a piece it had verified before the restart: the bytes it reads from S3 and peers after it are at most the model less those pieces",
 			Lab:    netlab.Options{Hosts: 3, Link: 200 * netlab.Mbit, S3Link: 40 * netlab.Mbit, S3: true},
-			Run:    fleetRestart,
+			KnownBug: "a daemon that starts with a cache to fetch and no member in view yet (the whole fleet restarting at once) fetches it " +
+				"straight from S3, ignoring the pieces it had verified, and a model fetched that way is never served to peers (reseed skips " +
+				"shards without a manifest): every node reads the whole model from S3 again",
+			Run: fleetRestart,
 		},
 		{
 			Name:   "s3-storm",
@@ -177,8 +181,8 @@ func readFigures(ctx context.Context, d *netlab.Daemon) (restartFigures, error) 
 }
 
 func fleetRestart(ctx context.Context, f *Fleet) error {
-	const pieces = 12 // two files of 6 pieces of 2 MiB (the daemon's piece size)
-	model, ds, err := f.Cold(ctx, "restart", 3, 2, pieces*2<<20, 31)
+	const piece = 2 << 20 // the daemon's piece size
+	model, ds, err := f.Cold(ctx, "restart", 3, 2, 12*piece, 31)
 	if err != nil {
 		return err
 	}
@@ -214,10 +218,15 @@ func fleetRestart(ctx context.Context, f *Fleet) error {
 			return err
 		}
 	}
-	for _, d := range ds {
-		if err := d.Restart(ctx, 10*time.Second); err != nil {
-			return err
-		}
+	// All at once, as after a power cut of the whole fleet.
+	restarted := make([]error, len(ds))
+	var wg sync.WaitGroup
+	for i, d := range ds {
+		wg.Go(func() { restarted[i] = d.Restart(ctx, 10*time.Second) })
+	}
+	wg.Wait()
+	if err := errors.Join(restarted...); err != nil {
+		return err
 	}
 	if err := f.WaitReady(ctx, "restart", model, ds...); err != nil {
 		return err
@@ -231,9 +240,9 @@ func fleetRestart(ctx context.Context, f *Fleet) error {
 		b := before[i]
 		f.Log.Info("chaos: restart figures", "host", d.Host().Name, "verified_before", b.verified, "verified_after", after.verified,
 			"s3_before", b.s3, "s3_after", after.s3, "peer_before", b.peerIn, "peer_after", after.peerIn)
-		if n := b.verified + after.verified; n > pieces {
-			errs = append(errs, fmt.Errorf("%s verified %v pieces before the restart and %v after, %v in all for a model of %d: pieces fetched again",
-				d.Host().Name, b.verified, after.verified, n, pieces))
+		if left, got := float64(model.Size())-b.verified*piece, after.s3+after.peerIn; got > left {
+			errs = append(errs, fmt.Errorf("%s held %v verified pieces at the restart, then read %.0f bytes (%.0f from S3) where %.0f were missing: verified pieces fetched again",
+				d.Host().Name, b.verified, got, after.s3, left))
 		}
 	}
 	return errors.Join(errs...)
