@@ -44,6 +44,13 @@ func Scenarios() []Scenario {
 			Run: fleetRestart,
 		},
 		{
+			Name:   "publish-killed",
+			Fault:  "the daemon is killed with SIGKILL around the end of a download, between its last byte and ready (publish, fsync), and restarted, four times",
+			Expect: "after every restart a cache is either not ready or ready with every file whole; each finishes verified",
+			Lab:    netlab.Options{Hosts: 1, Link: 200 * netlab.Mbit, S3Link: 100 * netlab.Mbit, S3: true},
+			Run:    publishKilled,
+		},
+		{
 			Name:   "s3-storm",
 			Fault:  "S3 answers GETs with 503 SlowDown and cuts response bodies mid-way (connection resets) during the warm-up",
 			Expect: "the fleet backs off, retries and finishes verified; S3 sends at most 1.05x the model",
@@ -368,4 +375,88 @@ func diskFull(ctx context.Context, f *Fleet) error {
 		return fmt.Errorf("the small host reporting no space with figures: %w", err)
 	}
 	return f.WaitReady(ctx, "full", model, ds[:2]...)
+}
+
+// killPoints are where publishKilled kills the daemon, one a round: the
+// final writes, the last byte written, and the verification that leads to
+// the publish.
+var killPoints = []struct {
+	name    string
+	reached func(done float64, verifying bool) bool
+}{
+	{"seven eighths written", func(done float64, verifying bool) bool { return done >= 7.0/8 || verifying }},
+	{"every byte written", func(done float64, verifying bool) bool { return done >= 1 || verifying }},
+	{"verifying", func(_ float64, verifying bool) bool { return verifying }},
+}
+
+func publishKilled(ctx context.Context, f *Fleet) error {
+	d, err := f.Start(ctx, f.Lab.Hosts()[0], nil)
+	if err != nil {
+		return err
+	}
+	const rounds = 4
+	var models []netlab.Model
+	for i := range rounds {
+		m, err := f.Seed(ctx, fmt.Sprintf("pub%d/", i), 8, 8<<20, uint64(60+i))
+		if err != nil {
+			return err
+		}
+		models = append(models, m)
+	}
+	landed := 0
+	for i, m := range models {
+		name := fmt.Sprintf("pub%d", i)
+		if err := f.Add(ctx, d, name, m); err != nil {
+			return err
+		}
+		at := killPoints[i%len(killPoints)]
+		err := wait.Until(ctx, func() error {
+			text, err := d.Metrics(ctx)
+			if err != nil {
+				return err
+			}
+			done, _, err := netlab.MetricSum(text, fmt.Sprintf("warmfleet_cache_bytes{model=%q}", name))
+			if err != nil {
+				return err
+			}
+			verifying, _, err := netlab.MetricSum(text, fmt.Sprintf(`warmfleet_cache_state{model=%q,state="verifying"}`, name))
+			if err != nil {
+				return err
+			}
+			if !at.reached(done/float64(m.Size()), verifying == 1) {
+				return fmt.Errorf("%s: %v of %d bytes, verifying %v", at.name, done, m.Size(), verifying)
+			}
+			return nil
+		}, wait.MaxInterval(time.Millisecond))
+		if err != nil {
+			return fmt.Errorf("%s near its end: %w", name, err)
+		}
+		if err := d.Kill(); err != nil {
+			return err
+		}
+		if err := d.Restart(ctx, 10*time.Second); err != nil {
+			return err
+		}
+		// Right after the restart, whatever is ready must be whole.
+		for j := range i + 1 {
+			st, err := d.CacheStatus(ctx, fmt.Sprintf("pub%d", j))
+			if err != nil || !st.Ready {
+				if j == i {
+					landed++ // killed before it was ready
+				}
+				continue
+			}
+			if _, bad, err := checkDir(st.Path, models[j:j+1]); bad > 0 {
+				return fmt.Errorf("pub%d ready after a SIGKILL with %d bad files: %w", j, bad, err)
+			}
+		}
+		if err := d.WaitReady(ctx, name, m); err != nil {
+			return err
+		}
+	}
+	f.Log.Info("chaos: publish kills", "kills", rounds, "before_ready", landed)
+	if landed == 0 {
+		return fmt.Errorf("none of %d kills landed before ready: the scenario tested nothing", rounds)
+	}
+	return nil
 }
