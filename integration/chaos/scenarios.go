@@ -1,11 +1,16 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -49,6 +54,13 @@ func Scenarios() []Scenario {
 			Expect: "after every restart a cache is either not ready or ready with every file whole; each finishes verified",
 			Lab:    netlab.Options{Hosts: 1, Link: 200 * netlab.Mbit, S3Link: 100 * netlab.Mbit, S3: true},
 			Run:    publishKilled,
+		},
+		{
+			Name:   "s3-overwrite",
+			Fault:  "an object of the model is overwritten in S3 with other bytes while two nodes warm the model",
+			Expect: "each node ends ready with one revision or the other, whole, never a mix of the two",
+			Lab:    netlab.Options{Hosts: 2, Link: 200 * netlab.Mbit, S3Link: 40 * netlab.Mbit, S3: true},
+			Run:    s3Overwrite,
 		},
 		{
 			Name:   "s3-storm",
@@ -457,6 +469,67 @@ func publishKilled(ctx context.Context, f *Fleet) error {
 	f.Log.Info("chaos: publish kills", "kills", rounds, "before_ready", landed)
 	if landed == 0 {
 		return fmt.Errorf("none of %d kills landed before ready: the scenario tested nothing", rounds)
+	}
+	return nil
+}
+
+func s3Overwrite(ctx context.Context, f *Fleet) error {
+	before, err := f.Seed(ctx, "over/", 2, 24<<20, 71)
+	if err != nil {
+		return err
+	}
+	// The second revision differs in its second file only, so S3 never
+	// holds a state that is neither revision.
+	body := make([]byte, before.Files[1].Size)
+	_, _ = rand.NewChaCha8([32]byte{72}).Read(body)
+	sum := sha256.Sum256(body)
+	after := netlab.Model{Bucket: before.Bucket, Prefix: before.Prefix, Files: slices.Clone(before.Files)}
+	after.Files[1].SHA256 = hex.EncodeToString(sum[:])
+	ds, err := f.StartFleet(ctx, 2)
+	if err != nil {
+		return err
+	}
+	if err := f.Add(ctx, ds[0], "over", before, after); err != nil {
+		return err
+	}
+	err = wait.Until(ctx, func() error {
+		done, err := f.Sum(ctx, metricS3, ds...)
+		// Early, so the overwrite falls inside the second file's
+		// transfer (the S3 link takes seconds over the model).
+		if err == nil && done < 1<<20 {
+			err = fmt.Errorf("the nodes have read %v bytes from S3", done)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("the warm-up under way: %w", err)
+	}
+	key := before.Prefix + before.Files[1].Name
+	if err := f.Lab.S3().Put(ctx, before.Bucket, key, bytes.NewReader(body), int64(len(body))); err != nil {
+		return err
+	}
+	f.Log.Info("chaos: object overwritten", "key", key)
+	for _, d := range ds {
+		err := wait.Until(ctx, func() error {
+			st, err := d.CacheStatus(ctx, "over")
+			if err == nil && !st.Ready {
+				err = fmt.Errorf("%s: state %s %s", d.Host().Name, st.State, st.Error)
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		st, err := d.CacheStatus(ctx, "over")
+		if err != nil {
+			return err
+		}
+		// The shared checks hold the directory to one revision, whole.
+		which := "the first"
+		if after.Verify(st.Path) == nil {
+			which = "the second"
+		}
+		f.Log.Info("chaos: ready after the overwrite", "host", d.Host().Name, "revision", which)
 	}
 	return nil
 }
