@@ -25,6 +25,9 @@ type Fleet struct {
 	Log      *slog.Logger
 
 	daemons []*netlab.Daemon
+	// outsiders are daemons that are not members (another cluster key):
+	// the shared checks hold them to nothing but stopping with the lab.
+	outsiders []*netlab.Daemon
 	// desired maps each cache name added to the revisions its ready
 	// directory may hold (one of them, whole).
 	desired map[string][]netlab.Model
@@ -121,6 +124,7 @@ const (
 	metricVerified = `warmfleet_pieces_total{result="verified"}`
 	metricFailed   = `warmfleet_pieces_total{result="failed"}`
 	metricBanned   = "warmfleet_peers_banned_total"
+	metricAuthFail = "warmfleet_peer_auth_failures_total"
 )
 
 // checkReady is the shared check of ready files and desired entries on
@@ -242,7 +246,7 @@ func fileSHA256(path string) (string, error) {
 // and no network namespace behind.
 func (f *Fleet) closeAndCheck() error {
 	errs := []error{f.Lab.Close()}
-	for _, d := range f.daemons {
+	for _, d := range append(f.daemons, f.outsiders...) {
 		if d.Running() {
 			errs = append(errs, fmt.Errorf("daemon on %s (pid %d) still runs after the lab closed", d.Host().Name, d.PID()))
 		}

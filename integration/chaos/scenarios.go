@@ -3,16 +3,21 @@ package chaos
 import (
 	"bytes"
 	"context"
+	cryptorand "crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/warmfleet/warmfleet/p2p"
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
@@ -61,6 +66,13 @@ func Scenarios() []Scenario {
 			Expect: "each node ends ready with one revision or the other, whole, never a mix of the two",
 			Lab:    netlab.Options{Hosts: 2, Link: 200 * netlab.Mbit, S3Link: 40 * netlab.Mbit, S3: true},
 			Run:    s3Overwrite,
+		},
+		{
+			Name:   "keyless-host",
+			Fault:  "a host with another cluster key joins the gossip and asks a member's peer port for a shard",
+			Expect: "its join is refused (no member sees it, it sees only itself) and its handshake fails, counted in the member's warmfleet_peer_auth_failures_total",
+			Lab:    netlab.Options{Hosts: 3, Link: 200 * netlab.Mbit, S3: true},
+			Run:    keylessHost,
 		},
 		{
 			Name:   "s3-storm",
@@ -532,4 +544,72 @@ func s3Overwrite(ctx context.Context, f *Fleet) error {
 		f.Log.Info("chaos: ready after the overwrite", "host", d.Host().Name, "revision", which)
 	}
 	return nil
+}
+
+func keylessHost(ctx context.Context, f *Fleet) error {
+	model, ds, err := f.Cold(ctx, "keyed", 2, 2, 8<<20, 81)
+	if err != nil {
+		return err
+	}
+	if err := f.WaitReady(ctx, "keyed", model, ds...); err != nil {
+		return err
+	}
+	h := f.Lab.Hosts()[2]
+	otherKey := filepath.Join(filepath.Dir(f.Key), "other.key")
+	if err := netlab.WriteClusterKey(otherKey); err != nil {
+		return err
+	}
+	intruder, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: f.Bin, Env: f.Lab.S3().Env(), Args: netlab.SwarmArgs(h, f.seedHost(), otherKey)})
+	if err != nil {
+		return err
+	}
+	f.outsiders = append(f.outsiders, intruder)
+	err = wait.Until(ctx, func() error {
+		if !strings.Contains(intruder.Log(), "gossip: join failed") {
+			return errors.New("the intruder's join has not failed yet")
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, d := range append(ds, intruder) {
+		ms, err := d.FleetView(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if (m.Name == h.Name) != (d == intruder) && m.State == "alive" {
+				return fmt.Errorf("%s sees %s alive: the key did not separate them", d.Host().Name, m.Name)
+			}
+		}
+	}
+	// Ask a member for a shard as the swarm does, with the wrong key.
+	before, err := ds[0].MetricValue(ctx, metricAuthFail)
+	if err != nil {
+		return err
+	}
+	key := make([]byte, 32)
+	_, _ = cryptorand.Read(key)
+	node, err := p2p.NewNode(p2p.Config{NodeID: h.Name, ClusterKey: key})
+	if err != nil {
+		return err
+	}
+	var fetchErr error
+	if err := h.NS.Do(func() error {
+		_, fetchErr = node.FetchManifest(ctx, ds[0].Host().Addr(7947), "keyed-shard")
+		return nil
+	}); err != nil {
+		return err
+	}
+	if fetchErr == nil {
+		return errors.New("a member gave a manifest to a peer with another key")
+	}
+	return wait.Until(ctx, func() error {
+		after, err := ds[0].MetricValue(ctx, metricAuthFail)
+		if err == nil && after <= before {
+			err = fmt.Errorf("%s counts %v auth failures, as before the stranger asked (%v); its answer was %v", ds[0].Host().Name, after, before, fetchErr)
+		}
+		return err
+	})
 }
