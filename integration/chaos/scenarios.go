@@ -8,8 +8,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -73,6 +75,14 @@ func Scenarios() []Scenario {
 			Expect: "its join is refused (no member sees it, it sees only itself) and its handshake fails, counted in the member's warmfleet_peer_auth_failures_total",
 			Lab:    netlab.Options{Hosts: 3, Link: 200 * netlab.Mbit, S3: true},
 			Run:    keylessHost,
+		},
+		{
+			Name:  "hostile-keys",
+			Fault: "S3 listings hold keys with ../, absolute paths, backslashes, overlong segments, duplicates, a file that is also a directory, keys outside the prefix, and a continuation token that loops; real objects have Unicode look-alikes of dots and slashes in their names",
+			Expect: "every hostile listing fails its cache with an error and nothing is written outside the data directory; " +
+				"the look-alike model is cached verified, its files inside its directory",
+			Lab: netlab.Options{Hosts: 1, Link: 200 * netlab.Mbit, S3: true, S3Front: hostileFront},
+			Run: hostileKeys,
 		},
 		{
 			Name:   "s3-storm",
@@ -612,4 +622,119 @@ func keylessHost(ctx context.Context, f *Fleet) error {
 		}
 		return err
 	})
+}
+
+// hostileListings are the cases of hostileKeys, by cache name; each key
+// that lands somewhere is named escape-*, so a stray file is found.
+func hostileListings() map[string]hostileListing {
+	long := strings.Repeat("escape-long-", 30)
+	listing := func(name string, keys ...string) hostileListing {
+		l := hostileListing{Keys: []string{name + "/model.safetensors"}}
+		for _, k := range keys {
+			l.Keys = append(l.Keys, name+"/"+k)
+		}
+		return l
+	}
+	return map[string]hostileListing{
+		"dotdot":    listing("dotdot", "../escape-dotdot"),
+		"deep":      listing("deep", "a/../../../escape-deep"),
+		"absolute":  listing("absolute", "/tmp/escape-absolute"),
+		"backslash": listing("backslash", `..\escape-backslash`),
+		"long":      listing("long", long),
+		"duplicate": listing("duplicate", "model.safetensors"),
+		"clash":     listing("clash", "model.safetensors/escape-clash"),
+		"outside":   {Keys: []string{"outside/model.safetensors", "elsewhere/escape-outside"}},
+		"loop":      {Keys: []string{"loop/model.safetensors"}, Loop: true},
+	}
+}
+
+func hostileKeys(ctx context.Context, f *Fleet) error {
+	front, ok := f.Lab.S3().Front.(*hostileS3)
+	if !ok {
+		return fmt.Errorf("lab's S3 front is %T, want the hostile listing front", f.Lab.S3().Front)
+	}
+	// Real objects whose names only look like dots and slashes.
+	s3h := f.Lab.S3()
+	if err := s3h.MakeBucket(ctx, "models"); err != nil {
+		return err
+	}
+	look := netlab.Model{Bucket: "models", Prefix: "lookalike/"}
+	for i, name := range []string{"\u2024\u2024/escape-lookalike-dots.safetensors", "a\u2215escape-lookalike-slash.safetensors", "\uff0e\uff0e\uff0fescape-lookalike-fullwidth"} {
+		body := make([]byte, 1<<20+i)
+		_, _ = rand.NewChaCha8([32]byte{90, byte(i)}).Read(body)
+		if err := s3h.Put(ctx, look.Bucket, look.Prefix+name, bytes.NewReader(body), int64(len(body))); err != nil {
+			return fmt.Errorf("put %q: %w", name, err)
+		}
+		sum := sha256.Sum256(body)
+		look.Files = append(look.Files, netlab.ModelFile{Name: name, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])})
+	}
+	d, err := f.Start(ctx, f.Lab.Hosts()[0], nil)
+	if err != nil {
+		return err
+	}
+	cases := hostileListings()
+	for name, l := range cases {
+		front.set(name+"/", l)
+		if err := f.Add(ctx, d, name, netlab.Model{Bucket: "models", Prefix: name + "/"}); err != nil {
+			return err
+		}
+	}
+	if err := f.Add(ctx, d, "lookalike", look); err != nil {
+		return err
+	}
+	var errs []error
+	for name := range cases {
+		err := wait.Until(ctx, func() error {
+			st, err := d.CacheStatus(ctx, name)
+			if err != nil {
+				return err
+			}
+			if st.State != "failed" || st.Error == "" {
+				return fmt.Errorf("%s: state %s, error %q; want failed with the reason", name, st.State, st.Error)
+			}
+			f.Log.Info("chaos: hostile listing refused", "cache", name, "error", st.Error)
+			return nil
+		})
+		errs = append(errs, err)
+	}
+	if err := d.WaitReady(ctx, "lookalike", look); err != nil {
+		errs = append(errs, err)
+	}
+	if n := front.listingsServed(); n < len(cases) {
+		errs = append(errs, fmt.Errorf("the front answered %d hostile listings, want at least %d", n, len(cases)))
+	}
+	errs = append(errs, strayFiles(f, d, look))
+	return errors.Join(errs...)
+}
+
+// strayFiles fails on any escape-* file in the lab outside the S3 host's
+// buckets and the look-alike model's ready directory.
+func strayFiles(f *Fleet, d *netlab.Daemon, look netlab.Model) error {
+	st, err := d.CacheStatus(context.Background(), "lookalike")
+	if err != nil {
+		return err
+	}
+	var stray []string
+	walkErr := filepath.WalkDir(f.Lab.Dir(), func(path string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if e.IsDir() && path == f.Lab.S3().Dir {
+			return filepath.SkipDir
+		}
+		if !e.IsDir() && strings.Contains(e.Name(), "escape-") && !strings.HasPrefix(path, st.Path+string(filepath.Separator)) {
+			stray = append(stray, path)
+		}
+		return nil
+	})
+	// Keys tried to reach /tmp and the lab's parent too.
+	for _, p := range []string{"/tmp/escape-absolute", filepath.Join(filepath.Dir(f.Lab.Dir()), "escape-dotdot")} {
+		if _, err := os.Lstat(p); err == nil {
+			stray = append(stray, p)
+		}
+	}
+	if len(stray) > 0 {
+		return fmt.Errorf("files written outside their cache: %v", stray)
+	}
+	return walkErr
 }
