@@ -85,6 +85,13 @@ func Scenarios() []Scenario {
 			Run: hostileKeys,
 		},
 		{
+			Name:   "partition-heal",
+			Fault:  "the fleet splits in two halves that cannot reach each other; each half is given a model of its own, then the network heals",
+			Expect: "gossip converges (every node sees all four alive), the desired states merge with nothing lost (every node ends with both models verified), and S3 is not read again for what one half holds (<= 1.5x the two models: more means nodes re-read the other half's model)",
+			Lab:    netlab.Options{Hosts: 4, Link: 200 * netlab.Mbit, S3: true},
+			Run:    partitionHeal,
+		},
+		{
 			Name:   "s3-storm",
 			Fault:  "S3 answers GETs with 503 SlowDown and cuts response bodies mid-way (connection resets) during the warm-up",
 			Expect: "the fleet backs off, retries and finishes verified; S3 sends at most 1.05x the model",
@@ -737,4 +744,85 @@ func strayFiles(f *Fleet, d *netlab.Daemon, look netlab.Model) error {
 		return fmt.Errorf("files written outside their cache: %v", stray)
 	}
 	return walkErr
+}
+
+// partition makes every host of a unreachable from every host of b and
+// back, with blackhole routes in their namespaces; heal is its undo.
+func partition(ctx context.Context, a, b []*netlab.Host, heal bool) error {
+	op := "add"
+	if heal {
+		op = "del"
+	}
+	for _, pair := range [][2][]*netlab.Host{{a, b}, {b, a}} {
+		for _, from := range pair[0] {
+			for _, to := range pair[1] {
+				out, err := from.Command(ctx, "ip", "route", op, "blackhole", to.IP.String()+"/32").CombinedOutput()
+				if err != nil {
+					return fmt.Errorf("route %s blackhole %s on %s: %w: %s", op, to.IP, from.Name, err, out)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func partitionHeal(ctx context.Context, f *Fleet) error {
+	left, err := f.Seed(ctx, "left/", 2, 8<<20, 91)
+	if err != nil {
+		return err
+	}
+	right, err := f.Seed(ctx, "right/", 2, 8<<20, 92)
+	if err != nil {
+		return err
+	}
+	ds, err := f.StartFleet(ctx, 4)
+	if err != nil {
+		return err
+	}
+	hosts := f.Lab.Hosts()
+	if err := partition(ctx, hosts[:2], hosts[2:], false); err != nil {
+		return err
+	}
+	for _, d := range []*netlab.Daemon{ds[0], ds[2]} {
+		if err := d.WaitMembers(ctx, 2); err != nil {
+			return fmt.Errorf("the partition seen: %w", err)
+		}
+	}
+	if err := f.Add(ctx, ds[0], "left", left); err != nil {
+		return err
+	}
+	if err := f.Add(ctx, ds[2], "right", right); err != nil {
+		return err
+	}
+	if err := f.WaitReady(ctx, "left", left, ds[:2]...); err != nil {
+		return err
+	}
+	if err := f.WaitReady(ctx, "right", right, ds[2:]...); err != nil {
+		return err
+	}
+	if err := partition(ctx, hosts[:2], hosts[2:], true); err != nil {
+		return err
+	}
+	f.Log.Info("chaos: partition healed")
+	for _, d := range ds {
+		if err := d.WaitMembers(ctx, 4); err != nil {
+			return fmt.Errorf("gossip converging after the heal: %w", err)
+		}
+	}
+	if err := f.WaitReady(ctx, "left", left, ds...); err != nil {
+		return err
+	}
+	if err := f.WaitReady(ctx, "right", right, ds...); err != nil {
+		return err
+	}
+	s3, err := f.Sum(ctx, metricS3, ds...)
+	if err != nil {
+		return err
+	}
+	size := float64(left.Size() + right.Size())
+	f.Log.Info("chaos: partition figures", "s3_ratio", s3/size)
+	if s3 > 1.5*size {
+		return fmt.Errorf("the fleet read %.2fx the two models from S3, want at most 1.5x: the halves did not fill each other", s3/size)
+	}
+	return nil
 }
