@@ -92,6 +92,13 @@ func Scenarios() []Scenario {
 			Run:    partitionHeal,
 		},
 		{
+			Name:   "flapping-member",
+			Fault:  "one node's link goes down and up every 2 s for 20 s while a cold fleet of three warms a model",
+			Expect: "the fleet finishes verified without thrash: S3 is read about once (<= 1.25x the model), not once per flap",
+			Lab:    netlab.Options{Hosts: 3, Link: 200 * netlab.Mbit, S3Link: 40 * netlab.Mbit, S3: true},
+			Run:    flappingMember,
+		},
+		{
 			Name:   "s3-storm",
 			Fault:  "S3 answers GETs with 503 SlowDown and cuts response bodies mid-way (connection resets) during the warm-up",
 			Expect: "the fleet backs off, retries and finishes verified; S3 sends at most 1.05x the model",
@@ -823,6 +830,45 @@ func partitionHeal(ctx context.Context, f *Fleet) error {
 	f.Log.Info("chaos: partition figures", "s3_ratio", s3/size)
 	if s3 > 1.5*size {
 		return fmt.Errorf("the fleet read %.2fx the two models from S3, want at most 1.5x: the halves did not fill each other", s3/size)
+	}
+	return nil
+}
+
+func flappingMember(ctx context.Context, f *Fleet) error {
+	model, ds, err := f.Cold(ctx, "flap", 3, 2, 24<<20, 101)
+	if err != nil {
+		return err
+	}
+	link := f.Lab.Hosts()[2].Link()
+	// The fault's schedule: ten down-and-up cycles of 2 s.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	flaps := 0
+	for down := true; flaps < 10; down = !down {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		if down {
+			err = link.Cut(ctx)
+		} else {
+			err, flaps = link.Restore(ctx), flaps+1
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := f.WaitReady(ctx, "flap", model, ds...); err != nil {
+		return err
+	}
+	s3, err := f.Sum(ctx, metricS3, ds...)
+	if err != nil {
+		return err
+	}
+	f.Log.Info("chaos: flapping figures", "flaps", flaps, "s3_ratio", s3/float64(model.Size()))
+	if size := float64(model.Size()); s3 > 1.25*size {
+		return fmt.Errorf("the fleet read %.2fx the model from S3 with a flapping member, want about 1x: pulls repeated", s3/size)
 	}
 	return nil
 }
