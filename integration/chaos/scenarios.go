@@ -57,8 +57,8 @@ func Scenarios() []Scenario {
 		},
 		{
 			Name:   "publish-killed",
-			Fault:  "the daemon is killed with SIGKILL around the end of a download, between its last byte and ready (publish, fsync), and restarted, four times",
-			Expect: "after every restart a cache is either not ready or ready with every file whole; each finishes verified",
+			Fault:  "the daemon is killed with SIGKILL during a download, from half way to the verification and publish, and restarted, six times",
+			Expect: "what the killed daemon left is either not published or published whole, so is what it reports ready after the restart; each finishes verified",
 			Lab:    netlab.Options{Hosts: 1, Link: 200 * netlab.Mbit, S3Link: 100 * netlab.Mbit, S3: true},
 			Run:    publishKilled,
 		},
@@ -425,13 +425,14 @@ func diskFull(ctx context.Context, f *Fleet) error {
 	return f.WaitReady(ctx, "full", model, ds[:2]...)
 }
 
-// killPoints are where publishKilled kills the daemon, one a round: the
-// final writes, the last byte written, and the verification that leads to
-// the publish.
+// killPoints are where publishKilled kills the daemon, one a round: half
+// way, the final writes, the last byte written, and the verification that
+// leads to the publish.
 var killPoints = []struct {
 	name    string
 	reached func(done float64, verifying bool) bool
 }{
+	{"half written", func(done float64, verifying bool) bool { return done >= 0.5 || verifying }},
 	{"seven eighths written", func(done float64, verifying bool) bool { return done >= 7.0/8 || verifying }},
 	{"every byte written", func(done float64, verifying bool) bool { return done >= 1 || verifying }},
 	{"verifying", func(_ float64, verifying bool) bool { return verifying }},
@@ -442,10 +443,10 @@ func publishKilled(ctx context.Context, f *Fleet) error {
 	if err != nil {
 		return err
 	}
-	const rounds = 4
+	const rounds = 6
 	var models []netlab.Model
 	for i := range rounds {
-		m, err := f.Seed(ctx, fmt.Sprintf("pub%d/", i), 8, 8<<20, uint64(60+i))
+		m, err := f.Seed(ctx, fmt.Sprintf("pub%d/", i), 4, 6<<20, uint64(60+i))
 		if err != nil {
 			return err
 		}
@@ -482,6 +483,17 @@ func publishKilled(ctx context.Context, f *Fleet) error {
 		if err := d.Kill(); err != nil {
 			return err
 		}
+		// What the dead daemon left: published (and then whole) or not.
+		switch dir, err := filepath.EvalSymlinks(filepath.Join(d.Host().DataDir, "models", name, "current")); {
+		case errors.Is(err, fs.ErrNotExist):
+			landed++
+		case err != nil:
+			return err
+		default:
+			if _, bad, err := checkDir(dir, models[i:i+1]); bad > 0 {
+				return fmt.Errorf("%s published with %d bad files when the daemon was killed: %w", name, bad, err)
+			}
+		}
 		if err := d.Restart(ctx, 10*time.Second); err != nil {
 			return err
 		}
@@ -489,9 +501,6 @@ func publishKilled(ctx context.Context, f *Fleet) error {
 		for j := range i + 1 {
 			st, err := d.CacheStatus(ctx, fmt.Sprintf("pub%d", j))
 			if err != nil || !st.Ready {
-				if j == i {
-					landed++ // killed before it was ready
-				}
 				continue
 			}
 			if _, bad, err := checkDir(st.Path, models[j:j+1]); bad > 0 {
@@ -500,6 +509,10 @@ func publishKilled(ctx context.Context, f *Fleet) error {
 		}
 		if err := d.WaitReady(ctx, name, m); err != nil {
 			return err
+		}
+		// The link the kill check looks for is where ready models are.
+		if _, err := os.Stat(filepath.Join(d.Host().DataDir, "models", name, "current")); err != nil {
+			return fmt.Errorf("%s ready without its current link: %w", name, err)
 		}
 	}
 	f.Log.Info("chaos: publish kills", "kills", rounds, "before_ready", landed)
