@@ -83,6 +83,15 @@ func (f *Fleet) Cold(ctx context.Context, name string, hosts, files int, size in
 	return model, ds, f.Add(ctx, ds[0], name, model)
 }
 
+// Warm is Cold, then waits until the fleet has the model ready.
+func (f *Fleet) Warm(ctx context.Context, name string, hosts, files int, size int64, seed uint64) (netlab.Model, []*netlab.Daemon, error) {
+	model, ds, err := f.Cold(ctx, name, hosts, files, size, seed)
+	if err != nil {
+		return model, ds, err
+	}
+	return model, ds, f.WaitReady(ctx, name, model, ds...)
+}
+
 // Add adds cache name with m's source through d, without waiting, and
 // holds the fleet to it: the shared checks count it lost on any running
 // daemon that no longer knows it. More revisions may be allowed.

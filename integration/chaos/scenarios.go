@@ -169,11 +169,8 @@ func originKilled(ctx context.Context, f *Fleet) error {
 }
 
 func seederKilled(ctx context.Context, f *Fleet) error {
-	model, warm, err := f.Cold(ctx, "seed", 2, 2, 24<<20, 21)
+	model, warm, err := f.Warm(ctx, "seed", 2, 2, 24<<20, 21)
 	if err != nil {
-		return err
-	}
-	if err := f.WaitReady(ctx, "seed", model, warm...); err != nil {
 		return err
 	}
 	// The joiner's slow link keeps its fill going long enough to kill a
@@ -584,11 +581,8 @@ func s3Overwrite(ctx context.Context, f *Fleet) error {
 }
 
 func keylessHost(ctx context.Context, f *Fleet) error {
-	model, ds, err := f.Cold(ctx, "keyed", 2, 2, 8<<20, 81)
+	_, ds, err := f.Warm(ctx, "keyed", 2, 2, 8<<20, 81)
 	if err != nil {
-		return err
-	}
-	if err := f.WaitReady(ctx, "keyed", model, ds...); err != nil {
 		return err
 	}
 	h := f.Lab.Hosts()[2]

@@ -13,19 +13,26 @@ import (
 	"github.com/warmfleet/warmfleet/p2p"
 )
 
+// clusterKeyFile writes a fresh cluster key to a file for --cluster-key-file.
+func clusterKeyFile(t *testing.T) (key []byte, path string) {
+	t.Helper()
+	key, err := gossip.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path = filepath.Join(t.TempDir(), "cluster.key")
+	if err := os.WriteFile(path, []byte(gossip.EncodeKey(key)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return key, path
+}
+
 // TestP2PEncryptFlag: --p2p-encrypt reaches the swarm, whose peer port then
 // speaks mutual TLS only: a member dialing with TLS is admitted (asked for
 // an unknown shard, it is told so), one dialing without is refused, and the
 // other way round without the flag.
 func TestP2PEncryptFlag(t *testing.T) {
-	key, err := gossip.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyFile := filepath.Join(t.TempDir(), "cluster.key")
-	if err := os.WriteFile(keyFile, []byte(gossip.EncodeKey(key)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	key, keyFile := clusterKeyFile(t)
 	for _, encrypt := range []bool{true, false} {
 		fs := newFlagSet(&Env{Stderr: io.Discard}, "daemon")
 		var f daemonFlags
