@@ -108,6 +108,7 @@ func (d *Daemon) useSwarm(s Swarm) error {
 		stat("warmfleet_pieces_total", "Pieces checked against their manifest hash.", true, func(s p2p.Stats) float64 { return float64(s.PiecesFailed) }, prometheus.Labels{"result": "failed"}),
 		stat("warmfleet_peers_connected", "Peer connections open.", false, func(s p2p.Stats) float64 { return float64(s.PeersConnected) }, nil),
 		stat("warmfleet_peers_banned_total", "Peers banned for bad data.", true, func(s p2p.Stats) float64 { return float64(s.PeersBanned) }, nil),
+		stat("warmfleet_peer_auth_failures_total", "Peer handshakes that failed authentication (a stranger without the cluster key, or with another), either side.", true, func(s p2p.Stats) float64 { return float64(s.AuthFailures) }, nil),
 		stat("warmfleet_peer_connections_refused_total", "Connections to the peer port closed unheard: the handshake or member budget was full.", true, func(s p2p.Stats) float64 { return float64(s.ConnsRefused) }, nil),
 	} {
 		if err := d.metrics.reg.Register(c); err != nil {

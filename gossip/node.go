@@ -109,7 +109,8 @@ type Node struct {
 	wg      sync.WaitGroup
 	closed  atomic.Bool
 	alive   atomic.Int64
-	keyMu   sync.Mutex // serialises keyring changes and the key file
+	joining atomic.Bool // a rejoin is under way
+	keyMu   sync.Mutex  // serialises keyring changes and the key file
 	keyOps  keyOps
 
 	mu          sync.Mutex
@@ -499,13 +500,65 @@ func (n *Node) housekeeping() {
 			}
 			n.mu.Unlock()
 		case <-rejoin.C:
-			if len(n.cfg.Join) > 0 && n.alive.Load() <= 1 {
-				if _, err := n.ml.Join(n.cfg.Join); err != nil {
-					n.log.Debug("gossip: rejoin", "join", n.cfg.Join, "err", err)
+			targets := rejoinTargets(n.cfg.Join, n.alive.Load() <= 1, n.deadPeers(), maxRejoinDead)
+			if len(targets) == 0 || !n.joining.CompareAndSwap(false, true) {
+				continue
+			}
+			// Off this loop: a join to members that are really gone waits
+			// out TCPTimeout per address, and flushes and digests must not.
+			n.wg.Go(func() {
+				defer n.joining.Store(false)
+				if _, err := n.ml.Join(targets); err != nil {
+					n.log.Debug("gossip: rejoin", "join", targets, "err", err)
 				} else {
-					n.log.Info("gossip: rejoined", "join", n.cfg.Join)
+					n.log.Info("gossip: rejoined", "join", targets)
 				}
+			})
+		}
+	}
+}
+
+// maxRejoinDead bounds the dead members one rejoin tries, so a fleet that
+// lost many members for good does not spend each round on timeouts.
+const maxRejoinDead = 2
+
+// deadMember is a member that died without a goodbye, for rejoinTargets.
+type deadMember struct {
+	addr     string
+	departed time.Time
+}
+
+// deadPeers lists the members that died without saying goodbye.
+func (n *Node) deadPeers() []deadMember {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []deadMember
+	for _, p := range n.peers {
+		if p.state == MemberDead && !p.leaving && p.addr != "" {
+			out = append(out, deadMember{p.addr, p.departed})
+		}
+	}
+	return out
+}
+
+// rejoinTargets says where a rejoin goes: the most recently gone of the
+// members that died without a goodbye (up to maxDead), and the join list
+// too while this node is alone. memberlist never probes a dead member
+// again, so without the dead members the two halves of a healed network
+// partition, neither of them alone, would stay apart for good. Nothing
+// while the fleet is whole.
+func rejoinTargets(join []string, alone bool, dead []deadMember, maxDead int) []string {
+	slices.SortFunc(dead, func(a, b deadMember) int { return b.departed.Compare(a.departed) })
+	var out []string
+	for _, d := range dead[:min(len(dead), maxDead)] {
+		out = append(out, d.addr)
+	}
+	if alone {
+		for _, j := range join {
+			if !slices.Contains(out, j) {
+				out = append(out, j)
 			}
 		}
 	}
+	return out
 }

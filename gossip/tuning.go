@@ -40,7 +40,8 @@ type Tuning struct {
 	DigestInterval time.Duration // default 0: no digests
 	DigestDelay    time.Duration // default 5*GossipInterval
 	DigestWindow   time.Duration // default DigestDelay+3*DigestInterval
-	// RejoinInterval: while no other member is alive, retry the join list.
+	// RejoinInterval: while no other member is alive, retry the join list;
+	// while members are dead without a goodbye, try them and the join list.
 	RejoinInterval time.Duration // default 5s
 	// DeadRetention: how long dead and left members stay in Members.
 	DeadRetention time.Duration // default 10m

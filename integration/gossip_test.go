@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/integration/netlab/netlabtest"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
@@ -20,12 +18,8 @@ import (
 
 func writeKey(t testing.TB, name string) string {
 	t.Helper()
-	key, err := gossip.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
 	path := filepath.Join(t.TempDir(), name)
-	if err := os.WriteFile(path, []byte(gossip.EncodeKey(key)+"\n"), 0o600); err != nil {
+	if err := netlab.WriteClusterKey(path); err != nil {
 		t.Fatal(err)
 	}
 	return path

@@ -17,15 +17,7 @@ func TestMain(m *testing.M) {
 	if netlabtest.Helper() != "" {
 		os.Exit(m.Run())
 	}
-	dir, err := os.MkdirTemp("", "warmfleet-integration-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(netlabtest.RunWithTempDir(m, "warmfleet-integration-bin-", &binDir))
 }
 
 // helpers run inside a lab host when the test binary is re-executed there

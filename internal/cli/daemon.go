@@ -56,6 +56,7 @@ type daemonFlags struct {
 	p2pUpload       byteSize
 	p2pDownload     byteSize
 	p2pMaxUploads   int
+	p2pEncrypt      bool
 	containerd      string
 	containerdNS    string
 	registryHosts   string
@@ -102,6 +103,7 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.p2pAdvertise, "p2p-advertise", "", "peer address other members should use, if not --p2p")
 	fs.Var(&f.p2pUpload, "p2p-upload-limit", "bytes per second served to peers, e.g. 500MiB; each upload is paced by the kernel at its share, so set it a little under the link rate and uploads reach peers without line-rate bursts (0 = unlimited)")
 	fs.Var(&f.p2pDownload, "p2p-download-limit", "bytes per second taken from peers, e.g. 1GiB (0 = unlimited; S3 reads are not counted)")
+	fs.BoolVar(&f.p2pEncrypt, "p2p-encrypt", false, "encrypt peer connections with mutual TLS 1.3 under keys derived from the cluster key; every member must agree. Off: connections are authenticated by the cluster key and pieces go in the clear (with sendfile); pieces are checked against their hashes either way")
 	fs.IntVar(&f.p2pMaxUploads, "p2p-max-uploads", 8, "pieces served to peers at once; more requests are told to ask elsewhere, so local readers keep their share")
 	fs.StringVar(&f.containerd, "containerd", "", "containerd socket for image pre-pulls: unix:///run/containerd/containerd.sock, or off (default: that socket if it exists)")
 	fs.StringVar(&f.containerdNS, "containerd-namespace", "k8s.io", "containerd namespace images are pulled into (kubelet's)")
@@ -444,7 +446,7 @@ func startSwarm(ctx context.Context, log *slog.Logger, f *daemonFlags, fleet *at
 		return keys
 	}
 	node, err := p2p.NewNode(p2p.Config{NodeID: f.nodeName, Keyring: keyring, Logger: log.With("component", "p2p"),
-		MaxUploads: f.p2pMaxUploads, UploadLimit: float64(f.p2pUpload), DownloadLimit: float64(f.p2pDownload)})
+		MaxUploads: f.p2pMaxUploads, UploadLimit: float64(f.p2pUpload), DownloadLimit: float64(f.p2pDownload), Encrypt: f.p2pEncrypt})
 	if err != nil {
 		return nil, nil, err
 	}

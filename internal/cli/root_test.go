@@ -132,14 +132,7 @@ func startFleetDaemon(t *testing.T, name, gossipAddr, keyFile string, join ...st
 // SIGTERM to every node does: each returns, leaves no goroutine behind and
 // logs one line for the stop.
 func TestFleetStopsCleanly(t *testing.T) {
-	key, err := gossip.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyFile := filepath.Join(t.TempDir(), "cluster.key")
-	if err := os.WriteFile(keyFile, []byte(gossip.EncodeKey(key)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	_, keyFile := clusterKeyFile(t)
 	gossipA := testenv.FreeAddr(t)
 	a := startFleetDaemon(t, "a", gossipA, keyFile)
 	b := startFleetDaemon(t, "b", testenv.FreeAddr(t), keyFile, gossipA)

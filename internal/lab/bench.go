@@ -11,5 +11,6 @@ func runBench(ctx context.Context, e *cli.Env, args []string) error {
 		"s3":     runBenchS3,
 		"fleet":  runBenchFleet,
 		"router": runBenchRouter,
+		"chaos":  runBenchChaos,
 	})
 }

@@ -63,12 +63,7 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("find own binary for the daemons: %w", err)
 	}
-	if *versitygw == "" {
-		*versitygw = "versitygw"
-		if st, err := os.Stat(filepath.Join("bin", "versitygw")); err == nil && !st.IsDir() {
-			*versitygw, _ = filepath.Abs(filepath.Join("bin", "versitygw"))
-		}
-	}
+	*versitygw = labVersitygw(*versitygw)
 	level := slog.LevelWarn
 	if *verbose {
 		level = slog.LevelInfo
@@ -116,6 +111,21 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 		return res.WriteJSON(e.Stdout)
 	}
 	return res.WriteTable(e.Stdout)
+}
+
+// labVersitygw is the versitygw a lab bench runs: the --versitygw flag's
+// value if given, else ./bin/versitygw (make deps puts it there), else the
+// one in PATH.
+func labVersitygw(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	if st, err := os.Stat(filepath.Join("bin", "versitygw")); err == nil && !st.IsDir() {
+		if abs, err := filepath.Abs(filepath.Join("bin", "versitygw")); err == nil {
+			return abs
+		}
+	}
+	return "versitygw"
 }
 
 func writeSVGFile(path string, res fleetbench.Result) error {

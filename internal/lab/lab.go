@@ -1,5 +1,5 @@
 // Package lab is the warmfleet-lab command line: the demo, the benchmarks
-// (bench s3, fleet, router) and the simulated inference server (llmsim),
+// (bench s3, fleet, router, chaos) and the simulated inference server (llmsim),
 // on top of every command of the product (internal/cli), which the
 // benchmarks run as the system under test (bench s3 and bench fleet start
 // this binary's own `daemon`). It is what needs test support (an embedded
@@ -23,7 +23,7 @@ func Run(ctx context.Context, args []string, e *cli.Env) int {
 func commands() []cli.Command {
 	return append([]cli.Command{
 		{Name: "demo", Summary: "run a local end-to-end demo on embedded defaults", Run: runDemo},
-		{Name: "bench", Summary: "run a benchmark: s3, fleet, router", Run: runBench},
+		{Name: "bench", Summary: "run a benchmark: s3, fleet, router, chaos", Run: runBench},
 		{Name: "llmsim", Summary: "run one simulated LLM inference backend", Run: runLLMSim},
 	}, cli.Commands()...)
 }

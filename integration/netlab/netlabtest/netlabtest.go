@@ -5,6 +5,7 @@ package netlabtest
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -50,15 +51,15 @@ func New(tb testing.TB, opts netlab.Options) *netlab.Lab {
 			tb.Errorf("close lab: %v", err)
 		}
 		if tb.Failed() {
-			logTails(tb, opts.Dir, 80)
+			LogTails(tb, opts.Dir, 80)
 		}
 	})
 	return lab
 }
 
-// logTails logs the last lines of every process log under dir, so a failed
+// LogTails logs the last lines of every process log under dir, so a failed
 // multi-host test shows what its daemons said.
-func logTails(tb testing.TB, dir string, lines int) {
+func LogTails(tb testing.TB, dir string, lines int) {
 	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || filepath.Ext(path) != ".log" {
 			return nil
@@ -98,6 +99,20 @@ func (w tbWriter) Write(p []byte) (int, error) {
 	w.tb.Helper()
 	w.tb.Log(string(p[:len(p)-min(len(p), 1)]))
 	return len(p), nil
+}
+
+// RunWithTempDir is a TestMain's body for a package that builds binaries
+// once per test binary: it sets *dir to a new temporary directory, runs the
+// tests, removes the directory and returns the code for os.Exit.
+func RunWithTempDir(m *testing.M, pattern string, dir *string) int {
+	d, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	*dir = d
+	defer os.RemoveAll(d)
+	return m.Run()
 }
 
 // HelperEnv names the helper a re-executed test binary should run.

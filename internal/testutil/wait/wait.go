@@ -75,26 +75,51 @@ func Poll(tb testing.TB, cond func() error, opts ...Option) error {
 		defer stop()
 		defer context.AfterFunc(c.ctx, stop)()
 	}
+	ended, last := poll(ctx, c, cond)
+	if ended {
+		if c.ctx != nil && c.ctx.Err() != nil {
+			return fmt.Errorf("%w (last: %w)", c.ctx.Err(), last)
+		}
+		return fmt.Errorf("test ended (last: %w)", last)
+	}
+	return last
+}
+
+// Until is Poll for code that runs outside a test (a benchmark harness
+// shared by a test and a command): the wait ends with ctx instead of with
+// the test. Options other than Context apply.
+func Until(ctx context.Context, cond func() error, opts ...Option) error {
+	c := config{timeout: DefaultTimeout, maxDelay: 200 * time.Millisecond}
+	for _, o := range opts {
+		o(&c)
+	}
+	ended, last := poll(ctx, c, cond)
+	if ended {
+		return fmt.Errorf("%w (last: %w)", ctx.Err(), last)
+	}
+	return last
+}
+
+// poll calls cond with backoff until it returns nil or the timeout passes
+// (the error says so), or ctx ends (ended, with cond's last error).
+func poll(ctx context.Context, c config, cond func() error) (ended bool, err error) {
 	deadline := time.NewTimer(c.timeout)
 	defer deadline.Stop()
 	delay := time.Millisecond
 	for {
 		last := cond()
 		if last == nil {
-			return nil
+			return false, nil
 		}
 		t := time.NewTimer(delay)
 		select {
 		case <-t.C:
 		case <-deadline.C:
 			t.Stop()
-			return fmt.Errorf("timed out after %v (last: %w)", c.timeout, last)
+			return false, fmt.Errorf("timed out after %v (last: %w)", c.timeout, last)
 		case <-ctx.Done():
 			t.Stop()
-			if c.ctx != nil && c.ctx.Err() != nil {
-				return fmt.Errorf("%w (last: %w)", c.ctx.Err(), last)
-			}
-			return fmt.Errorf("test ended (last: %w)", last)
+			return true, last
 		}
 		if delay *= 2; delay > c.maxDelay {
 			delay = c.maxDelay

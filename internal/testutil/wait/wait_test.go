@@ -50,3 +50,27 @@ func TestContextEndsTheWait(t *testing.T) {
 		t.Fatalf("Poll = %v, want the context's error and the last one", err)
 	}
 }
+
+// TestUntilOutsideATest: Until ends with its context, with the last error,
+// and returns nil once the condition holds; no test is needed.
+func TestUntilOutsideATest(t *testing.T) {
+	var n atomic.Int32
+	if err := Until(context.Background(), func() error {
+		if n.Add(1) < 3 {
+			return errors.New("not yet")
+		}
+		return nil
+	}); err != nil || n.Load() != 3 {
+		t.Fatalf("Until = %v after %d polls, want nil after 3", err, n.Load())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := Until(ctx, func() error { return errors.New("never") })
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "never") {
+		t.Fatalf("Until = %v, want the context's error and the last one", err)
+	}
+	err = Until(context.Background(), func() error { return errors.New("slow") }, Timeout(20*time.Millisecond))
+	if err == nil || !strings.Contains(err.Error(), "timed out") || !strings.Contains(err.Error(), "slow") {
+		t.Fatalf("Until = %v, want a timeout naming the last error", err)
+	}
+}

@@ -1,0 +1,227 @@
+// Package chaos is warmfleet's fault suite: a table of scenarios, each a
+// fault done to a real fleet (daemons in network namespaces of a netlab lab,
+// a real S3 server) with the outcome it must have, and one runner shared by
+// the test (go test ./integration/chaos) and the lab command
+// (warmfleet-lab bench chaos), so both run the same code.
+//
+// A scenario builds its own lab, starts the daemons it needs, does its fault
+// and checks its own outcome (the fleet finishes, a peer is banned, S3 read
+// about once...). After every scenario, passed or not, one checker looks at
+// every daemon still running: every file of every cache it reports ready
+// has the SHA-256 of its source object and nothing else lies in a ready
+// directory (no partial file is ready), and every desired-state entry the
+// scenario added is still known (none lost). Then the lab is closed and
+// the checker makes sure that no process and no network namespace is left.
+//
+// The lab needs root (see integration/netlab).
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/warmfleet/warmfleet/integration/netlab"
+)
+
+// Scenario is one fault and what must follow it.
+type Scenario struct {
+	// Name identifies the scenario (bench chaos --scenario NAME).
+	Name string
+	// Fault says what goes wrong; Expect what must happen then.
+	Fault, Expect string
+	// Lab is the lab the scenario runs in; Dir and Logger come from
+	// Options.
+	Lab netlab.Options
+	// KnownBug, if set, describes a bug of the daemon this scenario shows
+	// today: the test skips the scenario, naming the bug, until it is
+	// fixed; the bench runs it and reports it failed.
+	KnownBug string
+	// Run starts the fleet, does the fault and checks the scenario's own
+	// outcome; the shared checks follow it.
+	Run func(ctx context.Context, f *Fleet) error
+}
+
+// Options say how to run scenarios.
+type Options struct {
+	// Bin is the binary whose `daemon` command the hosts run (warmfleet, or
+	// warmfleet-lab, which has the same commands).
+	Bin string
+	// Versitygw is the S3 server binary.
+	Versitygw string
+	// Dir holds each scenario's lab (a subdirectory per scenario); empty:
+	// temporary directories.
+	Dir string
+	// Timeout bounds one scenario; default 2 minutes.
+	Timeout time.Duration
+	// Logger gets progress; default discards.
+	Logger *slog.Logger
+}
+
+// Result is what bench chaos prints.
+type Result struct {
+	Scenarios []ScenarioResult `json:"scenarios"`
+	// PowerCuts stays nil until power loss runs in virtual machines.
+	PowerCuts *PowerCuts `json:"power_cuts,omitempty"`
+}
+
+// PowerCuts are the figures of power loss in virtual machines.
+type PowerCuts struct {
+	Cuts         int `json:"cuts"`
+	Recovered    int `json:"recovered"`
+	CorruptReady int `json:"corrupt_ready"`
+}
+
+// ScenarioResult is the outcome of one scenario.
+type ScenarioResult struct {
+	Name   string `json:"name"`
+	Passed bool   `json:"passed"`
+	// FilesVerified counts ready files (on every running daemon) whose
+	// SHA-256 matched their source.
+	FilesVerified int `json:"files_verified"`
+	// CorruptReady counts ready files that did not, were missing, or were
+	// not part of the source at all; it must be 0.
+	CorruptReady int `json:"corrupt_ready"`
+	// LostEntries counts desired-state entries a running daemon no longer
+	// knows; it must be 0.
+	LostEntries int     `json:"lost_entries"`
+	Seconds     float64 `json:"seconds"`
+	// Error says why the scenario failed.
+	Error string `json:"error,omitempty"`
+}
+
+// WriteJSON writes r as indented JSON.
+func (r Result) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteTable writes r as a table.
+func (r Result) WriteTable(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-20s %-6s %14s %13s %12s %8s\n", "scenario", "passed", "files_verified", "corrupt_ready", "lost_entries", "seconds")
+	for _, s := range r.Scenarios {
+		fmt.Fprintf(&b, "%-20s %-6v %14d %13d %12d %8.1f\n", s.Name, s.Passed, s.FilesVerified, s.CorruptReady, s.LostEntries, s.Seconds)
+		if s.Error != "" {
+			fmt.Fprintf(&b, "  error: %s\n", s.Error)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// Select returns the scenarios named, in table order, or all of them when
+// names is empty; an unknown name is an error.
+func Select(names ...string) ([]Scenario, error) {
+	all := Scenarios()
+	if len(names) == 0 {
+		return all, nil
+	}
+	var out []Scenario
+	for _, n := range names {
+		found := false
+		for _, sc := range all {
+			if sc.Name == n {
+				out, found = append(out, sc), true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("chaos: no scenario %q (have %s)", n, strings.Join(scenarioNames(all), ", "))
+		}
+	}
+	return out, nil
+}
+
+func scenarioNames(scs []Scenario) []string {
+	var names []string
+	for _, sc := range scs {
+		names = append(names, sc.Name)
+	}
+	return names
+}
+
+// Run runs the scenarios one after the other; a failed scenario does not
+// stop the others. The error is only for a run that could not start.
+func Run(ctx context.Context, opts Options, scs []Scenario) (Result, error) {
+	if opts.Bin == "" {
+		return Result{}, errors.New("chaos: no daemon binary given")
+	}
+	var res Result
+	for _, sc := range scs {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		res.Scenarios = append(res.Scenarios, RunScenario(ctx, opts, sc))
+	}
+	return res, nil
+}
+
+// RunScenario runs one scenario in a lab of its own, then the shared
+// checks, and closes the lab.
+func RunScenario(ctx context.Context, opts Options, sc Scenario) ScenarioResult {
+	start := time.Now()
+	res := ScenarioResult{Name: sc.Name}
+	err := runScenario(ctx, opts, sc, &res)
+	res.Seconds = time.Since(start).Seconds()
+	res.Passed = err == nil && res.CorruptReady == 0 && res.LostEntries == 0
+	if err != nil {
+		res.Error = err.Error()
+	} else if !res.Passed {
+		res.Error = fmt.Sprintf("%d corrupt files ready, %d desired entries lost", res.CorruptReady, res.LostEntries)
+	}
+	return res
+}
+
+func runScenario(ctx context.Context, opts Options, sc Scenario, res *ScenarioResult) (err error) {
+	timeout := opts.Timeout
+	if timeout == 0 {
+		timeout = 2 * time.Minute
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("scenario", sc.Name)
+	lopts := sc.Lab
+	lopts.Logger, lopts.Versitygw = log, opts.Versitygw
+	if opts.Dir != "" {
+		lopts.Dir = filepath.Join(opts.Dir, sc.Name)
+		if err := os.MkdirAll(lopts.Dir, 0o755); err != nil {
+			return fmt.Errorf("chaos: %w", err)
+		}
+	}
+	lab, err := netlab.New(ctx, lopts)
+	if err != nil {
+		return fmt.Errorf("chaos: build lab: %w", err)
+	}
+	keyDir, err := os.MkdirTemp("", "warmfleet-chaos-key-")
+	if err != nil {
+		return errors.Join(fmt.Errorf("chaos: %w", err), lab.Close())
+	}
+	defer os.RemoveAll(keyDir)
+	f := &Fleet{Lab: lab, Bin: opts.Bin, Log: log, Key: filepath.Join(keyDir, "cluster.key"), desired: map[string][]netlab.Model{}}
+	if err := netlab.WriteClusterKey(f.Key); err != nil {
+		return errors.Join(err, lab.Close())
+	}
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	log.Info("chaos: scenario starts", "fault", sc.Fault)
+	runErr := sc.Run(sctx, f)
+	if runErr != nil {
+		runErr = fmt.Errorf("%s: %w", sc.Name, runErr)
+	}
+	// The shared checks get their own time: a scenario that ran out of
+	// its own still gets its files checked.
+	cctx, ccancel := context.WithTimeout(ctx, time.Minute)
+	defer ccancel()
+	checkErr := f.checkReady(cctx, res)
+	return errors.Join(runErr, checkErr, f.closeAndCheck())
+}
