@@ -196,14 +196,10 @@ func (n *demoNode) sample(ctx context.Context, model string) (nodeProgress, erro
 // row renders one node's progress line; width 0 leaves the bar out (plain
 // output, one line per event).
 func (p nodeProgress) row(width int) string {
-	frac := 0.0
-	if p.total > 0 {
-		frac = min(1, float64(p.done)/float64(p.total))
-	}
+	frac := min(1, float64(p.done)/float64(max(p.total, 1)))
 	bar := ""
 	if width > 0 {
-		filled := int(frac * float64(width))
-		bar = "[" + strings.Repeat("=", filled) + strings.Repeat(" ", width-filled) + "] "
+		bar = fmt.Sprintf("[%-*s] ", width, strings.Repeat("=", int(frac*float64(width))))
 	}
 	state := p.state
 	if p.ready {

@@ -1,14 +1,13 @@
 package lab
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,7 +16,7 @@ import (
 )
 
 // demoArgs keep the model small: the story is the same at any size.
-var demoArgs = []string{"demo", "--model-size", "8MiB", "--shards", "2"}
+var demoArgs = []string{"demo", "--model-size", "4MiB", "--shards", "1"}
 
 // checkDemoStory checks the demo's output for every part of the story.
 func checkDemoStory(t *testing.T, text string) {
@@ -62,7 +61,7 @@ func checkDemoStory(t *testing.T, text string) {
 // (they are gone when the demo ends); and that the fleet --keep names is
 // there, and its router answers, until the demo is interrupted.
 func TestDemo(t *testing.T) {
-	var out syncBuffer
+	out := newOutFile(t)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("demo output:\n%s", out.String())
@@ -73,7 +72,7 @@ func TestDemo(t *testing.T) {
 	done := make(chan int, 1)
 	start := time.Now()
 	go func() {
-		done <- Run(ctx, append(demoArgs, "--keep"), &cli.Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }})
+		done <- Run(ctx, append(demoArgs, "--keep"), &cli.Env{Stdout: out.f, Stderr: out.f, Getenv: func(string) string { return "" }})
 	}()
 	wait.For(t, "the demo to say the fleet keeps running", func() bool {
 		select {
@@ -84,7 +83,7 @@ func TestDemo(t *testing.T) {
 		return strings.Contains(out.String(), "The cluster key:")
 	}, wait.Timeout(3*demoTimeout))
 	text := out.String()
-	t.Logf("the demo told its story in %s", time.Since(start).Round(time.Second))
+	t.Logf("the demo told its story in %s:\n%s", time.Since(start).Round(time.Second), text)
 	story, keep, ok := strings.Cut(text, "The fleet keeps running")
 	if !ok {
 		t.Fatal("demo --keep does not say the fleet keeps running")
@@ -152,20 +151,26 @@ func TestPlainDue(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer that a test may read while the demo writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+// outFile is a command's output: a file, which a test may read while the
+// command writes, and which is not a terminal.
+type outFile struct {
+	t *testing.T
+	f *os.File
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
+func newOutFile(t *testing.T) outFile {
+	f, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return outFile{t, f}
 }
 
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+func (o outFile) String() string {
+	b, err := os.ReadFile(o.f.Name())
+	if err != nil {
+		o.t.Fatal(err)
+	}
+	return string(b)
 }

@@ -17,13 +17,13 @@ import (
 // settings it prints as a user pasting them would, lists each model
 // through the AWS SDK with them, and interrupts it.
 func TestS3Command(t *testing.T) {
-	var out syncBuffer
+	out := newOutFile(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan int, 1)
 	go func() {
 		done <- Run(ctx, []string{"s3", "--listen", "127.0.0.1:0", "--model", "demo/llama:2MiB", "--model", "demo/org/tiny:1MiB", "--shards", "2"},
-			&cli.Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }})
+			&cli.Env{Stdout: out.f, Stderr: out.f, Getenv: func(string) string { return "" }})
 	}()
 	wait.For(t, "the AWS_* exports", func() bool {
 		select {
