@@ -47,6 +47,7 @@ func runDemo(ctx context.Context, e *cli.Env, args []string) error {
 	shards := fs.Int("shards", 4, "safetensors files of the model (config.json and the index come with them)")
 	nodes := fs.Int("nodes", 4, "daemons in the fleet at first (a late one joins at the end)")
 	dataDir := fs.String("data-dir", "", "directory for the nodes' data, sockets and the cluster key (default: a temporary one, removed at the end)")
+	docs := fs.Int("documents", 8, "documents whose questions go through the router (4 questions each, per strategy)")
 	keep := fs.Bool("keep", false, "leave the fleet, the router and S3 running, and print how to reach them, until interrupted")
 	verbose := fs.Bool("v", false, "show the daemons' and the routers' logs on stderr")
 	if err := cli.ParseFlags(fs, e, args); err != nil {
@@ -57,6 +58,9 @@ func runDemo(ctx context.Context, e *cli.Env, args []string) error {
 	}
 	if *nodes < 2 || *nodes > 16 {
 		return cli.UsageError("--nodes %d: want 2..16 (the fleet runs in this process)", *nodes)
+	}
+	if *docs < 1 || *docs > 64 {
+		return cli.UsageError("--documents %d: want 1..64", *docs)
 	}
 	model, err := synthmodel.New(synthmodel.Options{Seed: 1, Size: int64(size), Shards: *shards, Name: "demo-llama"})
 	if err != nil {
@@ -77,7 +81,7 @@ func runDemo(ctx context.Context, e *cli.Env, args []string) error {
 	if *verbose {
 		logOut = e.Stderr
 	}
-	d := &demo{e: e, model: model, logOut: logOut, keep: *keep}
+	d := &demo{e: e, model: model, logOut: logOut, keep: *keep, docs: *docs}
 	return d.run(ctx, dir, *nodes)
 }
 
@@ -87,6 +91,7 @@ type demo struct {
 	model  *synthmodel.Model
 	logOut io.Writer
 	keep   bool
+	docs   int // documents asked about through the router
 }
 
 func (d *demo) say(format string, a ...any) { fmt.Fprintf(d.e.Stdout, "==> "+format+"\n", a...) }
@@ -166,7 +171,7 @@ func (d *demo) run(ctx context.Context, dir string, nodes int) (err error) {
 	}
 	d.say("a simulated vLLM server per node, registered as its endpoint of %s (warmfleet endpoint add); a router joins the gossip and learns them",
 		demoModel)
-	results, rt, err := compareStrategies(ctx, sims, demoModel, first.gossipAddr, fleet.keyFile, dir, d.logOut)
+	results, rt, err := compareStrategies(ctx, sims, demoModel, first.gossipAddr, fleet.keyFile, dir, d.docs, d.logOut)
 	if err != nil {
 		return err
 	}
@@ -176,7 +181,7 @@ func (d *demo) run(ctx context.Context, dir string, nodes int) (err error) {
 		}
 	}()
 	d.say("the same %d requests (%d documents, %d questions each, asked in turn) through the router, on cold servers for each strategy:",
-		demoDocs*demoQuestions, demoDocs, demoQuestions)
+		d.docs*demoQuestions, d.docs, demoQuestions)
 	writeComparison(d.e.Stdout, results)
 
 	late, err := fleet.start(ctx)

@@ -23,13 +23,11 @@ import (
 	"github.com/warmfleet/warmfleet/router/llmsim"
 )
 
-// The demo's workload: each document's questions share the document as
+// The demo's workload: documents (--documents) of demoQuestions
+// questions each. Each document's questions share the document as
 // their prompt's prefix, which a server that saw it holds in its prefix
 // cache.
-const (
-	demoDocs      = 8
-	demoQuestions = 4
-)
+const demoQuestions = 4
 
 // strategyResult is what one strategy did with the demo's requests.
 type strategyResult struct {
@@ -210,12 +208,12 @@ func freeLoopbackAddr() (string, error) {
 // so on. Each asks for one output token, so its latency is the time to
 // the first token (prefill of what the server had not cached, plus one
 // token).
-func runStrategy(ctx context.Context, base, model, strategy string) (strategyResult, error) {
+func runStrategy(ctx context.Context, base, model, strategy string, docs int) (strategyResult, error) {
 	res := strategyResult{strategy: strategy}
 	client := &http.Client{Timeout: 30 * time.Second}
 	used := map[string]bool{}
 	for q := range demoQuestions {
-		for d := range demoDocs {
+		for d := range docs {
 			a, err := ask(ctx, client, base, model, d, q)
 			if err != nil {
 				return res, fmt.Errorf("%s: document %d, question %d: %w", strategy, d+1, q+1, err)
@@ -290,7 +288,7 @@ const demoRouterConfig = "ramp_up: 0s\n"
 // each on fresh servers, and returns the results and the last router,
 // left running (the caller stops it). The routers' configuration file goes
 // in dir.
-func compareStrategies(ctx context.Context, sims []*simSlot, model, join, keyFile, dir string, logOut io.Writer) ([]strategyResult, *demoRouter, error) {
+func compareStrategies(ctx context.Context, sims []*simSlot, model, join, keyFile, dir string, docs int, logOut io.Writer) ([]strategyResult, *demoRouter, error) {
 	configFile := filepath.Join(dir, "router.yaml")
 	if err := os.WriteFile(configFile, []byte(demoRouterConfig), 0o600); err != nil {
 		return nil, nil, err
@@ -314,7 +312,7 @@ func compareStrategies(ctx context.Context, sims []*simSlot, model, join, keyFil
 			return nil, nil, err
 		}
 		last = r
-		res, err := runStrategy(ctx, r.base, model, strategy)
+		res, err := runStrategy(ctx, r.base, model, strategy, docs)
 		if err != nil {
 			return nil, nil, errors.Join(err, r.stop())
 		}

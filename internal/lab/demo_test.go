@@ -16,7 +16,7 @@ import (
 )
 
 // demoArgs keep the model small: the story is the same at any size.
-var demoArgs = []string{"demo", "--model-size", "4MiB", "--shards", "1"}
+var demoArgs = []string{"demo", "--model-size", "4MiB", "--shards", "1", "--documents", "4"}
 
 // checkDemoStory checks the demo's output for every part of the story.
 func checkDemoStory(t *testing.T, text string) {
@@ -33,7 +33,7 @@ func checkDemoStory(t *testing.T, text string) {
 	}
 	rates := map[string]int{}
 	for _, strategy := range []string{"random", "prefix-aware"} {
-		m := regexp.MustCompile(`(?m)^\s+` + strategy + `\s+32\s+(\d+)%\s+[0-9.]+m?s\s+[0-9.]+m?s\s+\d+$`).FindStringSubmatch(text)
+		m := regexp.MustCompile(`(?m)^\s+` + strategy + `\s+16\s+(\d+)%\s+[0-9.]+m?s\s+[0-9.]+m?s\s+\d+$`).FindStringSubmatch(text)
 		if m == nil {
 			t.Fatalf("demo output has no line for the %s strategy:\n%s", strategy, text)
 		}
