@@ -7,149 +7,258 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/internal/cli"
 	"github.com/warmfleet/warmfleet/internal/lab/s3embed"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/testutil/synthmodel"
-	"github.com/warmfleet/warmfleet/nvme"
+	"golang.org/x/term"
 )
 
-// runDemo shows the main job end to end with nothing installed: an S3 server
-// embedded in the process, a synthetic model in it, a daemon caching it onto
-// a temporary data directory with a live progress bar, and a check of what
-// landed on disk; then a router that learns the node's inference endpoints
-// from gossip and keeps each document's questions on one of them.
+// The demo's model: its name in the fleet and where it sits in S3.
+const (
+	demoModel  = "demo/llama"
+	demoBucket = "models"
+	demoPrefix = "demo-llama/"
+)
+
+// demoTimeout bounds each wait of the demo (gossip joining, a model
+// becoming ready), so a fault ends it with an error rather than a hang.
+const demoTimeout = 5 * time.Minute
+
+// runDemo tells warmfleet's story on one machine with nothing installed:
+// an S3 server embedded in this process with a synthetic model in it; a
+// fleet of daemons on loopback, joined by gossip with a fresh cluster key;
+// the model read from S3 once and swarmed between the nodes (a live line
+// per node: bytes from S3 and from peers), each copy checked against the
+// source, and the S3 egress ratio; then a simulated inference server per
+// node behind the router, the same requests sent through the random and
+// the prefix-aware strategy side by side; and a late node that fills from
+// its peers alone. With --keep the fleet stays up, and the demo says how to
+// talk to it, until interrupted.
 func runDemo(ctx context.Context, e *cli.Env, args []string) error {
 	fs := cli.NewFlagSet(e, "demo")
 	var size cli.ByteSize = 256 << 20
-	fs.Var(&size, "model-size", "size of the synthetic model")
-	files := fs.Int("files", 4, "number of safetensors shards")
-	dataDir := fs.String("data-dir", "", "data directory (default: a temporary one, removed at the end)")
-	verbose := fs.Bool("v", false, "show the daemon's log")
+	fs.Var(&size, "model-size", "size of the synthetic model's weights")
+	shards := fs.Int("shards", 4, "safetensors files of the model (config.json and the index come with them)")
+	nodes := fs.Int("nodes", 4, "daemons in the fleet at first (a late one joins at the end)")
+	dataDir := fs.String("data-dir", "", "directory for the nodes' data, sockets and the cluster key (default: a temporary one, removed at the end)")
+	docs := fs.Int("documents", 8, "documents whose questions go through the router (4 questions each, per strategy)")
+	keep := fs.Bool("keep", false, "leave the fleet, the router and S3 running, and print how to reach them, until interrupted")
+	verbose := fs.Bool("v", false, "show the daemons' and the routers' logs on stderr")
 	if err := cli.ParseFlags(fs, e, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return cli.UsageError("unexpected arguments %q", fs.Args())
 	}
-	model, err := synthmodel.New(synthmodel.Options{Seed: 1, Size: int64(size), Shards: *files, Name: "demo-llama"})
+	if *nodes < 2 || *nodes > 16 {
+		return cli.UsageError("--nodes %d: want 2..16 (the fleet runs in this process)", *nodes)
+	}
+	if *docs < 1 || *docs > 64 {
+		return cli.UsageError("--documents %d: want 1..64", *docs)
+	}
+	model, err := synthmodel.New(synthmodel.Options{Seed: 1, Size: int64(size), Shards: *shards, Name: "demo-llama"})
 	if err != nil {
 		return cli.UsageError("%v", err)
 	}
-	work, err := os.MkdirTemp("", "warmfleet-demo-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(work)
-	if *dataDir == "" {
-		*dataDir = filepath.Join(work, "data")
-	}
-
-	say := func(format string, a ...any) { fmt.Fprintf(e.Stdout, "==> "+format+"\n", a...) }
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	srv, err := s3embed.Start(ctx, "127.0.0.1:0", s3embed.Options{})
-	if err != nil {
-		return err
-	}
-	defer srv.Close()
-	say("embedded S3 server at %s", srv.Endpoint())
-	if err := srv.CreateBucket(ctx, "models"); err != nil {
-		return err
-	}
-	if err := model.Upload(ctx, func(ctx context.Context, key string, r io.Reader, n int64) error {
-		return srv.PutObject(ctx, "models", "demo-llama/"+key, r, n)
-	}); err != nil {
-		return err
-	}
-	say("wrote a synthetic model to s3://models/demo-llama/: %d files, %s", len(model.Files()), bytesize.Format(model.TotalSize()))
-
-	// A fleet of one, on loopback, so the router can join it.
-	key, err := gossip.GenerateKey()
-	if err != nil {
-		return err
-	}
-	apiAddr, keyFile := "unix://"+filepath.Join(work, "api.sock"), filepath.Join(work, "cluster.key")
-	if err := os.WriteFile(keyFile, []byte(gossip.EncodeKey(key)+"\n"), 0o600); err != nil {
-		return err
+	dir := *dataDir
+	if dir == "" {
+		work, err := os.MkdirTemp("", "warmfleet-demo-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(work)
+		dir = work
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("--data-dir: %w", err)
 	}
 	logOut := io.Discard
 	if *verbose {
 		logOut = e.Stderr
 	}
-	started := make(chan struct{})
-	daemonErr := make(chan error, 1)
-	go func() {
-		// No WARMFLEET_* settings: the demo's daemon is the one described here.
-		daemonErr <- cli.ServeDaemon(ctx, &cli.Env{Stdout: logOut, Stderr: logOut, Getenv: func(string) string { return "" }}, []string{
-			"--data-dir", *dataDir, "--api", apiAddr, "--reserve", "0", "--reserve-fraction", "0", "--node-name", "demo-node",
-			"--gossip", "127.0.0.1:0", "--cluster-key-file", keyFile,
-		}, s3origin.Options{Endpoint: srv.Endpoint(), Credentials: srv.Credentials(), Region: s3embed.Region}, func() { close(started) })
+	d := &demo{e: e, model: model, logOut: logOut, keep: *keep, docs: *docs}
+	return d.run(ctx, dir, *nodes)
+}
+
+// demo is one run of the demo.
+type demo struct {
+	e      *cli.Env
+	model  *synthmodel.Model
+	logOut io.Writer
+	keep   bool
+	docs   int // documents asked about through the router
+}
+
+func (d *demo) say(format string, a ...any) { fmt.Fprintf(d.e.Stdout, "==> "+format+"\n", a...) }
+
+func (d *demo) run(ctx context.Context, dir string, nodes int) (err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	begin := time.Now()
+
+	srv, err := s3embed.Start(ctx, "127.0.0.1:0", s3embed.Options{Seed: func(ctx context.Context, srv *s3embed.Server) error {
+		return seedModel(ctx, srv, map[string]bool{}, demoBucket, demoPrefix, d.model)
+	}})
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	files := d.model.Files()
+	d.say("an S3 server in this process (%s) holds a synthetic model at s3://%s/%s: %d files (%d safetensors), %s",
+		srv.Endpoint(), demoBucket, demoPrefix, len(files), countSuffix(files, ".safetensors"), bytesize.Format(d.model.TotalSize()))
+
+	fleet, err := newDemoFleet(dir, s3origin.Options{Endpoint: srv.Endpoint(), Credentials: srv.Credentials(), Region: s3embed.Region}, d.logOut)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if serr := fleet.stopAll(); serr != nil && err == nil {
+			err = serr
+		}
 	}()
-	select {
-	case <-started:
-	case err := <-daemonErr:
-		return fmt.Errorf("daemon: %w", err)
+	for range nodes {
+		if _, err := fleet.start(ctx); err != nil {
+			return err
+		}
 	}
-	addr := apiAddr
-	say("daemon running on %s, data dir %s", addr, *dataDir)
-
-	cl, err := api.NewClient(apiAddr, "")
-	if err != nil {
+	if err := fleet.waitMembers(ctx, demoTimeout); err != nil {
 		return err
 	}
+	d.say("%d nodes ready on loopback (%s), joined by gossip encrypted with a fresh cluster key, each with a peer-to-peer listener",
+		nodes, nodeNames(fleet.nodes))
+
+	first := fleet.nodes[0]
+	if _, err := first.cl.AddCache(ctx, api.AddCacheRequest{Name: demoModel, Source: "s3://" + demoBucket + "/" + demoPrefix}); err != nil {
+		return err
+	}
+	d.say("warmfleet cache add %s --source s3://%s/%s   (on %s: the spec reaches every node by gossip; each shard is read from S3 once and swarmed)",
+		demoModel, demoBucket, demoPrefix, first.name)
 	start := time.Now()
-	if _, err := cl.AddCache(ctx, api.AddCacheRequest{Name: "demo/llama", Source: "s3://models/demo-llama/"}); err != nil {
-		return err
-	}
-	say("warmfleet cache add demo/llama --source s3://models/demo-llama/ --wait")
-	st, err := cli.WaitReady(ctx, e, cl, "demo/llama")
+	rows, err := waitSwarm(ctx, fleet.nodes, demoModel, d.view(), demoTimeout)
 	if err != nil {
 		return err
 	}
-	elapsed := time.Since(start)
+	swarmTime := time.Since(start)
+	for _, n := range fleet.nodes {
+		if err := d.verify(ctx, n); err != nil {
+			return err
+		}
+	}
+	var s3Bytes, peerBytes int64
+	for _, r := range rows {
+		s3Bytes += r.s3
+		peerBytes += r.peers
+	}
+	total := d.model.TotalSize()
+	d.say("ready on all %d nodes in %s; every file on every node checked byte for byte against the source",
+		nodes, swarmTime.Round(100*time.Millisecond))
+	d.say("S3 egress ratio %.2f: %s read from S3 for a %s model (%d nodes reading it all from S3 would be %d.00); %s came from peers",
+		float64(s3Bytes)/float64(total), bytesize.Format(s3Bytes), bytesize.Format(total), nodes, nodes, bytesize.Format(peerBytes))
 
-	if err := checkDemo(st, model); err != nil {
-		return fmt.Errorf("verification: %w", err)
-	}
-	metrics, err := cl.Metrics(ctx)
+	sims, err := startSims(ctx, fleet.nodes, demoModel)
+	defer func() {
+		for _, s := range sims {
+			_ = s.srv.Close()
+		}
+	}()
 	if err != nil {
 		return err
 	}
-	s3Bytes := metricValue(metrics, "warmfleet_s3_bytes_total")
-	say("verified: every file is a complete safetensors file identical to the source")
-	rr, err := demoRouter(ctx, e, say, cl, "demo/llama", keyFile, logOut)
+	d.say("a simulated vLLM server per node, registered as its endpoint of %s (warmfleet endpoint add); a router joins the gossip and learns them",
+		demoModel)
+	results, rt, err := compareStrategies(ctx, sims, demoModel, first.gossipAddr, fleet.keyFile, dir, d.docs, d.logOut)
 	if err != nil {
-		return fmt.Errorf("router: %w", err)
+		return err
 	}
-	fmt.Fprintf(e.Stdout, "\nsummary\n")
-	fmt.Fprintf(e.Stdout, "  model          demo/llama, %d files, %s\n", st.Files, bytesize.Format(st.BytesTotal))
-	fmt.Fprintf(e.Stdout, "  revision       %s\n", st.RevisionID)
-	fmt.Fprintf(e.Stdout, "  ready at       %s\n", st.Path)
-	fmt.Fprintf(e.Stdout, "  current link   %s\n", filepath.Join(filepath.Dir(st.Path), nvme.CurrentLink))
-	fmt.Fprintf(e.Stdout, "  time to ready  %s (%s/s)\n", elapsed.Round(time.Millisecond), bytesize.Format(int64(float64(st.BytesTotal)/elapsed.Seconds())))
-	fmt.Fprintf(e.Stdout, "  bytes from S3  %s (warmfleet_s3_bytes_total; the model is %d bytes)\n", s3Bytes, st.BytesTotal)
-	affinity := "each document's questions stayed on one server"
-	if !rr.stayed {
-		affinity = "some documents' questions moved between servers"
-	}
-	fmt.Fprintf(e.Stdout, "  router         %d requests over %d servers; %s\n", rr.requests, rr.servers, affinity)
-	fmt.Fprintf(e.Stdout, "  prefix cache   %d of %d prompt tokens (%.0f%%) served from the servers' caches (each document's first question misses)\n",
-		rr.cachedTokens, rr.promptTokens, 100*float64(rr.cachedTokens)/float64(max(rr.promptTokens, 1)))
+	defer func() {
+		if rerr := rt.stop(); rerr != nil && err == nil {
+			err = rerr
+		}
+	}()
+	d.say("the same %d requests (%d documents, %d questions each, asked in turn) through the router, on cold servers for each strategy:",
+		d.docs*demoQuestions, d.docs, demoQuestions)
+	writeComparison(d.e.Stdout, results)
 
-	cancel()
-	if err := <-daemonErr; err != nil && !errors.Is(err, context.Canceled) {
-		return fmt.Errorf("daemon: %w", err)
+	late, err := fleet.start(ctx)
+	if err != nil {
+		return err
+	}
+	d.say("%s joins the warm fleet late", late.name)
+	start = time.Now()
+	lateRows, err := waitSwarm(ctx, []*demoNode{late}, demoModel, d.view(), demoTimeout)
+	if err != nil {
+		return err
+	}
+	if err := d.verify(ctx, late); err != nil {
+		return err
+	}
+	d.say("late node %s: ready in %s, %d bytes from S3, %s from peers",
+		late.name, time.Since(start).Round(100*time.Millisecond), lateRows[0].s3, bytesize.Format(lateRows[0].peers))
+	d.say("done in %s", time.Since(begin).Round(100*time.Millisecond))
+	if d.keep {
+		d.printKeep(fleet, srv, rt)
+		<-ctx.Done()
 	}
 	return nil
+}
+
+// view returns a progress view on stdout: redrawn in place on a terminal,
+// plain lines otherwise.
+func (d *demo) view() *progressView {
+	f, ok := d.e.Stdout.(*os.File)
+	return &progressView{w: d.e.Stdout, tty: ok && term.IsTerminal(int(f.Fd()))}
+}
+
+// verify checks a node's copy of the model against the source.
+func (d *demo) verify(ctx context.Context, n *demoNode) error {
+	st, err := n.cl.Cache(ctx, demoModel)
+	if err != nil {
+		return fmt.Errorf("%s: %w", n.name, err)
+	}
+	if err := checkDemo(st, d.model); err != nil {
+		return fmt.Errorf("verification on %s: %w", n.name, err)
+	}
+	return nil
+}
+
+// printKeep says how to talk to the fleet left running.
+func (d *demo) printKeep(fleet *demoFleet, srv *s3embed.Server, rt *demoRouter) {
+	w := d.e.Stdout
+	fmt.Fprintf(w, "\nThe fleet keeps running until you press Ctrl-C. From another shell:\n")
+	fmt.Fprintf(w, "  export %s\n", strings.Join(srv.Env(), " "))
+	fmt.Fprintf(w, "  export WARMFLEET_API=%s\n", fleet.nodes[0].api)
+	fmt.Fprintf(w, "  warmfleet fleet                      # members, health, what each holds\n")
+	fmt.Fprintf(w, "  warmfleet cache status %s\n", demoModel)
+	fmt.Fprintf(w, "  curl -s %s/v1/models                 # the router (prefix-aware)\n", rt.base)
+	fmt.Fprintf(w, "  open %s/ui                           # the router's status page\n", rt.admin)
+	fmt.Fprintf(w, "The nodes' API sockets and data directories:\n")
+	for _, n := range fleet.nodes {
+		fmt.Fprintf(w, "  %-7s %s  %s\n", n.name, n.api, n.dataDir)
+	}
+	fmt.Fprintf(w, "The cluster key: %s\n", fleet.keyFile)
+}
+
+func nodeNames(nodes []*demoNode) string {
+	names := make([]string, len(nodes))
+	for i, n := range nodes {
+		names[i] = n.name
+	}
+	return strings.Join(names, ", ")
+}
+
+func countSuffix(files []synthmodel.File, suffix string) int {
+	n := 0
+	for _, f := range files {
+		if strings.HasSuffix(f.Name, suffix) {
+			n++
+		}
+	}
+	return n
 }
 
 // checkDemo checks the cached revision against the synthetic model: every
@@ -193,17 +302,4 @@ func sameContent(path string, want io.Reader) error {
 			return errors.Join(errA, errB)
 		}
 	}
-}
-
-// metricValue finds an unlabelled sample in a Prometheus text exposition.
-func metricValue(text, name string) string {
-	for _, line := range strings.Split(text, "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			if f, err := strconv.ParseFloat(v, 64); err == nil {
-				return strconv.FormatFloat(f, 'f', -1, 64)
-			}
-			return v
-		}
-	}
-	return "?"
 }

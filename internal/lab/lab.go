@@ -1,4 +1,5 @@
-// Package lab is the warmfleet-lab command line: the demo, the benchmarks
+// Package lab is the warmfleet-lab command line: the demo, a local S3
+// server with synthetic models (s3), the benchmarks
 // (bench s3, fleet, router, chaos) and the simulated inference server (llmsim),
 // on top of every command of the product (internal/cli), which the
 // benchmarks run as the system under test (bench s3 and bench fleet start
@@ -22,7 +23,8 @@ func Run(ctx context.Context, args []string, e *cli.Env) int {
 
 func commands() []cli.Command {
 	return append([]cli.Command{
-		{Name: "demo", Summary: "run a local end-to-end demo on embedded defaults", Run: runDemo},
+		{Name: "demo", Summary: "run a 4-node fleet on loopback: S3 once, swarm, router strategies, a late node", Run: runDemo},
+		{Name: "s3", Summary: "serve a local S3 with synthetic models and print the AWS_* settings", Run: runS3},
 		{Name: "bench", Summary: "run a benchmark: s3, fleet, router, chaos", Run: runBench},
 		{Name: "llmsim", Summary: "run one simulated LLM inference backend", Run: runLLMSim},
 	}, cli.Commands()...)

@@ -44,6 +44,11 @@ type Options struct {
 	// server checks no credentials, so anyone who can reach it can read
 	// and write every object.
 	AllowNonLoopback bool
+	// Seed, if not nil, fills the server before addr answers anything: it
+	// runs against a private loopback listener of the same server, while
+	// connections to addr wait in its backlog, so no client ever lists a
+	// half-uploaded model. Start returns Seed's error.
+	Seed func(ctx context.Context, s *Server) error
 }
 
 // Server is a running embedded S3 server.
@@ -53,7 +58,7 @@ type Server struct {
 	// through the same code as for versitygw.
 	s3        testenv.S3
 	srv       *http.Server
-	serveDone chan struct{}
+	serving   sync.WaitGroup // a Serve per listener
 	closeOnce sync.Once
 	closeErr  error
 	stopWatch func() bool
@@ -80,21 +85,56 @@ func Start(ctx context.Context, addr string, opts Options) (*Server, error) {
 		gofakes3.WithHostBucket(false),
 	)
 	s := &Server{
-		s3: testenv.S3{Endpoint: "http://" + ln.Addr().String(), Addr: ln.Addr().String(),
-			AccessKey: AccessKey, SecretKey: SecretKey, Region: Region},
 		srv: &http.Server{
 			Handler:           fake.Server(),
 			ReadHeaderTimeout: 10 * time.Second,
 			ErrorLog:          log.New(io.Discard, "", 0),
 		},
-		serveDone: make(chan struct{}),
 	}
+	s.stopWatch = context.AfterFunc(ctx, func() { _ = s.Close() })
+	if opts.Seed != nil {
+		if err := s.seed(ctx, opts.Seed); err != nil {
+			_ = ln.Close()
+			return nil, errors.Join(err, s.Close())
+		}
+	}
+	s.serve(ln)
+	return s, nil
+}
+
+// serve serves ln, which becomes the server's endpoint, until ln or the
+// server is closed; the channel is closed then.
+func (s *Server) serve(ln net.Listener) <-chan struct{} {
+	s.s3 = testenv.S3{Endpoint: "http://" + ln.Addr().String(), Addr: ln.Addr().String(),
+		AccessKey: AccessKey, SecretKey: SecretKey, Region: Region}
+	done := make(chan struct{})
+	s.serving.Add(1)
 	go func() {
-		defer close(s.serveDone)
+		defer s.serving.Done()
+		defer close(done)
 		_ = s.srv.Serve(ln)
 	}()
-	s.stopWatch = context.AfterFunc(ctx, func() { _ = s.Close() })
-	return s, nil
+	return done
+}
+
+// seed runs fill against a private loopback listener, closed after it.
+func (s *Server) seed(ctx context.Context, fill func(context.Context, *Server) error) error {
+	var lc net.ListenConfig
+	private, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("embedded S3: seed listener: %w", err)
+	}
+	done := s.serve(private)
+	err = fill(ctx, s)
+	// Closing it ends its Serve, which then forgets it (Close would
+	// otherwise report closing it twice); the connections it accepted stay
+	// with the server, which closes them when it is closed.
+	_ = private.Close()
+	<-done
+	if err != nil {
+		return fmt.Errorf("embedded S3: seed: %w", err)
+	}
+	return nil
 }
 
 // Endpoint is the server's base URL, for AWS_ENDPOINT_URL_S3 or
@@ -127,7 +167,7 @@ func (s *Server) Close() error {
 				s.closeErr = errors.Join(err, cerr)
 			}
 		}
-		<-s.serveDone
+		s.serving.Wait()
 	})
 	return s.closeErr
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/spec"
 )
 
@@ -169,4 +172,56 @@ func TestStopsWithContext(t *testing.T) {
 		_ = c.Close()
 		t.Errorf("still listening on %s after the context ended", addr)
 	}
+}
+
+// TestSeedBeforeServing: a client that connects while Seed runs gets its
+// answer only once Seed is done, so it never lists half of what Seed puts;
+// a Seed that fails fails Start and frees the address.
+func TestSeedBeforeServing(t *testing.T) {
+	addr := testenv.FreeAddr(t)
+	listed := make(chan string, 1)
+	put := func(ctx context.Context, s *Server, key string) error {
+		return s.PutObject(ctx, "demo", key, strings.NewReader(key), int64(len(key)))
+	}
+	s, err := Start(t.Context(), addr, Options{Seed: func(ctx context.Context, s *Server) error {
+		if err := s.CreateBucket(ctx, "demo"); err != nil {
+			return err
+		}
+		if err := put(ctx, s, "m/a"); err != nil {
+			return err
+		}
+		go func() {
+			resp, err := http.Get("http://" + addr + "/demo?list-type=2")
+			if err != nil {
+				listed <- err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			listed <- string(b)
+		}()
+		return put(ctx, s, "m/b")
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Endpoint() != "http://"+addr {
+		t.Errorf("endpoint %s, want http://%s", s.Endpoint(), addr)
+	}
+	got := <-listed
+	if !strings.Contains(got, "<Key>m/a</Key>") || !strings.Contains(got, "<Key>m/b</Key>") {
+		t.Errorf("a listing sent while Seed ran does not show everything Seed put:\n%s", got)
+	}
+
+	addr = testenv.FreeAddr(t)
+	_, err = Start(t.Context(), addr, Options{Seed: func(context.Context, *Server) error { return errors.New("no model") }})
+	if err == nil || !strings.Contains(err.Error(), "no model") {
+		t.Fatalf("Start with a failing Seed: %v, want its error", err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("the address of a Start that failed is still taken: %v", err)
+	}
+	ln.Close()
 }
