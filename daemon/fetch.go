@@ -262,7 +262,11 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 
 	g, gctx := errgroup.WithContext(ctx)
 	fetchFile := f.fetchFile
-	if f.useSwarm() {
+	viaSwarm, err := f.useSwarm(revision)
+	if err != nil {
+		return "", err
+	}
+	if viaSwarm {
 		// Every file at once: shards wait on manifests, not on each other.
 		fetchFile = f.fetchFileSwarm
 		if f.shards, err = planShards(revision, files); err != nil {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -133,14 +134,22 @@ func (f *fetch) swarmPeers() (names []string, addrs map[string]string) {
 	return names, addrs
 }
 
-// useSwarm reports whether this fetch should go through the swarm: there
-// is one, and another target node can take part.
-func (f *fetch) useSwarm() bool {
+// useSwarm reports whether this fetch of revision should go through the
+// swarm: there is one, and another target node can take part, or an
+// earlier run of this node began the revision through it. A restarted node
+// may see no member yet (the whole fleet restarting at once): its shards'
+// manifests still say which pieces it verified, which the swarm resumes
+// from and a direct download would fetch again, and only a shard with a
+// manifest is served to peers once complete.
+func (f *fetch) useSwarm(revision string) (bool, error) {
 	if f.d.swarm == nil || f.d.fleet == nil {
-		return false
+		return false, nil
 	}
 	names, _ := f.swarmPeers()
-	return len(names) > 1 || len(names) == 1 && names[0] != f.d.fleet.LocalName()
+	if len(names) > 1 || len(names) == 1 && names[0] != f.d.fleet.LocalName() {
+		return true, nil
+	}
+	return f.d.state.hasManifests(revision)
 }
 
 // fetchFileSwarm fills one file shard by shard through the swarm, then
@@ -630,6 +639,19 @@ func (s *state) manifest(shardID string) (*p2p.Manifest, error) {
 		return err
 	})
 	return m, err
+}
+
+// hasManifests reports whether a shard of revision has a manifest: the
+// swarm began it.
+func (s *state) hasManifests(revision string) (bool, error) {
+	var found bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		prefix := []byte(revision + "/")
+		k, _ := tx.Bucket(bucketManifests).Cursor().Seek(prefix)
+		found = k != nil && bytes.HasPrefix(k, prefix)
+		return nil
+	})
+	return found, err
 }
 
 func (s *state) putManifest(shardID string, m *p2p.Manifest) error {

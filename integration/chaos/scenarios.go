@@ -50,10 +50,7 @@ func Scenarios() []Scenario {
 			Fault:  "every node of a cold fleet is restarted a third of the way into the warm-up",
 			Expect: "the fleet finishes verified and no node fetches a piece it had verified before the restart: the bytes it reads from S3 and peers after it are at most the model less those pieces",
 			Lab:    netlab.Options{Hosts: 3, Link: 200 * netlab.Mbit, S3Link: 40 * netlab.Mbit, S3: true},
-			KnownBug: "a daemon that starts with a cache to fetch and no member in view yet (the whole fleet restarting at once) fetches it " +
-				"straight from S3, ignoring the pieces it had verified, and a model fetched that way is never served to peers (reseed skips " +
-				"shards without a manifest): every node reads the whole model from S3 again",
-			Run: fleetRestart,
+			Run:    fleetRestart,
 		},
 		{
 			Name:   "publish-killed",
