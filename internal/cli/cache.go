@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
@@ -19,14 +19,10 @@ import (
 	"github.com/warmfleet/warmfleet/spec"
 )
 
-func runCache(ctx context.Context, e *Env, args []string) error {
-	return subcommand(ctx, e, "cache", args, map[string]func(context.Context, *Env, []string) error{
-		"add":    runCacheAdd,
-		"ls":     runCacheList,
-		"status": runCacheStatus,
-		"rm":     runCacheRemove,
-		"verify": runCacheVerify,
-	})
+func cacheCommand(e *Env) *cobra.Command {
+	return group("cache", "manage model weight caches: add, ls, status, verify, rm",
+		"  warmfleet cache add llama --source s3://models/llama-3-8b/ --wait\n  warmfleet cache ls -o yaml",
+		cacheAddCommand(e), cacheListCommand(e), cacheStatusCommand(e), cacheVerifyCommand(e), cacheRemoveCommand(e))
 }
 
 // clientFlags are the flags every client command takes.
@@ -36,17 +32,21 @@ type clientFlags struct {
 	output    string
 }
 
-func (c *clientFlags) register(fs *flagSet, withOutput bool) {
+// register adds the client flags to cmd, and -o when withOutput.
+func (c *clientFlags) register(cmd *cobra.Command, withOutput bool) {
+	fs := cmd.Flags()
 	fs.StringVar(&c.api, "api", defaultAPI, "daemon API address: unix:///path.sock or host:port")
 	fs.StringVar(&c.tokenFile, "api-token-file", "", "file holding the daemon's bearer token")
 	if withOutput {
-		fs.StringVar(&c.output, "o", "table", "output format: table or json")
+		addOutputFlag(cmd, &c.output)
 	}
 }
 
 func (c *clientFlags) client() (*api.Client, error) {
-	if c.output != "" && c.output != "table" && c.output != "json" {
-		return nil, usageError("-o %q: want table or json", c.output)
+	if c.output != "" {
+		if err := checkOutput(c.output); err != nil {
+			return nil, err
+		}
 	}
 	token, err := readToken(c.tokenFile)
 	if err != nil {
@@ -59,77 +59,69 @@ func (c *clientFlags) client() (*api.Client, error) {
 	return cl, nil
 }
 
-// oneName parses flags that follow or precede a single model NAME argument.
-func oneName(fs *flagSet, e *Env, args []string, what string) (string, error) {
-	return oneArg(fs, e, args, what, "model NAME")
-}
-
-// oneArg parses flags that follow or precede a single argument, arg, as
-// named in the error when it is missing.
-func oneArg(fs *flagSet, e *Env, args []string, what, arg string) (string, error) {
-	var name string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		name, args = args[0], args[1:]
-	}
-	if err := parseFlags(fs, e, args, nil); err != nil {
-		return "", err
-	}
-	if name == "" && fs.NArg() == 1 {
-		name = fs.Arg(0)
-	} else if fs.NArg() > 0 {
-		return "", usageError("unexpected arguments %q", fs.Args())
-	}
-	if name == "" {
-		return "", usageError("%s: give the %s", what, arg)
-	}
-	return name, nil
-}
-
-func runCacheAdd(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "cache add")
+func cacheAddCommand(e *Env) *cobra.Command {
 	var c clientFlags
-	c.register(fs, true)
-	source := fs.String("source", "", "S3 folder of the model's files: s3://bucket/prefix/")
-	revision := fs.String("revision", "", "revision label (the cache also keys on every object's ETag and version)")
-	wait := fs.Bool("wait", false, "wait until the cache is ready on this node")
-	timeout := fs.Duration("timeout", 0, "with --wait: give up after this long (0 = never)")
+	var source, revision string
+	var wait bool
+	var timeout time.Duration
 	var selector listFlag
+	var nodes int
+	cmd := &cobra.Command{
+		Use:   "add NAME --source s3://BUCKET/PREFIX/",
+		Short: "cache a model's weights from S3 on the nodes its targets select",
+		Long: `Add (or update) a model cache: every node the targets select downloads the
+files under --source to its NVMe, from S3 or from peers that have them.
+With --wait, the command follows this node's download and returns when the
+cache is ready, when it cannot become ready here without help (the node is
+not targeted, the source is empty or refused), or after --timeout (exit 4).`,
+		Example: `  warmfleet cache add llama --source s3://models/llama-3-8b/ --wait
+  warmfleet cache add llama --source s3://models/llama-3-8b/ --selector gpu=h100 --nodes 4
+  warmfleet cache add llama --source s3://models/llama-3-8b/ --wait --timeout 30m -o json`,
+		Args: exactArgs("model NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if timeout < 0 {
+				return usageError("--timeout %s: want >= 0 (0 = wait until ready)", timeout)
+			}
+			sel, err := spec.ParseLabels(selector)
+			if err != nil {
+				return usageError("--selector: %v", err)
+			}
+			req := api.AddCacheRequest{Name: name, Source: source, Revision: revision, Targets: spec.Targets{Selector: sel, Nodes: nodes}}
+			if err := req.Spec().Validate(); err != nil {
+				return usageError("%v", err)
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			st, err := cl.AddCache(ctx, req)
+			if err != nil {
+				return err
+			}
+			if !wait {
+				return printStatus(e.Stdout, c.output, st)
+			}
+			st, err = waitReady(ctx, e, cl, name, timeout)
+			if err != nil {
+				return err
+			}
+			if c.output != "table" {
+				return printStatus(e.Stdout, c.output, st)
+			}
+			return nil
+		},
+	}
+	c.register(cmd, true)
+	fs := cmd.Flags()
+	fs.StringVar(&source, "source", "", "S3 folder of the model's files: s3://bucket/prefix/")
+	fs.StringVar(&revision, "revision", "", "revision label (the cache also keys on every object's ETag and version)")
+	fs.BoolVar(&wait, "wait", false, "wait until the cache is ready on this node")
+	fs.DurationVar(&timeout, "timeout", 0, "with --wait: give up after this long, exit 4 (0 = never)")
 	fs.Var(&selector, "selector", "only nodes with this label k=v (repeatable)")
-	nodes := fs.Int("nodes", 0, "only this many of the eligible nodes (0 = all)")
-	name, err := oneName(fs, e, args, "cache add")
-	if err != nil {
-		return err
-	}
-	if *timeout < 0 {
-		return usageError("--timeout %s: want >= 0 (0 = wait until ready)", *timeout)
-	}
-	sel, err := spec.ParseLabels(selector)
-	if err != nil {
-		return usageError("--selector: %v", err)
-	}
-	req := api.AddCacheRequest{Name: name, Source: *source, Revision: *revision, Targets: spec.Targets{Selector: sel, Nodes: *nodes}}
-	if err := req.Spec().Validate(); err != nil {
-		return usageError("%v", err)
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	st, err := cl.AddCache(ctx, req)
-	if err != nil {
-		return err
-	}
-	if !*wait {
-		return printStatus(e.Stdout, c.output, st)
-	}
-	st, err = waitReady(ctx, e, cl, name, *timeout)
-	if err != nil {
-		return err
-	}
-	if c.output == "json" {
-		return printStatus(e.Stdout, c.output, st)
-	}
-	return nil
+	fs.IntVar(&nodes, "nodes", 0, "only this many of the eligible nodes (0 = all)")
+	return cmd
 }
 
 // errTimeout marks a wait that ran out of time: exit code 4.
@@ -319,80 +311,80 @@ func progressLine(st api.CacheStatus, rate float64, width int) string {
 		bytesize.Format(st.BytesDone), bytesize.Format(st.BytesTotal), bytesize.Format(int64(rate)), st.State)
 }
 
-func runCacheList(ctx context.Context, e *Env, args []string) error {
-	return listCommand(ctx, e, "cache ls", args, (*api.Client).Caches, printTable)
+func cacheListCommand(e *Env) *cobra.Command {
+	return listCommand(e, "ls", "list the fleet's caches and where this node stands on each",
+		"  warmfleet cache ls\n  warmfleet cache ls -o json", (*api.Client).Caches, printTable)
 }
 
 // listCommand is a client command that takes no arguments, gets one value
-// from the daemon and prints it as a table or, with -o json, as JSON.
-func listCommand[T any](ctx context.Context, e *Env, name string, args []string,
-	get func(*api.Client, context.Context) (T, error), table func(io.Writer, T) error) error {
-	fs := newFlagSet(e, name)
+// from the daemon and prints it as -o says.
+func listCommand[T any](e *Env, use, short, example string,
+	get func(*api.Client, context.Context) (T, error), table func(io.Writer, T) error) *cobra.Command {
 	var c clientFlags
-	c.register(fs, true)
-	if err := parseFlags(fs, e, args, nil); err != nil {
-		return err
+	cmd := &cobra.Command{
+		Use: use, Short: short, Example: example, Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			v, err := get(cl, cmd.Context())
+			if err != nil {
+				return err
+			}
+			return printOut(e.Stdout, c.output, v, table)
+		},
 	}
-	if fs.NArg() > 0 {
-		return usageError("unexpected arguments %q", fs.Args())
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	v, err := get(cl, ctx)
-	if err != nil {
-		return err
-	}
-	if c.output == "json" {
-		return writeJSONOut(e.Stdout, v)
-	}
-	return table(e.Stdout, v)
+	c.register(cmd, true)
+	return cmd
 }
 
-func runCacheStatus(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "cache status")
-	var c clientFlags
-	c.register(fs, true)
-	name, err := oneName(fs, e, args, "cache status")
-	if err != nil {
-		return err
+// nameCommand is a client command on one named thing (arg, as "model
+// NAME"): run gets the client and the name.
+func nameCommand(use, arg, short, example string, withOutput bool, run func(ctx context.Context, c *clientFlags, cl *api.Client, name string) error) *cobra.Command {
+	c := &clientFlags{}
+	cmd := &cobra.Command{
+		Use: use, Short: short, Example: example, Args: exactArgs(arg),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			return run(cmd.Context(), c, cl, args[0])
+		},
 	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	st, err := cl.Cache(ctx, name)
-	if err != nil {
-		return err
-	}
-	return printStatus(e.Stdout, c.output, st)
+	c.register(cmd, withOutput)
+	return cmd
 }
 
-func runCacheRemove(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "cache rm")
-	var c clientFlags
-	c.register(fs, false)
-	name, err := oneName(fs, e, args, "cache rm")
-	if err != nil {
-		return err
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	if err := cl.RemoveCache(ctx, name); err != nil {
-		return err
-	}
-	fmt.Fprintf(e.Stdout, "%s removed\n", name)
-	return nil
+func cacheStatusCommand(e *Env) *cobra.Command {
+	return nameCommand("status NAME", "model NAME", "show where this node stands on one cache",
+		"  warmfleet cache status llama\n  warmfleet cache status llama -o json", true,
+		func(ctx context.Context, c *clientFlags, cl *api.Client, name string) error {
+			st, err := cl.Cache(ctx, name)
+			if err != nil {
+				return err
+			}
+			return printStatus(e.Stdout, c.output, st)
+		})
+}
+
+func cacheRemoveCommand(e *Env) *cobra.Command {
+	return nameCommand("rm NAME", "model NAME", "remove a cache from the fleet (every node deletes its files)",
+		"  warmfleet cache rm llama", false,
+		func(ctx context.Context, _ *clientFlags, cl *api.Client, name string) error {
+			if err := cl.RemoveCache(ctx, name); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.Stdout, "%s removed\n", name)
+			return nil
+		})
 }
 
 func printStatus(w io.Writer, format string, st api.CacheStatus) error {
-	if format == "json" {
-		return writeJSONOut(w, st)
-	}
-	return printTable(w, []api.CacheStatus{st})
+	return printOut(w, format, st, func(w io.Writer, st api.CacheStatus) error {
+		return printTable(w, []api.CacheStatus{st})
+	})
 }
 
 func printTable(w io.Writer, all []api.CacheStatus) error {
@@ -403,10 +395,4 @@ func printTable(w io.Writer, all []api.CacheStatus) error {
 			bytesize.Format(st.BytesTotal), st.RevisionID, st.Path, st.Error)
 	}
 	return tw.Flush()
-}
-
-func writeJSONOut(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	imagecache "github.com/warmfleet/warmfleet/containerd"
 	"github.com/warmfleet/warmfleet/daemon"
 	"github.com/warmfleet/warmfleet/daemon/api"
@@ -96,17 +98,67 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 }
 
+func daemonCommand(e *Env) *cobra.Command {
+	var d *daemonCommandFlags
+	cmd := &cobra.Command{
+		Use:   "daemon",
+		Short: "run the node daemon (cache, gossip, swarm, image cache, API)",
+		Long: `Run the node daemon: it keeps the fleet's caches on this node's NVMe (from S3
+or from peers), pre-pulls container images into containerd, gossips with the
+fleet and serves the local API the client commands use. S3 settings come
+from the AWS SDK's standard chain: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+AWS_REGION, AWS_ENDPOINT_URL_S3 (for a server other than AWS), AWS_PROFILE
+or the instance's role.
+
+Every flag may also come from WARMFLEET_<FLAG> (e.g. WARMFLEET_DATA_DIR) or
+from the --config file (flag names as keys).`,
+		Example: `  warmfleet daemon --data-dir /var/lib/warmfleet --label gpu=h100
+  warmfleet daemon --config /etc/warmfleet/daemon.yaml
+  warmfleet daemon --gossip 10.0.0.5:7946 --join 10.0.0.6:7946 --cluster-key-file /etc/warmfleet/cluster.key --p2p 10.0.0.5:7947`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return d.serve(cmd.Context(), e, cmd.Flags(), s3origin.Options{}, nil)
+		},
+	}
+	d = registerDaemon(cmd.Flags())
+	return cmd
+}
+
+// daemonCommandFlags are the daemon's flags and --config.
+type daemonCommandFlags struct {
+	f          daemonFlags
+	configPath string
+}
+
+func registerDaemon(fs *flagSet) *daemonCommandFlags {
+	d := &daemonCommandFlags{}
+	d.f.register(fs)
+	fs.StringVar(&d.configPath, "config", "", "YAML file of flag names to values")
+	return d
+}
+
 // ServeDaemon runs `warmfleet daemon args...` until ctx ends; origin holds S3
 // settings beyond the SDK's standard chain (the lab's embedded server) and
 // started, if not nil, is called once the API listens.
 func ServeDaemon(ctx context.Context, e *Env, args []string, origin s3origin.Options, started func()) error {
 	fs := newFlagSet(e, "daemon")
-	var f daemonFlags
-	f.register(fs)
-	configPath := fs.String("config", "", "YAML file of flag names to values")
-	if err := parseWithConfig(fs, e, args, configPath); err != nil {
+	d := registerDaemon(fs)
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return usageError("unexpected arguments %q", fs.Args())
+	}
+	return d.serve(ctx, e, fs, origin, started)
+}
+
+// serve fills the flags not given from the environment and --config,
+// checks them and runs the daemon.
+func (d *daemonCommandFlags) serve(ctx context.Context, e *Env, fs *flagSet, origin s3origin.Options, started func()) error {
+	if err := parseWithConfig(fs, e, &d.configPath); err != nil {
 		return err
 	}
+	f := &d.f
 	log, err := newLogger(e, f.logLevel, f.logFormat)
 	if err != nil {
 		return err
@@ -133,7 +185,7 @@ func ServeDaemon(ctx context.Context, e *Env, args []string, origin s3origin.Opt
 		return usageError("--old-revision-grace %v: want a duration >= 0 (0 deletes old revisions at once)", f.oldGrace)
 	}
 
-	return serveDaemon(ctx, log, &f, labels, addr, token, origin, started)
+	return serveDaemon(ctx, log, f, labels, addr, token, origin, started)
 }
 
 // The daemon's shutdown stages, in order (parts.Wait).
@@ -430,10 +482,10 @@ func peerAdvertise(f *daemonFlags) string {
 	return net.JoinHostPort(host, port)
 }
 
-// parseWithConfig parses args once to find --config, then again with the
-// file's values as the lowest layer.
-func parseWithConfig(fs *flagSet, e *Env, args []string, configPath *string) error {
-	if err := parseFlags(fs, e, args, nil); err != nil {
+// parseWithConfig fills the flags of fs not given on the command line from
+// the environment, then from the --config file at *configPath.
+func parseWithConfig(fs *flagSet, e *Env, configPath *string) error {
+	if err := layerFlags(fs, e, nil); err != nil {
 		return err
 	}
 	if *configPath == "" {
@@ -443,7 +495,7 @@ func parseWithConfig(fs *flagSet, e *Env, args []string, configPath *string) err
 	if err != nil {
 		return usageError("%v", err)
 	}
-	return parseFlags(fs, e, args, file)
+	return layerFlags(fs, e, file)
 }
 
 func newLogger(e *Env, level, format string) (*slog.Logger, error) {
