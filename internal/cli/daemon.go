@@ -391,7 +391,7 @@ func dialContainerd(ctx context.Context, log *slog.Logger, f *daemonFlags, base 
 		Registerer: base.Registry(), Logger: log.With("component", "images"),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("containerd at %s: %w", addr, err)
+		return nil, fmt.Errorf("image cache: %w", err)
 	}
 	return c, nil
 }
