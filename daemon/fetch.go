@@ -380,7 +380,7 @@ func (f *fetch) fetchFile(ctx context.Context, stage *nvme.Staging, revision str
 			}
 		},
 	}
-	dst := &countingFile{File: file, written: f.d.metrics.written.Add}
+	dst := &countingFile{File: file, written: func(n int) { f.d.metrics.written.Add(int64(n)) }}
 	err = f.d.origin.Download(ctx, obj, dst, plan)
 	mu.Lock()
 	defer mu.Unlock()
@@ -406,12 +406,12 @@ const partFlushInterval = 2 * time.Second
 // countingFile counts the bytes written through it.
 type countingFile struct {
 	s3origin.File
-	written func(float64)
+	written func(int)
 }
 
 func (c *countingFile) WriteAt(p []byte, off int64) (int, error) {
 	n, err := c.File.WriteAt(p, off)
-	c.written(float64(n))
+	c.written(n)
 	return n, err
 }
 

@@ -17,8 +17,13 @@ type metrics struct {
 	reg *health.Registry
 	// s3Bytes counts bytes read from S3: warmfleet_s3_bytes_total reads it,
 	// and so does the inventory.
-	s3Bytes      atomic.Int64
-	written      prometheus.Counter
+	s3Bytes atomic.Int64
+	// written counts the bytes the direct S3 download wrote into the
+	// cache; swarmWritten, set once the swarm is in use, the bytes the
+	// swarm wrote (from S3 and from peers), which it writes itself.
+	// warmfleet_cache_written_bytes_total is their sum.
+	written      atomic.Int64
+	swarmWritten atomic.Pointer[func() int64]
 	cacheState   *prometheus.GaugeVec
 	cacheBytes   *prometheus.GaugeVec
 	cacheTotal   *prometheus.GaugeVec
@@ -36,9 +41,6 @@ func newMetrics() *metrics {
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
 	m := &metrics{
 		reg: reg,
-		written: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "warmfleet_cache_written_bytes_total", Help: "Bytes written into the local cache.",
-		}),
 		cacheState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "warmfleet_cache_state", Help: "1 for the state each model cache is in, 0 for the others.",
 		}, []string{"model", "state"}),
@@ -65,7 +67,15 @@ func newMetrics() *metrics {
 	f(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "warmfleet_s3_bytes_total", Help: "Bytes read from S3 object bodies.",
 	}, func() float64 { return float64(m.s3Bytes.Load()) }))
-	f(m.written)
+	f(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "warmfleet_cache_written_bytes_total", Help: "Bytes written into the local cache.",
+	}, func() float64 {
+		n := m.written.Load()
+		if swarm := m.swarmWritten.Load(); swarm != nil {
+			n += (*swarm)()
+		}
+		return float64(n)
+	}))
 	f(m.cacheState)
 	f(m.cacheBytes)
 	f(m.cacheTotal)
