@@ -137,7 +137,7 @@ func (f *fetch) fail(cause error) {
 // needsAction tells whether a failed attempt's error is one that retrying
 // alone will not fix: the source or the credentials must change first.
 func needsAction(err error) bool {
-	for _, kind := range []error{s3origin.ErrEmpty, s3origin.ErrNoSuchBucket, s3origin.ErrCredentials,
+	for _, kind := range []error{s3origin.ErrEmpty, s3origin.ErrNoSuchBucket, s3origin.ErrCredentials, s3origin.ErrNoCredentials,
 		s3origin.ErrAccessDenied, s3origin.ErrUnsafeKey} {
 		if errors.Is(err, kind) {
 			return true
@@ -155,7 +155,7 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	}
 	objs, err := f.d.origin.List(ctx, src)
 	if err != nil {
-		return "", fmt.Errorf("list %s: %w", src, err)
+		return "", err // it names the listing already
 	}
 	for _, o := range objs {
 		if err := nvme.CheckRelPath(o.Path); err != nil {
