@@ -23,41 +23,10 @@ import (
 // S3 download used to count its writes, so a node that filled through the
 // swarm counted none.
 func TestWrittenBytesCountSwarmFills(t *testing.T) {
-	s3 := testenv.StartS3(t)
-	s3.SetEnv(t)
-	s3.CreateBucket(t, "models")
-	model, err := synthmodel.New(synthmodel.Options{Seed: 25, Size: 12 << 20, Shards: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := model.Upload(t.Context(), func(ctx context.Context, key string, r io.Reader, size int64) error {
-		return s3.Put(ctx, "models", "tiny/"+key, r, size)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	key, err := gossip.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyFile := filepath.Join(dir, "cluster.key")
-	if err := gossip.WriteKeyFile(keyFile, [][]byte{key}); err != nil {
-		t.Fatal(err)
-	}
-	var socks, metrics []string
-	seed := testenv.FreeAddr(t)
-	for i := range 2 {
-		name := fmt.Sprintf("node-%d", i+1)
-		gossipAddr := seed
-		if i > 0 {
-			gossipAddr = testenv.FreeAddr(t)
-		}
-		sock := "unix://" + filepath.Join(dir, name+".sock")
-		metricsAddr := testenv.FreeAddr(t)
-		launchDaemon(t, os.Getenv, "--node-name", name, "--data-dir", filepath.Join(dir, name), "--api", sock,
-			"--metrics-listen", metricsAddr, "--gossip", gossipAddr, "--join", seed, "--cluster-key-file", keyFile,
-			"--p2p", testenv.FreeAddr(t), "--containerd", "off", "--reserve", "0", "--reserve-fraction", "0")
-		socks, metrics = append(socks, sock), append(metrics, "http://"+metricsAddr+"/metrics")
+	model, socks, metricsAddrs := startSwarmFleet(t, 2, synthmodel.Options{Seed: 25, Size: 12 << 20, Shards: 2})
+	var metrics []string
+	for _, addr := range metricsAddrs {
+		metrics = append(metrics, "http://"+addr+"/metrics")
 	}
 	cl := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	metric := func(url, name string) (float64, bool) {
@@ -102,4 +71,48 @@ func TestWrittenBytesCountSwarmFills(t *testing.T) {
 	if peerIn == 0 {
 		t.Errorf("no node took bytes from a peer: the swarm was not used")
 	}
+}
+
+// startSwarmFleet uploads a synthetic model as s3://models/tiny/ to a real
+// S3 server (its settings in the environment) and runs n daemons that
+// gossip with the cluster key and swarm on loopback, each with a metrics
+// listener. It returns the model, the daemons' API and metrics addresses.
+func startSwarmFleet(t *testing.T, n int, opts synthmodel.Options) (model *synthmodel.Model, socks, metrics []string) {
+	t.Helper()
+	s3 := testenv.StartS3(t)
+	s3.SetEnv(t)
+	s3.CreateBucket(t, "models")
+	model, err := synthmodel.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := model.Upload(t.Context(), func(ctx context.Context, key string, r io.Reader, size int64) error {
+		return s3.Put(ctx, "models", "tiny/"+key, r, size)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	key, err := gossip.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(dir, "cluster.key")
+	if err := gossip.WriteKeyFile(keyFile, [][]byte{key}); err != nil {
+		t.Fatal(err)
+	}
+	seed := testenv.FreeAddr(t)
+	for i := range n {
+		name := fmt.Sprintf("node-%d", i+1)
+		gossipAddr := seed
+		if i > 0 {
+			gossipAddr = testenv.FreeAddr(t)
+		}
+		sock := "unix://" + filepath.Join(dir, name+".sock")
+		metricsAddr := testenv.FreeAddr(t)
+		launchDaemon(t, os.Getenv, "--node-name", name, "--data-dir", filepath.Join(dir, name), "--api", sock,
+			"--metrics-listen", metricsAddr, "--gossip", gossipAddr, "--join", seed, "--cluster-key-file", keyFile,
+			"--p2p", testenv.FreeAddr(t), "--containerd", "off", "--reserve", "0", "--reserve-fraction", "0")
+		socks, metrics = append(socks, sock), append(metrics, metricsAddr)
+	}
+	return model, socks, metrics
 }
