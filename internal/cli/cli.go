@@ -147,9 +147,12 @@ Client commands talk to the local daemon (--api, default ` + defaultAPI + `).
 		Example: `  ` + prog + ` daemon --data-dir /var/lib/warmfleet
   ` + prog + ` cache add llama --source s3://models/llama-3-8b/ --wait
   ` + prog + ` cache --help`,
-		Version:       versionText(),
-		Args:          unknownCommand,
-		RunE:          func(*cobra.Command, []string) error { return usageError("give a command") },
+		Version: versionText(),
+		Args:    unknownCommand,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprint(e.Stderr, cmd.UsageString())
+			return usageError("give a command")
+		},
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		// Every product command reads WARMFLEET_* for the flags not given.
@@ -179,8 +182,10 @@ Client commands talk to the local daemon (--api, default ` + defaultAPI + `).
 	for _, c := range root.Commands() {
 		switch c.Name() {
 		case "help":
+			c.Short = "show the help of a command"
 			c.Example = "  " + prog + " help cache add"
 		case "completion":
+			c.Short = "write a shell completion script: bash, zsh, fish or powershell"
 			c.Example = "  source <(" + prog + " completion bash)\n  " + prog + " completion zsh > \"${fpath[1]}/_" + prog + "\""
 			for _, sh := range c.Commands() {
 				sh.Example = "  " + prog + " completion " + sh.Name() + " --help"
