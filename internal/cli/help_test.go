@@ -2,6 +2,8 @@ package cli
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"io"
 	"regexp"
 	"runtime/debug"
@@ -109,7 +111,7 @@ func TestExitCodesDocumented(t *testing.T) {
 			t.Errorf("root help does not document exit code %d (%s):\n%s", code, meaning, out)
 		}
 	}
-	if exitCode(errTimeout) != exitTimeout || exitCode(usageError("x")) != exitUsage || exitCode(errHelpShown) != exitFailure {
+	if exitCode(errTimeout) != exitTimeout || exitCode(usageError("x")) != exitUsage {
 		t.Error("exitCode does not map the errors as documented")
 	}
 }
@@ -204,5 +206,42 @@ func TestSizeFlagText(t *testing.T) {
 	}
 	if _, out, _ := runOut(t, "daemon", "--help"); !strings.Contains(out, "(default 1GiB)") {
 		t.Errorf("daemon --help shows --reserve's default not in human units:\n%s", out)
+	}
+}
+
+// TestLabCommands: a binary's own commands (the lab's, on Go's flag
+// package) run next to the product's: their --help exits 0, a bad flag 2,
+// and a name the product has stays the product's.
+func TestLabCommands(t *testing.T) {
+	var ran []string
+	raw := func(name string) Command {
+		return Command{Name: name, Summary: "a lab command", Run: func(ctx context.Context, e *Env, args []string) error {
+			fs := NewFlagSet(e, name)
+			n := fs.Int("n", 1, "how many")
+			if err := ParseFlags(fs, e, args); err != nil {
+				return err
+			}
+			ran = append(ran, fmt.Sprintf("%s %d", name, *n))
+			return nil
+		}}
+	}
+	cmds := []Command{raw("bench"), raw("cache")}
+	for _, c := range []struct {
+		args []string
+		code int
+		ran  string
+	}{
+		{[]string{"bench", "-n", "3"}, 0, "bench 3"},
+		{[]string{"bench", "--help"}, 0, ""},
+		{[]string{"bench", "-n", "x"}, exitUsage, ""},
+		{[]string{"cache", "-n", "3"}, exitUsage, ""}, // the product's cache group
+		{[]string{"cache", "--help"}, 0, ""},
+	} {
+		ran = nil
+		var out, errOut bytes.Buffer
+		code := Dispatch(t.Context(), "warmfleet-lab", cmds, c.args, &Env{Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" }})
+		if code != c.code || strings.Join(ran, ",") != c.ran {
+			t.Errorf("%q: exit %d, ran %q; want %d, %q (stderr %q)", c.args, code, ran, c.code, c.ran, errOut.String())
+		}
 	}
 }
