@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"sort"
 	"strings"
@@ -32,14 +33,27 @@ type clientFlags struct {
 	output    string
 }
 
-// register adds the client flags to cmd, and -o when withOutput.
+// register adds the client flags to cmd, and -o when withOutput, and
+// makes cmd's failure to reach the daemon say what to do (cmd.RunE is set).
 func (c *clientFlags) register(cmd *cobra.Command, withOutput bool) {
+	run := cmd.RunE
+	cmd.RunE = func(cmd *cobra.Command, args []string) error { return unreachableHint(run(cmd, args)) }
 	fs := cmd.Flags()
 	fs.StringVar(&c.api, "api", defaultAPI, "daemon API address: unix:///path.sock or host:port")
 	fs.StringVar(&c.tokenFile, "api-token-file", "", "file holding the daemon's bearer token")
 	if withOutput {
 		addOutputFlag(cmd, &c.output)
 	}
+}
+
+// unreachableHint adds what to do to a client command's failure to connect
+// to the daemon.
+func unreachableHint(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return fmt.Errorf("%w: is the daemon running? Start it with 'warmfleet daemon', or point --api (or WARMFLEET_API) at it", err)
+	}
+	return err
 }
 
 func (c *clientFlags) client() (*api.Client, error) {
