@@ -63,6 +63,10 @@ type RangeCheck interface {
 // Kinds of failure a caller may act on: every origin wraps its errors in
 // them, so errors.Is works whatever the source.
 var (
+	// ErrNoCredentials: no credentials were found where the origin's
+	// client looks for them (for S3, the AWS SDK's credential chain), so
+	// nothing was sent; setting them, not retrying, fixes it.
+	ErrNoCredentials = errors.New("no S3 credentials found")
 	// ErrCredentials: the origin rejected the credentials.
 	ErrCredentials = errors.New("the origin rejected the credentials")
 	// ErrAccessDenied: the credentials are valid but lack permission.
