@@ -30,7 +30,9 @@ type Origin interface {
 	// ErrSourceChanged, never others. source is the spec's text
 	// (s3://bucket/prefix/, hf://org/model@rev/subdir); List fails with
 	// ErrEmpty when it names nothing and ErrUnsafeKey on a name that is not
-	// a safe relative path.
+	// a safe relative path. Every error it returns begins "list SOURCE: "
+	// (SOURCE as parsed, which may differ in form from the text given), so
+	// callers pass it on without naming the listing again.
 	List(ctx context.Context, source string) ([]Object, error)
 	// Download writes obj into dst in parts (plan.Done ones skipped, each
 	// finished one reported to plan.OnPart) and checks the result end to
