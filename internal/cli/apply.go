@@ -74,7 +74,9 @@ desired state, endpoints to the node asked.`,
 	}
 	c.register(cmd, true)
 	fs := cmd.Flags()
-	fs.StringVarP(&file, "file", "f", "", "manifest file, directory of *.yaml/*.yml/*.json files, or - for stdin (required)")
+	// Named f, as before the move to cobra: -f and --f are given on the
+	// command line, WARMFLEET_F in the environment.
+	fs.StringVarP(&file, "f", "f", "", "manifest file, directory of *.yaml/*.yml/*.json files, or - for stdin (required)")
 	fs.StringVar(&owner, "owner", "", "source that owns what this applies; only it may change or prune it (default: file: or dir: and the absolute path; required for -f -)")
 	fs.BoolVar(&prune, "prune", false, "delete what this owner applied before that the files no longer name (never another owner's)")
 	return cmd
