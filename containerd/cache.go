@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -196,7 +197,11 @@ func New(c *client.Client, opts Options) (*Cache, error) {
 func Dial(ctx context.Context, address string, opts Options) (*Cache, error) {
 	// The client adds the unix:// scheme itself; given twice, gRPC reads
 	// "unix:" as the authority and refuses it.
-	c, err := client.New(strings.TrimPrefix(address, "unix://"))
+	path := strings.TrimPrefix(address, "unix://")
+	if err := probeSocket(ctx, path); err != nil {
+		return nil, fmt.Errorf("containerd %s: %w", address, err)
+	}
+	c, err := client.New(path)
 	if err != nil {
 		return nil, fmt.Errorf("containerd %s: %w", address, err)
 	}
@@ -211,6 +216,24 @@ func Dial(ctx context.Context, address string, opts Options) (*Cache, error) {
 	}
 	ca.ownsClient = true
 	return ca, nil
+}
+
+// probeSocket connects to the socket once: the containerd client would
+// retry a socket with nothing behind it for its whole dial timeout, and
+// then report only that time ran out.
+func probeSocket(ctx context.Context, path string) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) {
+			err = op.Err // without the path, which the caller names
+		}
+		return fmt.Errorf("nothing answers on the socket (%w): is containerd running? Start it, or run the daemon with --containerd off to go without image pre-pulls", err)
+	}
+	return conn.Close()
 }
 
 // Close closes the containerd connection if Dial opened it.

@@ -140,7 +140,7 @@ func (f *fetch) fail(cause error) {
 // needsAction tells whether a failed attempt's error is one that retrying
 // alone will not fix: the source or the credentials must change first.
 func needsAction(err error) bool {
-	for _, kind := range []error{origin.ErrEmpty, origin.ErrNoSuchBucket, origin.ErrCredentials,
+	for _, kind := range []error{origin.ErrEmpty, origin.ErrNoSuchBucket, origin.ErrCredentials, origin.ErrNoCredentials,
 		origin.ErrAccessDenied, origin.ErrUnsafeKey, origin.ErrNoOrigin} {
 		if errors.Is(err, kind) {
 			return true
@@ -158,7 +158,7 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 	}
 	objs, err := f.origin.List(ctx, f.spec.Source)
 	if err != nil {
-		return "", fmt.Errorf("list %s: %w", f.spec.Source, err)
+		return "", err // every origin's List names the listing already
 	}
 	if objs, err = keepFiles(f.spec, objs); err != nil {
 		return "", err
@@ -403,7 +403,7 @@ func (f *fetch) fetchFile(ctx context.Context, stage *nvme.Staging, revision str
 			}
 		},
 	}
-	dst := &countingFile{File: file, written: f.d.metrics.written.Add}
+	dst := &countingFile{File: file, written: func(n int) { f.d.metrics.written.Add(int64(n)) }}
 	err = f.origin.Download(ctx, obj, dst, plan)
 	mu.Lock()
 	defer mu.Unlock()
@@ -429,12 +429,12 @@ const partFlushInterval = 2 * time.Second
 // countingFile counts the bytes written through it.
 type countingFile struct {
 	origin.File
-	written func(float64)
+	written func(int)
 }
 
 func (c *countingFile) WriteAt(p []byte, off int64) (int, error) {
 	n, err := c.File.WriteAt(p, off)
-	c.written(float64(n))
+	c.written(n)
 	return n, err
 }
 

@@ -102,6 +102,24 @@ func TestCacheFromHub(t *testing.T) {
 	}
 }
 
+// TestHubListingFailureNamesTheListingOnce: a revision the Hub does not
+// have fails while the listing resolves it; the cache's error says "list
+// SOURCE" once, the daemon adding no second one to what the origin says.
+func TestHubListingFailureNamesTheListingOnce(t *testing.T) {
+	hub := hubserver.New(t)
+	hub.Push("org/m", "main", hubFiles(1))
+	d := newDaemon(t, t.TempDir(), hubOrigin(t, hub, nil))
+	run(t, d)
+	s := spec.Spec{Kind: spec.KindModel, Name: "org/m", Source: "hf://org/m@nope"}
+	if err := d.AddCache(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, "failed", func() bool { return status(t, d, "org/m").State == api.StateFailed })
+	if st := status(t, d, "org/m"); !strings.HasPrefix(st.Error, "list hf://org/m@nope: ") || strings.Count(st.Error, "list ") != 1 {
+		t.Errorf("error %q, want one that begins with the listing and names it once", st.Error)
+	}
+}
+
 // A file whose bytes do not match the sha256 the Hub lists is never
 // ready: every attempt fails, nothing is published, and once the bytes are
 // right the cache becomes ready.

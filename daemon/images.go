@@ -190,7 +190,7 @@ func (d *Daemon) ensureImage(ctx context.Context, c claim) {
 func (d *Daemon) Images(ctx context.Context) ([]api.ImageStatus, error) {
 	im := d.images
 	if im == nil {
-		return nil, errors.New("image cache is off: start the daemon with --containerd")
+		return nil, ErrImagesOff
 	}
 	statuses, err := im.cache.List(ctx)
 	if err != nil {
@@ -263,6 +263,12 @@ func (d *Daemon) imageInventory() map[string]gossip.ImageInventory {
 	}
 	return out
 }
+
+// ErrImagesOff is the answer to an image command on a node whose image
+// cache is off: its API takes no image claims, which it could neither pull
+// nor report on (`image ls` would then fail where `image add` succeeded).
+var ErrImagesOff = errors.New("image cache is off on this node: start the daemon with --containerd unix:///run/containerd/containerd.sock " +
+	"(it is off with --containerd off, or when no containerd socket was found at start), or run the command against a node whose image cache is on")
 
 // AddImage records an image claim in the fleet's desired state, under the
 // normalized reference: "alpine" and "docker.io/library/alpine:latest" are

@@ -17,9 +17,15 @@ type metrics struct {
 	reg *health.Registry
 	// s3Bytes counts bytes read from S3: warmfleet_s3_bytes_total reads it,
 	// and so does the inventory.
-	s3Bytes      atomic.Int64
-	originBytes  *prometheus.CounterVec
-	written      prometheus.Counter
+	s3Bytes atomic.Int64
+	// originBytes counts bytes read from model origins, by source kind.
+	originBytes *prometheus.CounterVec
+	// written counts the bytes the direct origin download wrote into the
+	// cache; swarmWritten, set once the swarm is in use, the bytes the
+	// swarm wrote (from S3 and from peers), which it writes itself.
+	// warmfleet_cache_written_bytes_total is their sum.
+	written      atomic.Int64
+	swarmWritten atomic.Pointer[func() int64]
 	cacheState   *prometheus.GaugeVec
 	cacheBytes   *prometheus.GaugeVec
 	cacheTotal   *prometheus.GaugeVec
@@ -45,9 +51,6 @@ func newMetrics() *metrics {
 		originBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmfleet_origin_bytes_total", Help: "Bytes read from model origins, by source kind (s3, hf).",
 		}, []string{"source"}),
-		written: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "warmfleet_cache_written_bytes_total", Help: "Bytes written into the local cache.",
-		}),
 		cacheState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "warmfleet_cache_state", Help: "1 for the state each model cache is in, 0 for the others.",
 		}, []string{"model", "state"}),
@@ -87,7 +90,15 @@ func newMetrics() *metrics {
 		m.originBytes.WithLabelValues(kind) // shown at 0 before the first read
 	}
 	f(m.originBytes)
-	f(m.written)
+	f(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "warmfleet_cache_written_bytes_total", Help: "Bytes written into the local cache.",
+	}, func() float64 {
+		n := m.written.Load()
+		if swarm := m.swarmWritten.Load(); swarm != nil {
+			n += (*swarm)()
+		}
+		return float64(n)
+	}))
 	f(m.cacheState)
 	f(m.cacheBytes)
 	f(m.cacheTotal)

@@ -172,6 +172,10 @@ func (d *Daemon) handleAddImage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if d.images == nil {
+		writeError(w, http.StatusConflict, ErrImagesOff)
+		return
+	}
 	if err := d.AddImage(r.Context(), s); err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return

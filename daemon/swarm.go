@@ -95,6 +95,10 @@ func (d *Daemon) useSwarm(s Swarm) error {
 	}
 	d.swarm = &swarm{p2p: s, completes: comp, build: make(chan struct{}, 1), fetching: make(chan struct{}, swarmFetchSlots),
 		seeding: map[string][]*p2p.Shard{}}
+	// Every byte the swarm reads, from S3 or a peer, it writes into a
+	// shard's file in the cache.
+	swarmWritten := func() int64 { st := s.Stats(); return st.OriginBytes + st.PeerBytesIn }
+	d.metrics.swarmWritten.Store(&swarmWritten)
 	stat := func(name, help string, counter bool, v func(p2p.Stats) float64, labels prometheus.Labels) prometheus.Collector {
 		f := func() float64 { return v(s.Stats()) }
 		if counter {

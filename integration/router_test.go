@@ -186,8 +186,8 @@ func TestRouterAcrossHosts(t *testing.T) {
 		return nil
 	}, wait.Context(ctx))
 	if r, err := askRouter(ctx, client, routerURL, 0, 0); err != nil || r.status != http.StatusServiceUnavailable ||
-		!strings.Contains(r.body, "no_backend") {
-		t.Fatalf("before any cache: %+v, %v (want 503 no_backend)", r, err)
+		!strings.Contains(r.body, "no_backend") || !strings.Contains(r.body, "is ready: 3 known, all still loading the model") {
+		t.Fatalf("before any cache: %+v, %v (want 503 no_backend saying no endpoint is ready)", r, err)
 	}
 
 	// Cache the model on the two warm nodes only.

@@ -30,7 +30,9 @@ type Origin interface {
 	// ErrSourceChanged, never others. source is the spec's text
 	// (s3://bucket/prefix/, hf://org/model@rev/subdir); List fails with
 	// ErrEmpty when it names nothing and ErrUnsafeKey on a name that is not
-	// a safe relative path.
+	// a safe relative path. Every error it returns begins "list SOURCE: "
+	// (SOURCE as parsed, which may differ in form from the text given), so
+	// callers pass it on without naming the listing again.
 	List(ctx context.Context, source string) ([]Object, error)
 	// Download writes obj into dst in parts (plan.Done ones skipped, each
 	// finished one reported to plan.OnPart) and checks the result end to
@@ -63,6 +65,10 @@ type RangeCheck interface {
 // Kinds of failure a caller may act on: every origin wraps its errors in
 // them, so errors.Is works whatever the source.
 var (
+	// ErrNoCredentials: no credentials were found where the origin's
+	// client looks for them (for S3, the AWS SDK's credential chain), so
+	// nothing was sent; setting them, not retrying, fixes it.
+	ErrNoCredentials = errors.New("no S3 credentials found")
 	// ErrCredentials: the origin rejected the credentials.
 	ErrCredentials = errors.New("the origin rejected the credentials")
 	// ErrAccessDenied: the credentials are valid but lack permission.

@@ -252,7 +252,7 @@ func (rt *Router) forward(w *statusWriter, r *http.Request, body []byte, rr *rou
 		switch {
 		case errors.Is(err, errNoBackend):
 			rt.fail(w, &oai.APIError{Status: http.StatusServiceUnavailable, Type: oai.TypeServer, Code: "no_backend",
-				Message: "no healthy backend is available for this model", RetryAfter: rt.retryAfter()})
+				Message: err.Error(), RetryAfter: rt.retryAfter()})
 			return
 		case errors.Is(err, errFull):
 			rt.fail(w, &oai.APIError{Status: http.StatusTooManyRequests, Type: oai.TypeRateLimit, Code: "overloaded",

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // pathRecorder is a backend that answers every path and remembers them.
@@ -197,5 +199,40 @@ func TestIdleTimeoutBreaksStream(t *testing.T) {
 	}
 	if st := h.rt.Snapshot().Backends[0]; st.EjectedUntil.IsZero() {
 		t.Fatalf("backend not ejected: %+v", st)
+	}
+}
+
+// TestNoBackendSaysWhy: the 503 for a request no backend can take says
+// which cause holds: the ready backends failed this request or were
+// ejected, none is ready yet, or no endpoint serves the model at all.
+func TestNoBackendSaysWhy(t *testing.T) {
+	dead := deadURL(t, 6)
+	h := newHarness(t, Defaults(), Options{}, dead)
+	ask := func() (int, string) {
+		resp := post(t, h.srv.URL+"/v1/completions", `{"model":"m","prompt":"x"}`)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	for _, want := range []string{
+		"every ready endpoint for model \\\"m\\\" failed this request: 1 known, 1 tried", // the first request ejects it
+		"every ready endpoint for model \\\"m\\\" is ejected after failures: 1 known, 1 ejected",
+	} {
+		if code, body := ask(); code != http.StatusServiceUnavailable || !strings.Contains(body, want) || !strings.Contains(body, "no_backend") {
+			t.Fatalf("503 %d %s, want %q", code, body, want)
+		}
+	}
+	for _, c := range []struct {
+		ep   Endpoint
+		want string
+	}{
+		{Endpoint{URL: dead, Ready: false}, "no endpoint for model \\\"m\\\" is ready: 1 known, all still loading the model"},
+		{Endpoint{URL: dead, Ready: true, Models: []string{"other"}}, "no endpoint serves model \\\"m\\\": none is registered for it"},
+	} {
+		h.src.Set([]Endpoint{c.ep})
+		wait.For(t, c.want, func() bool {
+			code, body := ask()
+			return code == http.StatusServiceUnavailable && strings.Contains(body, c.want)
+		})
 	}
 }

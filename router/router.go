@@ -22,6 +22,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -569,6 +570,34 @@ type pendingPrefill struct {
 	done   bool
 }
 
+// noBackendError says why no backend can take a request for a model: the
+// counts are of the backends that serve it.
+type noBackendError struct {
+	model                             string
+	serving, notReady, ejected, tried int
+}
+
+func (e *noBackendError) Is(target error) bool { return target == errNoBackend }
+
+// Error tells a client which of the causes holds: no endpoint serves the
+// model, none of them is ready (their nodes are still caching it), or the
+// ready ones were ejected after failures or already failed this request.
+func (e *noBackendError) Error() string {
+	model := "model " + strconv.Quote(e.model)
+	if e.model == "" {
+		model = "this request (it names no model)"
+	}
+	switch {
+	case e.serving == 0:
+		return "no endpoint serves " + model + ": none is registered for it (check the model name)"
+	case e.notReady == e.serving:
+		return fmt.Sprintf("no endpoint for %s is ready: %d known, all still loading the model", model, e.serving)
+	case e.tried == 0:
+		return fmt.Sprintf("every ready endpoint for %s is ejected after failures: %d known, %d ejected, %d not ready", model, e.serving, e.ejected, e.notReady)
+	}
+	return fmt.Sprintf("every ready endpoint for %s failed this request: %d known, %d tried, %d ejected, %d not ready", model, e.serving, e.tried, e.ejected, e.notReady)
+}
+
 var (
 	errNoBackend = errors.New("no healthy backend serves this model")
 	errFull      = errors.New("every eligible backend is at its concurrency limit")
@@ -579,17 +608,26 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	now := rt.now()
 	cands, members, depth := rt.cands[:0], rt.members[:0], rt.depth
 	defer func() { rt.cands, rt.members = cands[:0], members[:0] }()
+	var none noBackendError
 	for _, b := range rt.order {
-		if !b.ep.Ready || !serves(&b.ep, req.model) || slices.Contains(req.tried, b) {
+		if !serves(&b.ep, req.model) {
 			continue
 		}
-		if now.Before(b.ejectedUntil) {
-			continue
+		none.serving++
+		switch {
+		case !b.ep.Ready:
+			none.notReady++
+		case slices.Contains(req.tried, b):
+			none.tried++
+		case now.Before(b.ejectedUntil):
+			none.ejected++
+		default:
+			members = append(members, b)
 		}
-		members = append(members, b)
 	}
 	if len(members) == 0 {
-		return routed{}, errNoBackend
+		none.model = req.model
+		return routed{}, &none
 	}
 	common := 0
 	if len(req.keys) > 0 {

@@ -2,16 +2,17 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
@@ -19,15 +20,10 @@ import (
 	"github.com/warmfleet/warmfleet/spec"
 )
 
-func runCache(ctx context.Context, e *Env, args []string) error {
-	return subcommand(ctx, e, "cache", args, map[string]func(context.Context, *Env, []string) error{
-		"add":    runCacheAdd,
-		"ls":     runCacheList,
-		"status": runCacheStatus,
-		"rm":     runCacheRemove,
-		"verify": runCacheVerify,
-		"wait":   runCacheWait,
-	})
+func cacheCommand(e *Env) *cobra.Command {
+	return group("cache", "manage model weight caches: add, ls, status, wait, verify, rm",
+		"  warmfleet cache add llama --source s3://models/llama-3-8b/ --wait\n  warmfleet cache wait llama --nodes 4\n  warmfleet cache ls -o yaml",
+		cacheAddCommand(e), cacheListCommand(e), cacheStatusCommand(e), cacheWaitCommand(e), cacheVerifyCommand(e), cacheRemoveCommand(e))
 }
 
 // clientFlags are the flags every client command takes.
@@ -37,17 +33,34 @@ type clientFlags struct {
 	output    string
 }
 
-func (c *clientFlags) register(fs *flagSet, withOutput bool) {
+// register adds the client flags to cmd, and -o when withOutput, and
+// makes cmd's failure to reach the daemon say what to do (cmd.RunE is set).
+func (c *clientFlags) register(cmd *cobra.Command, withOutput bool) {
+	run := cmd.RunE
+	cmd.RunE = func(cmd *cobra.Command, args []string) error { return unreachableHint(run(cmd, args)) }
+	fs := cmd.Flags()
 	fs.StringVar(&c.api, "api", defaultAPI, "daemon API address: unix:///path.sock or host:port")
 	fs.StringVar(&c.tokenFile, "api-token-file", "", "file holding the daemon's bearer token")
 	if withOutput {
-		fs.StringVar(&c.output, "o", "table", "output format: table or json")
+		addOutputFlag(cmd, &c.output)
 	}
 }
 
+// unreachableHint adds what to do to a client command's failure to connect
+// to the daemon.
+func unreachableHint(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return fmt.Errorf("%w: is the daemon running? Start it with 'warmfleet daemon', or point --api (or WARMFLEET_API) at it", err)
+	}
+	return err
+}
+
 func (c *clientFlags) client() (*api.Client, error) {
-	if c.output != "" && c.output != "table" && c.output != "json" {
-		return nil, usageError("-o %q: want table or json", c.output)
+	if c.output != "" {
+		if err := checkOutput(c.output); err != nil {
+			return nil, err
+		}
 	}
 	token, err := readToken(c.tokenFile)
 	if err != nil {
@@ -60,80 +73,74 @@ func (c *clientFlags) client() (*api.Client, error) {
 	return cl, nil
 }
 
-// oneName parses flags that follow or precede a single model NAME argument.
-func oneName(fs *flagSet, e *Env, args []string, what string) (string, error) {
-	return oneArg(fs, e, args, what, "model NAME")
-}
-
-// oneArg parses flags that follow or precede a single argument, arg, as
-// named in the error when it is missing.
-func oneArg(fs *flagSet, e *Env, args []string, what, arg string) (string, error) {
-	var name string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		name, args = args[0], args[1:]
-	}
-	if err := parseFlags(fs, e, args, nil); err != nil {
-		return "", err
-	}
-	if name == "" && fs.NArg() == 1 {
-		name = fs.Arg(0)
-	} else if fs.NArg() > 0 {
-		return "", usageError("unexpected arguments %q", fs.Args())
-	}
-	if name == "" {
-		return "", usageError("%s: give the %s", what, arg)
-	}
-	return name, nil
-}
-
-func runCacheAdd(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "cache add")
+func cacheAddCommand(e *Env) *cobra.Command {
 	var c clientFlags
-	c.register(fs, true)
-	source := fs.String("source", "", "where the model's files are: s3://bucket/prefix/ or hf://org/model[@revision][/subdir] (a Hub revision is pinned to its commit)")
-	revision := fs.String("revision", "", "revision label (the cache also keys on every object's ETag and version)")
-	wait := fs.Bool("wait", false, "wait until the cache is ready on this node")
-	timeout := fs.Duration("timeout", 0, "with --wait: give up after this long (0 = never)")
+	var source, revision string
+	var wait bool
+	var timeout time.Duration
 	var selector, include, exclude listFlag
+	var nodes int
+	cmd := &cobra.Command{
+		Use:   "add NAME --source s3://BUCKET/PREFIX/|hf://ORG/MODEL",
+		Short: "cache a model's weights from S3 or the Hugging Face Hub on the nodes its targets select",
+		Long: `Add (or update) a model cache: every node the targets select downloads the
+files under --source to its NVMe, from the origin (S3, the Hugging Face Hub)
+or from peers that have them; --include and --exclude keep a part of them.
+With --wait, the command follows this node's download and returns when the
+cache is ready, when it cannot become ready here without help (the node is
+not targeted, the source is empty or refused), or after --timeout (exit 4).`,
+		Example: `  warmfleet cache add llama --source s3://models/llama-3-8b/ --wait
+  warmfleet cache add llama --source s3://models/llama-3-8b/ --selector gpu=h100 --nodes 4
+  warmfleet cache add llama --source s3://models/llama-3-8b/ --wait --timeout 30m -o json
+  warmfleet cache add qwen --source hf://Qwen/Qwen2.5-0.5B@main --include '*.safetensors' --include '*.json'`,
+		Args: exactArgs("model NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if timeout < 0 {
+				return usageError("--timeout %s: want >= 0 (0 = wait until ready)", timeout)
+			}
+			sel, err := spec.ParseLabels(selector)
+			if err != nil {
+				return usageError("--selector: %v", err)
+			}
+			req := api.AddCacheRequest{Name: name, Source: source, Revision: revision, Include: include, Exclude: exclude,
+				Targets: spec.Targets{Selector: sel, Nodes: nodes}}
+			if err := req.Spec().Validate(); err != nil {
+				return usageError("%v", err)
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			st, err := cl.AddCache(ctx, req)
+			if err != nil {
+				return err
+			}
+			if !wait {
+				return printStatus(e.Stdout, c.output, st)
+			}
+			st, err = waitReady(ctx, e, cl, name, timeout)
+			if err != nil {
+				return err
+			}
+			if c.output != "table" {
+				return printStatus(e.Stdout, c.output, st)
+			}
+			return nil
+		},
+	}
+	c.register(cmd, true)
+	fs := cmd.Flags()
+	fs.StringVar(&source, "source", "", "where the model's files are: s3://bucket/prefix/ or hf://org/model[@revision][/subdir] (a Hub revision is pinned to its commit)")
+	fs.StringVar(&revision, "revision", "", "revision label (the cache also keys on every object's ETag and version)")
+	fs.BoolVar(&wait, "wait", false, "wait until the cache is ready on this node")
+	fs.DurationVar(&timeout, "timeout", 0, "with --wait: give up after this long, exit 4 (0 = never)")
 	fs.Var(&selector, "selector", "only nodes with this label k=v (repeatable)")
 	fs.Var(&include, "include", "only files matching this pattern, e.g. '*.safetensors' (a pattern with '/' matches the path, one without the base name; repeatable)")
 	fs.Var(&exclude, "exclude", "no files matching this pattern (after --include; repeatable)")
-	nodes := fs.Int("nodes", 0, "only this many of the eligible nodes (0 = all)")
-	name, err := oneName(fs, e, args, "cache add")
-	if err != nil {
-		return err
-	}
-	if *timeout < 0 {
-		return usageError("--timeout %s: want >= 0 (0 = wait until ready)", *timeout)
-	}
-	sel, err := spec.ParseLabels(selector)
-	if err != nil {
-		return usageError("--selector: %v", err)
-	}
-	req := api.AddCacheRequest{Name: name, Source: *source, Revision: *revision, Include: include, Exclude: exclude,
-		Targets: spec.Targets{Selector: sel, Nodes: *nodes}}
-	if err := req.Spec().Validate(); err != nil {
-		return usageError("%v", err)
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	st, err := cl.AddCache(ctx, req)
-	if err != nil {
-		return err
-	}
-	if !*wait {
-		return printStatus(e.Stdout, c.output, st)
-	}
-	st, err = waitReady(ctx, e, cl, name, *timeout)
-	if err != nil {
-		return err
-	}
-	if c.output == "json" {
-		return printStatus(e.Stdout, c.output, st)
-	}
-	return nil
+	fs.IntVar(&nodes, "nodes", 0, "only this many of the eligible nodes (0 = all)")
+	return cmd
 }
 
 // errTimeout marks a wait that ran out of time: exit code 4.
@@ -337,80 +344,80 @@ func progressLine(st api.CacheStatus, rate float64, width int) string {
 		bytesize.Format(st.BytesDone), bytesize.Format(st.BytesTotal), bytesize.Format(int64(rate)), st.State)
 }
 
-func runCacheList(ctx context.Context, e *Env, args []string) error {
-	return listCommand(ctx, e, "cache ls", args, (*api.Client).Caches, printTable)
+func cacheListCommand(e *Env) *cobra.Command {
+	return listCommand(e, "ls", "list the fleet's caches and where this node stands on each",
+		"  warmfleet cache ls\n  warmfleet cache ls -o json", (*api.Client).Caches, printTable)
 }
 
 // listCommand is a client command that takes no arguments, gets one value
-// from the daemon and prints it as a table or, with -o json, as JSON.
-func listCommand[T any](ctx context.Context, e *Env, name string, args []string,
-	get func(*api.Client, context.Context) (T, error), table func(io.Writer, T) error) error {
-	fs := newFlagSet(e, name)
+// from the daemon and prints it as -o says.
+func listCommand[T any](e *Env, use, short, example string,
+	get func(*api.Client, context.Context) (T, error), table func(io.Writer, T) error) *cobra.Command {
 	var c clientFlags
-	c.register(fs, true)
-	if err := parseFlags(fs, e, args, nil); err != nil {
-		return err
+	cmd := &cobra.Command{
+		Use: use, Short: short, Example: example, Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			v, err := get(cl, cmd.Context())
+			if err != nil {
+				return err
+			}
+			return printOut(e.Stdout, c.output, v, table)
+		},
 	}
-	if fs.NArg() > 0 {
-		return usageError("unexpected arguments %q", fs.Args())
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	v, err := get(cl, ctx)
-	if err != nil {
-		return err
-	}
-	if c.output == "json" {
-		return writeJSONOut(e.Stdout, v)
-	}
-	return table(e.Stdout, v)
+	c.register(cmd, true)
+	return cmd
 }
 
-func runCacheStatus(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "cache status")
-	var c clientFlags
-	c.register(fs, true)
-	name, err := oneName(fs, e, args, "cache status")
-	if err != nil {
-		return err
+// nameCommand is a client command on one named thing (arg, as "model
+// NAME"): run gets the client and the name.
+func nameCommand(use, arg, short, example string, withOutput bool, run func(ctx context.Context, c *clientFlags, cl *api.Client, name string) error) *cobra.Command {
+	c := &clientFlags{}
+	cmd := &cobra.Command{
+		Use: use, Short: short, Example: example, Args: exactArgs(arg),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			return run(cmd.Context(), c, cl, args[0])
+		},
 	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	st, err := cl.Cache(ctx, name)
-	if err != nil {
-		return err
-	}
-	return printStatus(e.Stdout, c.output, st)
+	c.register(cmd, withOutput)
+	return cmd
 }
 
-func runCacheRemove(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "cache rm")
-	var c clientFlags
-	c.register(fs, false)
-	name, err := oneName(fs, e, args, "cache rm")
-	if err != nil {
-		return err
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	if err := cl.RemoveCache(ctx, name); err != nil {
-		return err
-	}
-	fmt.Fprintf(e.Stdout, "%s removed\n", name)
-	return nil
+func cacheStatusCommand(e *Env) *cobra.Command {
+	return nameCommand("status NAME", "model NAME", "show where this node stands on one cache",
+		"  warmfleet cache status llama\n  warmfleet cache status llama -o json", true,
+		func(ctx context.Context, c *clientFlags, cl *api.Client, name string) error {
+			st, err := cl.Cache(ctx, name)
+			if err != nil {
+				return err
+			}
+			return printStatus(e.Stdout, c.output, st)
+		})
+}
+
+func cacheRemoveCommand(e *Env) *cobra.Command {
+	return nameCommand("rm NAME", "model NAME", "remove a cache from the fleet (every node deletes its files)",
+		"  warmfleet cache rm llama", false,
+		func(ctx context.Context, _ *clientFlags, cl *api.Client, name string) error {
+			if err := cl.RemoveCache(ctx, name); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.Stdout, "%s removed\n", name)
+			return nil
+		})
 }
 
 func printStatus(w io.Writer, format string, st api.CacheStatus) error {
-	if format == "json" {
-		return writeJSONOut(w, st)
-	}
-	return printTable(w, []api.CacheStatus{st})
+	return printOut(w, format, st, func(w io.Writer, st api.CacheStatus) error {
+		return printTable(w, []api.CacheStatus{st})
+	})
 }
 
 func printTable(w io.Writer, all []api.CacheStatus) error {
@@ -425,10 +432,4 @@ func printTable(w io.Writer, all []api.CacheStatus) error {
 			bytesize.Format(st.BytesTotal), rev, st.Path, st.Error)
 	}
 	return tw.Flush()
-}
-
-func writeJSONOut(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }

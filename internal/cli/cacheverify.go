@@ -6,37 +6,31 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/spf13/cobra"
+
 	"github.com/warmfleet/warmfleet/daemon/api"
 )
 
-// runCacheVerify asks the daemon to re-hash a ready cache against the
+// cacheVerifyCommand asks the daemon to re-hash a ready cache against the
 // source's digests; damaged files are fetched again (the cache is not ready
 // until then). It exits non-zero when damage was found.
-func runCacheVerify(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "cache verify")
-	var c clientFlags
-	c.register(fs, true)
-	name, err := oneName(fs, e, args, "cache verify")
-	if err != nil {
-		return err
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	res, err := cl.Verify(ctx, name)
-	if err != nil {
-		return err
-	}
-	if c.output == "json" {
-		err = writeJSONOut(e.Stdout, res)
-	} else {
-		printVerify(e.Stdout, res)
-	}
-	if err == nil && res.Repairing {
-		err = errors.New(name + ": damaged files found; they are being fetched again")
-	}
-	return err
+func cacheVerifyCommand(e *Env) *cobra.Command {
+	return nameCommand("verify NAME", "model NAME", "re-hash a ready cache against the source's digests and repair damage",
+		"  warmfleet cache verify llama\n  warmfleet cache verify llama -o json", true,
+		func(ctx context.Context, c *clientFlags, cl *api.Client, name string) error {
+			res, err := cl.Verify(ctx, name)
+			if err != nil {
+				return err
+			}
+			err = printOut(e.Stdout, c.output, res, func(w io.Writer, res api.VerifyResult) error {
+				printVerify(w, res)
+				return nil
+			})
+			if err == nil && res.Repairing {
+				err = errors.New(name + ": damaged files found; they are being fetched again: follow it with `warmfleet cache status " + name + "`")
+			}
+			return err
+		})
 }
 
 func printVerify(w io.Writer, res api.VerifyResult) {

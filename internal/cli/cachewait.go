@@ -7,57 +7,77 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/bytesize"
 )
 
-// runCacheWait is `warmfleet cache wait NAME [--nodes N | --all | --local]
-// [--timeout D]`: it reads the cache's status until enough nodes hold it
-// ready and never writes anything, so an initContainer or a deploy script
-// can run it as often as it likes. Exit 0 when ready, 3 for a cache the
-// fleet does not know, 4 on --timeout (saying where each target stands),
-// 1 at once when waiting cannot succeed (no node targeted, fewer targets
-// than asked, a failure that needs someone to act on this node).
-func runCacheWait(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "cache wait")
+// cacheWaitCommand is `warmfleet cache wait NAME [--nodes N | --all |
+// --local] [--timeout D]`: it reads the cache's status until enough nodes
+// hold it ready and never writes anything, so an initContainer or a deploy
+// script can run it as often as it likes. Exit 0 when ready, 3 for a cache
+// the fleet does not know, 4 on --timeout (saying where each target
+// stands), 1 at once when waiting cannot succeed (no node targeted, fewer
+// targets than asked, a failure that needs someone to act on this node).
+func cacheWaitCommand(e *Env) *cobra.Command {
 	var c clientFlags
-	c.register(fs, true)
-	nodes := fs.Int("nodes", 0, "wait until this many of the nodes the targets select hold the cache ready")
-	all := fs.Bool("all", false, "wait until every node the targets select holds it ready (the default)")
-	local := fs.Bool("local", false, "wait until this node (the daemon at --api) holds it ready: for an initContainer")
-	timeout := fs.Duration("timeout", 0, "give up after this long with exit code 4 (0 = wait until ready)")
-	name, err := oneName(fs, e, args, "cache wait")
-	if err != nil {
-		return err
+	var nodes int
+	var all, local bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "wait NAME [--nodes N | --all | --local]",
+		Short: "wait until a cache is ready on enough nodes, changing nothing",
+		Long: `Wait, without writing anything, until the cache is ready: --local on the
+daemon asked (as cache add --wait), --nodes N on N of the nodes its targets
+select, --all (the default) on all of them. The fleet-wide count comes from
+the gossip inventories. It ends at once (exit 1) when no node is targeted or
+--nodes exceeds the spec's --nodes, exits 3 for a cache the fleet does not
+know, and on --timeout exits 4 with a line per target node.`,
+		Example: `  warmfleet cache wait llama --local --timeout 30m     # in an initContainer
+  warmfleet cache wait llama --nodes 4 --timeout 1h
+  warmfleet cache wait llama -o json`,
+		Args: exactArgs("model NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			modes := 0
+			for _, set := range []bool{nodes != 0, all, local} {
+				if set {
+					modes++
+				}
+			}
+			switch {
+			case modes > 1:
+				return usageError("--nodes, --all and --local exclude each other")
+			case nodes < 0:
+				return usageError("--nodes %d: want >= 1", nodes)
+			case timeout < 0:
+				return usageError("--timeout %s: want >= 0 (0 = wait until ready)", timeout)
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			var st api.CacheStatus
+			if local {
+				st, err = waitReady(ctx, e, cl, name, timeout)
+			} else {
+				st, err = waitFleet(ctx, e, cl, name, nodes, timeout)
+			}
+			if err == nil && c.output != "table" {
+				return printStatus(e.Stdout, c.output, st)
+			}
+			return err
+		},
 	}
-	modes := 0
-	for _, set := range []bool{*nodes != 0, *all, *local} {
-		if set {
-			modes++
-		}
-	}
-	switch {
-	case modes > 1:
-		return usageError("--nodes, --all and --local exclude each other")
-	case *nodes < 0:
-		return usageError("--nodes %d: want >= 1", *nodes)
-	case *timeout < 0:
-		return usageError("--timeout %s: want >= 0 (0 = wait until ready)", *timeout)
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	var st api.CacheStatus
-	if *local {
-		st, err = waitReady(ctx, e, cl, name, *timeout)
-	} else {
-		st, err = waitFleet(ctx, e, cl, name, *nodes, *timeout)
-	}
-	if err == nil && c.output == "json" {
-		return writeJSONOut(e.Stdout, st)
-	}
-	return err
+	c.register(cmd, true)
+	fs := cmd.Flags()
+	fs.IntVar(&nodes, "nodes", 0, "wait until this many of the nodes the targets select hold the cache ready")
+	fs.BoolVar(&all, "all", false, "wait until every node the targets select holds it ready (the default)")
+	fs.BoolVar(&local, "local", false, "wait until this node (the daemon at --api) holds it ready: for an initContainer")
+	fs.DurationVar(&timeout, "timeout", 0, "give up after this long with exit code 4 (0 = wait until ready)")
+	return cmd
 }
 
 // waitFleet polls the daemon until need of the cache's target nodes (all

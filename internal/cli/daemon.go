@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	imagecache "github.com/warmfleet/warmfleet/containerd"
 	"github.com/warmfleet/warmfleet/daemon"
 	"github.com/warmfleet/warmfleet/daemon/api"
@@ -109,13 +111,54 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.containerdNS, "containerd-namespace", "k8s.io", "containerd namespace images are pulled into (kubelet's)")
 	fs.StringVar(&f.registryHosts, "registry-hosts-dir", "", "hosts.toml directory for registry mirrors and plain HTTP, e.g. /etc/containerd/certs.d")
 	fs.StringVar(&f.registryAuth, "registry-auth-file", "", "docker config.json with registry credentials (default ~/.docker/config.json)")
-	fs.Var(&f.kubernetes, "kubernetes", "label this node's Kubernetes Node (NODE_NAME, else --node-name) with the caches ready on it: auto (in a pod), true or false")
+	// --kubernetes alone means true.
+	fs.VarPF(&f.kubernetes, "kubernetes", "", "label this node's Kubernetes Node (NODE_NAME, else --node-name) with the caches ready on it: auto (in a pod), true or false").NoOptDefVal = "true"
 	fs.BoolVar(&f.nodeEvents, "node-events", false, "with node labels, also record Events on the Node when a cache or image becomes ready or fails (needs create on events in the default namespace)")
 	fs.Var(&f.discover, "discover-endpoints", "base URLs of local OpenAI-compatible servers, e.g. http://127.0.0.1:8000 (repeatable or comma-separated): each is asked for /v1/models and registered as an endpoint for a model it serves, and removed when it stops answering")
 	fs.DurationVar(&f.discoverEvery, "discover-interval", 10*time.Second, "how often --discover-endpoints servers are asked")
 	f.apply.register(fs)
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
+}
+
+func daemonCommand(e *Env) *cobra.Command {
+	var d *daemonCommandFlags
+	cmd := &cobra.Command{
+		Use:   "daemon",
+		Short: "run the node daemon (cache, gossip, swarm, image cache, API)",
+		Long: `Run the node daemon: it keeps the fleet's caches on this node's NVMe (from S3,
+the Hugging Face Hub or peers), pre-pulls container images into containerd,
+gossips with the fleet and serves the local API the client commands use. S3
+settings come from the AWS SDK's standard chain: AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL_S3 (for a server other
+than AWS), AWS_PROFILE or the instance's role; Hub settings from
+--hf-endpoint and --hf-token-file (or HF_ENDPOINT, HF_TOKEN).
+
+Every flag may also come from WARMFLEET_<FLAG> (e.g. WARMFLEET_DATA_DIR) or
+from the --config file (flag names as keys).`,
+		Example: `  warmfleet daemon --data-dir /var/lib/warmfleet --label gpu=h100
+  warmfleet daemon --config /etc/warmfleet/daemon.yaml
+  warmfleet daemon --gossip 10.0.0.5:7946 --join 10.0.0.6:7946 --cluster-key-file /etc/warmfleet/cluster.key --p2p 10.0.0.5:7947`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return d.serve(cmd.Context(), e, cmd.Flags(), s3origin.Options{}, nil, nil)
+		},
+	}
+	d = registerDaemon(cmd.Flags())
+	return cmd
+}
+
+// daemonCommandFlags are the daemon's flags and --config.
+type daemonCommandFlags struct {
+	f          daemonFlags
+	configPath string
+}
+
+func registerDaemon(fs *flagSet) *daemonCommandFlags {
+	d := &daemonCommandFlags{}
+	d.f.register(fs)
+	fs.StringVar(&d.configPath, "config", "", "YAML file of flag names to values")
+	return d
 }
 
 // ServeDaemon runs `warmfleet daemon args...` until ctx ends; origin holds S3
@@ -129,12 +172,23 @@ func ServeDaemon(ctx context.Context, e *Env, args []string, origin s3origin.Opt
 // parsed flags: tests set what no flag reaches (the Kubernetes client).
 func serveDaemonArgs(ctx context.Context, e *Env, args []string, origin s3origin.Options, started func(), mod func(*daemonFlags)) error {
 	fs := newFlagSet(e, "daemon")
-	var f daemonFlags
-	f.register(fs)
-	configPath := fs.String("config", "", "YAML file of flag names to values")
-	if err := parseWithConfig(fs, e, args, configPath); err != nil {
+	d := registerDaemon(fs)
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return usageError("unexpected arguments %q", fs.Args())
+	}
+	return d.serve(ctx, e, fs, origin, started, mod)
+}
+
+// serve fills the flags not given from the environment and --config,
+// checks them, applies mod (if not nil) and runs the daemon.
+func (d *daemonCommandFlags) serve(ctx context.Context, e *Env, fs *flagSet, origin s3origin.Options, started func(), mod func(*daemonFlags)) error {
+	if err := parseWithConfig(fs, e, &d.configPath); err != nil {
 		return err
 	}
+	f := &d.f
 	log, err := newLogger(e, f.logLevel, f.logFormat)
 	if err != nil {
 		return err
@@ -171,13 +225,13 @@ func serveDaemonArgs(ctx context.Context, e *Env, args []string, origin s3origin
 
 	f.kubeNode = e.Getenv("NODE_NAME")
 	if mod != nil {
-		mod(&f)
+		mod(f)
 	}
-	hf, err := hubOptions(&f, e.Getenv)
+	hf, err := hubOptions(f, e.Getenv)
 	if err != nil {
 		return err
 	}
-	return serveDaemon(ctx, log, &f, labels, addr, token, origins{s3: origin, hf: hf}, started)
+	return serveDaemon(ctx, log, f, labels, addr, token, origins{s3: origin, hf: hf}, started)
 }
 
 // The daemon's shutdown stages, in order (parts.Wait).
@@ -389,7 +443,7 @@ func dialContainerd(ctx context.Context, log *slog.Logger, f *daemonFlags, base 
 		Registerer: base.Registry(), Logger: log.With("component", "images"),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("containerd at %s: %w", addr, err)
+		return nil, fmt.Errorf("image cache: %w", err)
 	}
 	return c, nil
 }
@@ -480,10 +534,10 @@ func peerAdvertise(f *daemonFlags) string {
 	return net.JoinHostPort(host, port)
 }
 
-// parseWithConfig parses args once to find --config, then again with the
-// file's values as the lowest layer.
-func parseWithConfig(fs *flagSet, e *Env, args []string, configPath *string) error {
-	if err := parseFlags(fs, e, args, nil); err != nil {
+// parseWithConfig fills the flags of fs not given on the command line from
+// the environment, then from the --config file at *configPath.
+func parseWithConfig(fs *flagSet, e *Env, configPath *string) error {
+	if err := layerFlags(fs, e, nil); err != nil {
 		return err
 	}
 	if *configPath == "" {
@@ -493,7 +547,7 @@ func parseWithConfig(fs *flagSet, e *Env, args []string, configPath *string) err
 	if err != nil {
 		return usageError("%v", err)
 	}
-	return parseFlags(fs, e, args, file)
+	return layerFlags(fs, e, file)
 }
 
 func newLogger(e *Env, level, format string) (*slog.Logger, error) {

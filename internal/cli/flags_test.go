@@ -2,9 +2,10 @@ package cli
 
 import (
 	"bytes"
-	"flag"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -30,8 +31,8 @@ func FuzzParseConfig(f *testing.F) {
 }
 
 func TestFlagLayers(t *testing.T) {
-	newFS := func() (*flag.FlagSet, *string, *listFlag) {
-		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	newFS := func() (*pflag.FlagSet, *string, *listFlag) {
+		fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 		fs.SetOutput(&bytes.Buffer{})
 		dir := fs.String("data-dir", "default", "")
 		var labels listFlag
@@ -78,14 +79,15 @@ func TestRunUsage(t *testing.T) {
 		{[]string{"image", "add", "--owner", "web"}, 2, "give the image REF"},
 		{[]string{"image", "rm"}, 2, "give the image REF"},
 		{[]string{"cache", "add", "m", "--source", "s3://bkt/p/", "--wait", "--timeout", "-5s", "--api", "unix:///nonexistent/x.sock"}, 2, "--timeout"},
-		{[]string{"cache", "ls", "-o", "yaml", "--api", "unix:///nonexistent.sock"}, 2, "-o"},
-		{[]string{"cache", "ls", "--api", "unix:///nonexistent/x.sock"}, 1, "daemon at"},
+		{[]string{"cache", "ls", "-o", "xml", "--api", "unix:///nonexistent.sock"}, 2, `-o "xml": want table, json or yaml`},
+		{[]string{"cache", "ls", "--api", "unix:///nonexistent/x.sock"}, 1, "daemon at unix:///nonexistent/x.sock"},
+		{[]string{"image", "ls", "--api", "unix:///nonexistent/x.sock"}, 1, "is the daemon running? Start it with 'warmfleet daemon', or point --api"},
 		{[]string{"daemon", "--api", "0.0.0.0:1", "--data-dir", "/nonexistent-warmfleet-test"}, 2, "bearer token"},
 		{[]string{"daemon", "--log-level", "loud"}, 2, "log-level"},
 		{[]string{"daemon", "--reserve", "lots"}, 2, "size"},
 		{[]string{"daemon", "--old-revision-grace", "-1m"}, 2, "--old-revision-grace -1m0s: want a duration >= 0"},
-		{[]string{"daemon", "--old-revision-grace", "NaN"}, 2, `invalid value "NaN" for flag -old-revision-grace`},
-		{[]string{"daemon", "--old-revision-grace", "10"}, 2, `invalid value "10" for flag -old-revision-grace`},
+		{[]string{"daemon", "--old-revision-grace", "NaN"}, 2, `invalid argument "NaN" for "--old-revision-grace"`},
+		{[]string{"daemon", "--old-revision-grace", "10"}, 2, `invalid argument "10" for "--old-revision-grace"`},
 		{[]string{"daemon", "--old-revision-grace", "0", "--api", "0.0.0.0:1", "--data-dir", "/nonexistent-warmfleet-test"}, 2, "reachable from other hosts"},
 		{[]string{"router", "--backend", "http://127.0.0.1:1", "--peer", "http://127.0.0.1:2"}, 2, "--peer and --peer-listen need --cluster-key-file or --hash-key-file"},
 		{[]string{"router", "--backend", "http://127.0.0.1:1", "--peer-listen", "127.0.0.1:0"}, 2, "--peer and --peer-listen need"},

@@ -9,12 +9,15 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/spf13/cobra"
+
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/bytesize"
 )
 
-func runFleet(ctx context.Context, e *Env, args []string) error {
-	return listCommand(ctx, e, "fleet", args, (*api.Client).Fleet, printFleet)
+func fleetCommand(e *Env) *cobra.Command {
+	return listCommand(e, "fleet", "show fleet members and what each holds",
+		"  warmfleet fleet\n  warmfleet fleet -o json", (*api.Client).Fleet, printFleet)
 }
 
 func printFleet(w io.Writer, f api.Fleet) error {
@@ -50,66 +53,74 @@ func orDash(s string) string {
 	return s
 }
 
-func runEndpoint(ctx context.Context, e *Env, args []string) error {
-	return subcommand(ctx, e, "endpoint", args, map[string]func(context.Context, *Env, []string) error{
-		"add": runEndpointAdd,
-		"ls":  runEndpointList,
-		"rm":  runEndpointRemove,
-	})
+func endpointCommand(e *Env) *cobra.Command {
+	return group("endpoint", "register inference endpoints on this node: add, ls, rm",
+		"  warmfleet endpoint add --model llama --url http://10.0.0.5:8000\n  warmfleet endpoint ls",
+		endpointAddCommand(e), endpointListCommand(e), endpointRemoveCommand(e))
 }
 
-func runEndpointAdd(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "endpoint add")
+// endpointCommandOf is `endpoint add` or `endpoint rm`: both name the
+// endpoint by --url, add also by --model.
+func endpointCommandOf(e *Env, use, short, example, urlHelp string, adding bool, run func(ctx context.Context, cl *api.Client, ep api.Endpoint) error) *cobra.Command {
 	var c clientFlags
-	c.register(fs, false)
-	model := fs.String("model", "", "model the endpoint serves")
-	url := fs.String("url", "", "base URL of the OpenAI-compatible server, e.g. http://10.0.0.5:8000")
-	if err := parseFlags(fs, e, args, nil); err != nil {
-		return err
+	var ep api.Endpoint
+	cmd := &cobra.Command{
+		Use: use, Short: short, Example: example, Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case adding && (ep.Model == "" || ep.URL == ""):
+				return usageError("give --model and --url")
+			case ep.URL == "":
+				return usageError("give --url")
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			return run(cmd.Context(), cl, ep)
+		},
 	}
-	if *model == "" || *url == "" {
-		return usageError("give --model and --url")
+	c.register(cmd, false)
+	if adding {
+		cmd.Flags().StringVar(&ep.Model, "model", "", "model the endpoint serves")
 	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	if err := cl.AddEndpoint(ctx, api.Endpoint{Model: *model, URL: *url}); err != nil {
-		return err
-	}
-	fmt.Fprintf(e.Stdout, "endpoint %s for %s registered\n", *url, *model)
-	return nil
+	cmd.Flags().StringVar(&ep.URL, "url", "", urlHelp)
+	return cmd
 }
 
-func runEndpointList(ctx context.Context, e *Env, args []string) error {
-	return listCommand(ctx, e, "endpoint ls", args, (*api.Client).Endpoints, func(w io.Writer, eps []api.Endpoint) error {
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "MODEL\tURL")
-		for _, ep := range eps {
-			fmt.Fprintf(tw, "%s\t%s\n", ep.Model, ep.URL)
-		}
-		return tw.Flush()
-	})
+func endpointAddCommand(e *Env) *cobra.Command {
+	return endpointCommandOf(e, "add --model MODEL --url URL", "register an OpenAI-compatible server that serves a model on this node",
+		"  warmfleet endpoint add --model llama --url http://10.0.0.5:8000",
+		"base URL of the OpenAI-compatible server, e.g. http://10.0.0.5:8000", true,
+		func(ctx context.Context, cl *api.Client, ep api.Endpoint) error {
+			if err := cl.AddEndpoint(ctx, ep); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.Stdout, "endpoint %s for %s registered\n", ep.URL, ep.Model)
+			return nil
+		})
 }
 
-func runEndpointRemove(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "endpoint rm")
-	var c clientFlags
-	c.register(fs, false)
-	url := fs.String("url", "", "URL of the endpoint to unregister")
-	if err := parseFlags(fs, e, args, nil); err != nil {
-		return err
-	}
-	if *url == "" {
-		return usageError("give --url")
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	if err := cl.RemoveEndpoint(ctx, *url); err != nil {
-		return err
-	}
-	fmt.Fprintf(e.Stdout, "endpoint %s removed\n", *url)
-	return nil
+func endpointListCommand(e *Env) *cobra.Command {
+	return listCommand(e, "ls", "list the endpoints registered on this node",
+		"  warmfleet endpoint ls\n  warmfleet endpoint ls -o json", (*api.Client).Endpoints, func(w io.Writer, eps []api.Endpoint) error {
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "MODEL\tURL")
+			for _, ep := range eps {
+				fmt.Fprintf(tw, "%s\t%s\n", ep.Model, ep.URL)
+			}
+			return tw.Flush()
+		})
+}
+
+func endpointRemoveCommand(e *Env) *cobra.Command {
+	return endpointCommandOf(e, "rm --url URL", "unregister an endpoint",
+		"  warmfleet endpoint rm --url http://10.0.0.5:8000", "URL of the endpoint to unregister", false,
+		func(ctx context.Context, cl *api.Client, ep api.Endpoint) error {
+			if err := cl.RemoveEndpoint(ctx, ep.URL); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.Stdout, "endpoint %s removed\n", ep.URL)
+			return nil
+		})
 }

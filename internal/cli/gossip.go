@@ -1,87 +1,81 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/spf13/cobra"
+
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
 )
 
-// runGossip groups the gossip administration commands.
-func runGossip(ctx context.Context, e *Env, args []string) error {
-	return subcommand(ctx, e, "gossip", args, map[string]func(context.Context, *Env, []string) error{
-		"keys": runGossipKeys,
-	})
+// gossipCommand groups the gossip administration commands.
+func gossipCommand(e *Env) *cobra.Command {
+	return group("gossip", "fleet gossip administration: keys list, install, use, remove",
+		"  warmfleet gossip keys list",
+		gossipKeysCommand(e))
 }
 
-// runGossipKeys rotates the cluster key fleet-wide through one daemon, which
-// passes each operation to every member over encrypted gossip:
-//
-//	warmfleet gossip keys install --key-file new.key
-//	warmfleet gossip keys use --key-file new.key
-//	warmfleet gossip keys remove --key-file old.key
-func runGossipKeys(ctx context.Context, e *Env, args []string) error {
-	return subcommand(ctx, e, "gossip keys", args, map[string]func(context.Context, *Env, []string) error{
-		"list": runGossipKeysList,
-		"install": func(ctx context.Context, e *Env, args []string) error {
-			return runGossipKeyOp(ctx, e, api.GossipKeyInstall, args)
-		},
-		"use": func(ctx context.Context, e *Env, args []string) error {
-			return runGossipKeyOp(ctx, e, api.GossipKeyUse, args)
-		},
-		"remove": func(ctx context.Context, e *Env, args []string) error {
-			return runGossipKeyOp(ctx, e, api.GossipKeyRemove, args)
-		},
-	})
+// gossipKeysCommand rotates the cluster key fleet-wide through one daemon,
+// which passes each operation to every member over encrypted gossip.
+func gossipKeysCommand(e *Env) *cobra.Command {
+	return group("keys", "rotate the cluster key fleet-wide: list, install, use, remove",
+		`  warmfleet keygen --out new.key
+  warmfleet gossip keys install --key-file new.key
+  warmfleet gossip keys use --key-file new.key
+  warmfleet gossip keys remove --key-file old.key`,
+		listCommand(e, "list", "list the keys every member holds (the first is in use)",
+			"  warmfleet gossip keys list\n  warmfleet gossip keys list -o json", (*api.Client).GossipKeys, printGossipKeys),
+		gossipKeyOpCommand(e, api.GossipKeyInstall, "add a key to every member's keyring (not yet used to send)",
+			"  warmfleet gossip keys install --key-file new.key"),
+		gossipKeyOpCommand(e, api.GossipKeyUse, "make an installed key the one every member sends with",
+			"  warmfleet gossip keys use --key-file new.key\n  warmfleet gossip keys use --fingerprint sha256:0123456789abcdef"),
+		gossipKeyOpCommand(e, api.GossipKeyRemove, "remove a key no longer in use from every member's keyring",
+			"  warmfleet gossip keys remove --key-file old.key\n  warmfleet gossip keys remove --fingerprint sha256:0123456789abcdef"),
+	)
 }
 
-func runGossipKeysList(ctx context.Context, e *Env, args []string) error {
-	return listCommand(ctx, e, "gossip keys list", args, (*api.Client).GossipKeys, printGossipKeys)
-}
-
-func runGossipKeyOp(ctx context.Context, e *Env, op string, args []string) error {
-	name := "gossip keys " + op
-	fs := newFlagSet(e, name)
+func gossipKeyOpCommand(e *Env, op, short, example string) *cobra.Command {
 	var c clientFlags
-	c.register(fs, true)
-	keyFile := fs.String("key-file", "", "file holding the key (base64, as written by `warmfleet keygen`; mode 0600)")
+	var keyFile string
 	var fingerprint *string
+	use := op + " --key-file FILE"
 	if op != api.GossipKeyInstall {
-		fingerprint = fs.String("fingerprint", "", "the key's fingerprint (sha256:...), as `gossip keys list` shows it, instead of --key-file")
+		use = op + " (--key-file FILE | --fingerprint sha256:HEX)"
 	}
-	if err := parseFlags(fs, e, args, nil); err != nil {
-		return err
+	cmd := &cobra.Command{
+		Use: use, Short: short, Example: example, Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req, err := gossipKeyRequest(op, keyFile, fingerprint)
+			if err != nil {
+				return err
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			res, err := cl.GossipKeyOp(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if err := printOut(e.Stdout, c.output, res, printGossipKeys); err != nil {
+				return err
+			}
+			if res.Failed > 0 {
+				return fmt.Errorf("%s failed on %d of %d members: repeat it once they are reachable", op, res.Failed, len(res.Members))
+			}
+			return nil
+		},
 	}
-	if fs.NArg() > 0 {
-		return usageError("unexpected arguments %q", fs.Args())
+	c.register(cmd, true)
+	cmd.Flags().StringVar(&keyFile, "key-file", "", "`FILE` holding the key (base64, as 'warmfleet keygen' writes it; mode 0600)")
+	if op != api.GossipKeyInstall {
+		fingerprint = cmd.Flags().String("fingerprint", "", "the key's `FINGERPRINT` (sha256:...), as 'gossip keys list' shows it, instead of --key-file")
 	}
-	req, err := gossipKeyRequest(op, *keyFile, fingerprint)
-	if err != nil {
-		return err
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	res, err := cl.GossipKeyOp(ctx, req)
-	if err != nil {
-		return err
-	}
-	if c.output == "json" {
-		if err := writeJSONOut(e.Stdout, res); err != nil {
-			return err
-		}
-	} else if err := printGossipKeys(e.Stdout, res); err != nil {
-		return err
-	}
-	if res.Failed > 0 {
-		return fmt.Errorf("%s failed on %d of %d members: repeat it once they are reachable", op, res.Failed, len(res.Members))
-	}
-	return nil
+	return cmd
 }
 
 // gossipKeyRequest builds the API request: the key itself only for install,

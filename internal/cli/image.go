@@ -7,6 +7,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/spf13/cobra"
+
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/spec"
@@ -15,52 +17,65 @@ import (
 // defaultImageOwner is the owner of images added without --owner.
 const defaultImageOwner = "default"
 
-func runImage(ctx context.Context, e *Env, args []string) error {
-	return subcommand(ctx, e, "image", args, map[string]func(context.Context, *Env, []string) error{
-		"add": runImageAdd,
-		"ls":  runImageList,
-		"rm":  runImageRemove,
-	})
+func imageCommand(e *Env) *cobra.Command {
+	return group("image", "manage container image caches: add, ls, rm",
+		"  warmfleet image add nginx:1.27 --owner web\n  warmfleet image ls",
+		imageAddCommand(e), imageListCommand(e), imageRemoveCommand(e))
 }
 
-// oneRef parses flags around a single image REF argument.
-func oneRef(fs *flagSet, e *Env, args []string, what string) (string, error) {
-	return oneArg(fs, e, args, what, "image REF")
-}
-
-func runImageAdd(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "image add")
+// imageClaimCommand is `image add` or `image rm`: a claim of --owner on
+// one image REF, with the targets when adding.
+func imageClaimCommand(e *Env, use, short, example, ownerHelp string, adding bool, run func(ctx context.Context, cl *api.Client, req api.AddImageRequest) error) *cobra.Command {
 	var c clientFlags
-	c.register(fs, false)
-	owner := fs.String("owner", defaultImageOwner, "deployment that wants the image; the image stays while any owner does")
+	var owner string
 	var selector listFlag
-	fs.Var(&selector, "selector", "only nodes with this label k=v (repeatable)")
-	nodes := fs.Int("nodes", 0, "only this many of the eligible nodes (0 = all)")
-	ref, err := oneRef(fs, e, args, "image add")
-	if err != nil {
-		return err
+	var nodes int
+	cmd := &cobra.Command{
+		Use: use, Short: short, Example: example, Args: exactArgs("image REF"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sel, err := spec.ParseLabels(selector)
+			if err != nil {
+				return usageError("--selector: %v", err)
+			}
+			req := api.AddImageRequest{Ref: args[0], Owner: owner, Targets: spec.Targets{Selector: sel, Nodes: nodes}}
+			if adding {
+				if err := req.Spec().Validate(); err != nil {
+					return usageError("%v", err)
+				}
+			}
+			cl, err := c.client()
+			if err != nil {
+				return err
+			}
+			return run(cmd.Context(), cl, req)
+		},
 	}
-	sel, err := spec.ParseLabels(selector)
-	if err != nil {
-		return usageError("--selector: %v", err)
+	c.register(cmd, false)
+	fs := cmd.Flags()
+	fs.StringVar(&owner, "owner", defaultImageOwner, ownerHelp)
+	if adding {
+		fs.Var(&selector, "selector", "only nodes with this label k=v (repeatable)")
+		fs.IntVar(&nodes, "nodes", 0, "only this many of the eligible nodes (0 = all)")
 	}
-	req := api.AddImageRequest{Ref: ref, Owner: *owner, Targets: spec.Targets{Selector: sel, Nodes: *nodes}}
-	if err := req.Spec().Validate(); err != nil {
-		return usageError("%v", err)
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	if err := cl.AddImage(ctx, req); err != nil {
-		return err
-	}
-	fmt.Fprintf(e.Stdout, "image %s wanted by %s; pre-pull runs on the target nodes (warmfleet image ls)\n", ref, *owner)
-	return nil
+	return cmd
 }
 
-func runImageList(ctx context.Context, e *Env, args []string) error {
-	return listCommand(ctx, e, "image ls", args, (*api.Client).Images, printImages)
+func imageAddCommand(e *Env) *cobra.Command {
+	return imageClaimCommand(e, "add REF", "pre-pull a container image on the nodes its targets select",
+		"  warmfleet image add vllm/vllm-openai:v0.6.3 --owner llama\n  warmfleet image add nginx:1.27 --selector gpu=h100",
+		"deployment that wants the image; the image stays while any owner does", true,
+		func(ctx context.Context, cl *api.Client, req api.AddImageRequest) error {
+			if err := cl.AddImage(ctx, req); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.Stdout, "image %s wanted by %s; pre-pull runs on the target nodes (warmfleet image ls)\n", req.Ref, req.Owner)
+			return nil
+		})
+}
+
+func imageListCommand(e *Env) *cobra.Command {
+	return listCommand(e, "ls", "list this node's images: pre-pulls and what containerd holds",
+		"  warmfleet image ls\n  warmfleet image ls -o yaml", (*api.Client).Images, printImages)
 }
 
 func printImages(w io.Writer, all []api.ImageStatus) error {
@@ -81,22 +96,14 @@ func printImages(w io.Writer, all []api.ImageStatus) error {
 	return tw.Flush()
 }
 
-func runImageRemove(ctx context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "image rm")
-	var c clientFlags
-	c.register(fs, false)
-	owner := fs.String("owner", defaultImageOwner, "owner whose claim to drop")
-	ref, err := oneRef(fs, e, args, "image rm")
-	if err != nil {
-		return err
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	if err := cl.RemoveImage(ctx, ref, *owner); err != nil {
-		return err
-	}
-	fmt.Fprintf(e.Stdout, "%s released by %s; removed from nodes where no other owner or container uses it\n", ref, *owner)
-	return nil
+func imageRemoveCommand(e *Env) *cobra.Command {
+	return imageClaimCommand(e, "rm REF", "drop an owner's claim on an image",
+		"  warmfleet image rm nginx:1.27 --owner web", "owner whose claim to drop", false,
+		func(ctx context.Context, cl *api.Client, req api.AddImageRequest) error {
+			if err := cl.RemoveImage(ctx, req.Ref, req.Owner); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.Stdout, "%s released by %s; removed from nodes where no other owner or container uses it\n", req.Ref, req.Owner)
+			return nil
+		})
 }

@@ -1,41 +1,53 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
 
 	"github.com/warmfleet/warmfleet/gossip"
 )
 
-// runKeygen writes a new cluster key: base64 of 32 random bytes, the format
-// of --cluster-key-file.
-func runKeygen(_ context.Context, e *Env, args []string) error {
-	fs := newFlagSet(e, "keygen")
-	out := fs.String("out", "", "write the key to this file (mode 0600) instead of standard output")
-	force := fs.Bool("force", false, "replace an existing --out file")
-	if err := parseFlags(fs, e, args, nil); err != nil {
-		return err
+// keygenCommand writes a new cluster key: base64 of 32 random bytes, the
+// format of --cluster-key-file.
+func keygenCommand(e *Env) *cobra.Command {
+	var out string
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "keygen",
+		Short: "write a new cluster key",
+		Long: `Write a new cluster key (base64 of 32 random bytes) to standard output, or
+with --out to a file of mode 0600, creating its directory (mode 0700) when
+missing. Every daemon and router of a fleet takes the same key with
+--cluster-key-file.`,
+		Example: "  warmfleet keygen --out /etc/warmfleet/cluster.key\n  warmfleet keygen > cluster.key",
+		Args:    noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			key, err := gossip.GenerateKey()
+			if err != nil {
+				return err
+			}
+			if out == "" {
+				_, err := fmt.Fprintln(e.Stdout, gossip.EncodeKey(key))
+				return err
+			}
+			if err := os.MkdirAll(filepath.Dir(out), 0o700); err != nil {
+				return fmt.Errorf("key directory: %w", err)
+			}
+			if err := writeKeyFile(out, [][]byte{key}, force); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.Stderr, "wrote a new cluster key to %s\n", out)
+			return nil
+		},
 	}
-	if fs.NArg() > 0 {
-		return usageError("unexpected arguments: %v", fs.Args())
-	}
-	key, err := gossip.GenerateKey()
-	if err != nil {
-		return err
-	}
-	line := gossip.EncodeKey(key) + "\n"
-	if *out == "" {
-		_, err := fmt.Fprint(e.Stdout, line)
-		return err
-	}
-	if err := writeKeyFile(*out, [][]byte{key}, *force); err != nil {
-		return err
-	}
-	fmt.Fprintf(e.Stderr, "wrote a new cluster key to %s\n", *out)
-	return nil
+	cmd.Flags().StringVar(&out, "out", "", "write the key to this file (mode 0600; its directory is created, mode 0700) instead of standard output")
+	cmd.Flags().BoolVar(&force, "force", false, "replace an existing --out file")
+	return cmd
 }
 
 // writeKeyFile writes the key so that it is never readable by others, not

@@ -70,7 +70,34 @@ func TestKeygen(t *testing.T) {
 	if code, _, _ := runCLI("keygen", "extra"); code != 2 {
 		t.Fatalf("extra argument: exit %d, want 2", code)
 	}
-	if code, _, _ := runCLI("keygen", "--out", filepath.Join(t.TempDir(), "no", "such", "dir")); code != 1 {
-		t.Fatalf("bad directory: exit %d, want 1", code)
+	blocked := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(blocked, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := runCLI("keygen", "--out", filepath.Join(blocked, "cluster.key")); code != 1 || !strings.Contains(stderr, "key directory") {
+		t.Fatalf("directory that cannot be made: exit %d, stderr %q; want 1", code, stderr)
+	}
+}
+
+// TestKeygenMakesDirectory: `keygen --out` into a directory that does not
+// exist yet (as /etc/warmfleet on a fresh node) creates it, readable by
+// the owner only, and writes the key there.
+func TestKeygenMakesDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "etc", "warmfleet")
+	path := filepath.Join(dir, "cluster.key")
+	if code, _, stderr := runCLI("keygen", "--out", path); code != 0 {
+		t.Fatalf("keygen --out %s: exit %d: %s", path, code, stderr)
+	}
+	if _, err := gossip.LoadKeyFile(path); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]os.FileMode{dir: 0o700, filepath.Dir(dir): 0o700, path: 0o600} {
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v", p, st.Mode().Perm(), want)
+		}
 	}
 }

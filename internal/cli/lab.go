@@ -2,10 +2,15 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
@@ -18,8 +23,19 @@ import (
 // this package never imports the lab, so the product binary links none of
 // the lab's test support.
 
-// Commands returns the product's subcommands.
-func Commands() []Command { return commands() }
+// Commands returns the product's commands, each as a Command that runs it
+// with its arguments. Dispatch runs the product's own tree for these names.
+func Commands() []Command {
+	var out []Command
+	for _, c := range productCommands(&Env{}) {
+		name := c.Name()
+		out = append(out, Command{Name: name, Summary: c.Short, Run: func(ctx context.Context, e *Env, args []string) error {
+			_, err := execute(ctx, newRoot("warmfleet", nil, e), append([]string{name}, args...))
+			return err
+		}})
+	}
+	return out
+}
 
 // ByteSize is a flag holding a size such as 512MiB, 10GB or 1048576.
 type ByteSize = byteSize
@@ -27,14 +43,25 @@ type ByteSize = byteSize
 // ListFlag is a repeatable flag that also takes comma-separated values.
 type ListFlag = listFlag
 
-// NewFlagSet returns a flag set for command name that reports errors
-// instead of exiting.
-func NewFlagSet(e *Env, name string) *flag.FlagSet { return newFlagSet(e, name) }
+// NewFlagSet returns a flag set (Go's flag package) for command name that
+// reports errors instead of exiting.
+func NewFlagSet(e *Env, name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("warmfleet "+name, flag.ContinueOnError)
+	fs.SetOutput(e.Stderr)
+	return fs
+}
 
 // ParseFlags parses args, then fills every flag not given from
-// WARMFLEET_<FLAG_NAME>; a bad flag is a usage error (exit 2).
+// WARMFLEET_<FLAG_NAME>; a bad flag is a usage error (exit 2), --help
+// prints the flags and is no error.
 func ParseFlags(fs *flag.FlagSet, e *Env, args []string) error {
-	return parseFlags(fs, e, args, nil)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelpShown
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return layerStdFlags(fs, e)
 }
 
 // UsageError is an error that is the caller's: exit code 2.
@@ -42,8 +69,24 @@ func UsageError(format string, args ...any) error { return usageError(format, ar
 
 // Subcommand dispatches args to one of a group's subcommands.
 func Subcommand(ctx context.Context, e *Env, group string, args []string, subs map[string]func(context.Context, *Env, []string) error) error {
-	return subcommand(ctx, e, group, args, subs)
+	names := slices.Sorted(maps.Keys(subs))
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		fmt.Fprintf(e.Stdout, "usage: %s COMMAND [flags]\n\ncommands: %s\n", group, strings.Join(names, ", "))
+		return nil
+	}
+	if len(args) == 0 {
+		return usageError("%s needs a subcommand: %s", group, strings.Join(names, ", "))
+	}
+	run, ok := subs[args[0]]
+	if !ok {
+		return usageError("unknown %s subcommand %q (want one of %s)", group, args[0], strings.Join(names, ", "))
+	}
+	return run(ctx, e, args[1:])
 }
+
+// errHelpShown is a lab command's --help: its flag set printed the help,
+// and the command exits 0.
+var errHelpShown = errors.New("help shown")
 
 // WaitReady waits for a cache as `cache add --wait` does (timeout 0: no
 // limit), showing progress on e.Stderr.

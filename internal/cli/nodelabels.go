@@ -40,7 +40,8 @@ func (a *autoFlag) Set(v string) error {
 	return nil
 }
 
-func (a *autoFlag) IsBoolFlag() bool { return true }
+// Type names the value in help.
+func (a *autoFlag) Type() string { return "true|false|auto" }
 
 // nodeLabelPoll is how often the daemon's caches are read for the Node's
 // labels. A read costs a state read and a containerd listing; only a

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -20,6 +19,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/router"
@@ -34,6 +35,9 @@ import (
 type urlList []string
 
 func (l *urlList) String() string { return strings.Join(*l, ",") }
+
+// Type names the value in help.
+func (l *urlList) Type() string { return "urls" }
 
 func (l *urlList) Set(v string) error {
 	for _, s := range strings.Split(v, ",") {
@@ -58,6 +62,9 @@ func (f strategyFlag) String() string {
 	return string(*f.s)
 }
 
+// Type names the value in help.
+func (f strategyFlag) Type() string { return "strategy" }
+
 func (f strategyFlag) Set(v string) error {
 	s, err := balance.ParseStrategy(v)
 	if err != nil {
@@ -67,15 +74,40 @@ func (f strategyFlag) Set(v string) error {
 	return nil
 }
 
-func runRouter(ctx context.Context, e *Env, args []string) error {
-	tuneRouterGC()
-	return serveRouter(ctx, e, args, nil)
+func routerCommand(e *Env) *cobra.Command {
+	f := &routerFlags{set: map[string]bool{}}
+	cmd := &cobra.Command{
+		Use:   "router",
+		Short: "run the prefix-aware OpenAI-compatible router",
+		Long: `Run the router: an OpenAI-compatible API (--listen) that sends each request to
+a backend of its model that likely holds the prompt's prefix in its KV cache.
+Backends come from --backend, a --config file, or the fleet (--join): then
+every endpoint the daemons register is a backend once its node has the model
+ready. The admin listener serves /metrics, /admin/* and the /ui status page.`,
+		Example: `  warmfleet router --backend http://10.0.0.5:8000 --backend http://10.0.0.6:8000
+  warmfleet router --join 10.0.0.5:7946 --cluster-key-file /etc/warmfleet/cluster.key --gossip 0.0.0.0:7948
+  warmfleet router --config /etc/warmfleet/router.yaml`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			tuneRouterGC()
+			s, err := f.setup(e, cmd.Flags())
+			if err != nil {
+				return err
+			}
+			return routerRoot(cmd.Context(), f, s, nil)
+		},
+	}
+	f.register(cmd.Flags())
+	return cmd
 }
 
 // kvEventsFlag is the repeatable --kv-events BACKEND_URL=ADDRESS.
 type kvEventsFlag map[string]string
 
 func (f kvEventsFlag) String() string { return "" }
+
+// Type names the value in help.
+func (f kvEventsFlag) Type() string { return "backend=address" }
 
 func (f kvEventsFlag) Set(v string) error {
 	u, addr, ok := strings.Cut(v, "=")
@@ -230,56 +262,66 @@ func parseRouter(e *Env, args []string) (*routerFlags, *routerSetup, error) {
 	fs := newFlagSet(e, "router")
 	f := &routerFlags{set: map[string]bool{}}
 	f.register(fs)
-	if err := parseFlags(fs, e, args, nil); err != nil {
-		return nil, nil, err
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if fs.NArg() > 0 {
 		return nil, nil, usageError("unexpected arguments %q", fs.Args())
 	}
-	if f.configPoll < 0 {
-		return nil, nil, usageError("--config-poll %v: want a duration >= 0 (0: off)", f.configPoll)
+	s, err := f.setup(e, fs)
+	return f, s, err
+}
+
+// setup fills the flags of fs (f's) not given from the environment and
+// checks the settings.
+func (f *routerFlags) setup(e *Env, fs *flagSet) (*routerSetup, error) {
+	if err := layerFlags(fs, e, nil); err != nil {
+		return nil, err
 	}
-	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	if f.configPoll < 0 {
+		return nil, usageError("--config-poll %v: want a duration >= 0 (0: off)", f.configPoll)
+	}
+	fs.Visit(func(fl *pflag.Flag) { f.set[fl.Name] = true })
 	s := &routerSetup{}
 	var err error
 	if s.log, err = newLogger(e, f.logLevel, f.logFormat); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if s.adminToken, err = readToken(f.adminTokenFile); err != nil {
-		return nil, nil, usageError("--admin-token-file: %v", err)
+		return nil, usageError("--admin-token-file: %v", err)
 	}
 	if f.adminListen != "" && s.adminToken == "" && !(api.Addr{Network: "tcp", Address: f.adminListen}).Loopback() {
-		return nil, nil, usageError("--admin-listen %s is reachable from other hosts: give a bearer token (--admin-token-file)", f.adminListen)
+		return nil, usageError("--admin-listen %s is reachable from other hosts: give a bearer token (--admin-token-file)", f.adminListen)
 	}
 	if s.cfg, err = f.load(); err != nil {
-		return nil, nil, usageError("%v", err)
+		return nil, usageError("%v", err)
 	}
 	if len(s.cfg.Backends) == 0 && len(f.join) == 0 {
-		return nil, nil, usageError("no backends: give --backend URL, a --config file with backends, or --join a fleet")
+		return nil, usageError("no backends: give --backend URL, a --config file with backends, or --join a fleet")
 	}
 	if f.clusterKeyFile != "" {
 		if s.clusterKeys, err = gossip.LoadKeyFile(f.clusterKeyFile); err != nil {
-			return nil, nil, usageError("%v", err)
+			return nil, usageError("%v", err)
 		}
 	}
 	if len(f.join) > 0 && len(s.clusterKeys) == 0 && !f.insecureGossip {
-		return nil, nil, usageError("--join needs --cluster-key-file (or --insecure-gossip for development)")
+		return nil, usageError("--join needs --cluster-key-file (or --insecure-gossip for development)")
 	}
 	if s.hashKey, s.material, err = hashKey(s.cfg.HashKeyFile, s.clusterKeys, s.log); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if (len(f.peers) > 0 || f.peerListen != "") && s.material == nil {
-		return nil, nil, usageError("--peer and --peer-listen need --cluster-key-file or --hash-key-file: peers prove they hold that key")
+		return nil, usageError("--peer and --peer-listen need --cluster-key-file or --hash-key-file: peers prove they hold that key")
 	}
 	if f.peerListen != "" && len(f.join) > 0 {
 		if s.advertisedPeer, err = peerAddress(f.peerAdvertise, f.peerListen, f.advertise, f.gossipAddr); err != nil {
-			return nil, nil, usageError("%v", err)
+			return nil, usageError("%v", err)
 		}
 		if s.advertisedPeer == "" {
 			s.log.Warn("no routable peer address to advertise: other routers will not find this one; give --peer-advertise", "peer_listen", f.peerListen)
 		}
 	}
-	return f, s, nil
+	return s, nil
 }
 
 // serveRouter runs `warmfleet router ARGS` until ctx ends; onListen, if not

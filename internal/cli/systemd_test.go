@@ -132,7 +132,7 @@ func TestSystemdEnvFilesTakeRealFlags(t *testing.T) {
 		Run(t.Context(), []string{tc.command, "--help"}, &Env{Stdout: &help, Stderr: &help, Getenv: func(string) string { return "" }})
 		for k := range vars {
 			flag := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(k, "WARMFLEET_"), "_", "-"))
-			if !regexp.MustCompile(`(?m)^\s+-` + regexp.QuoteMeta(flag) + `\b`).MatchString(help.String()) {
+			if !regexp.MustCompile(`(?m)^\s+(-\w, )?--` + regexp.QuoteMeta(flag) + `\b`).MatchString(help.String()) {
 				t.Errorf("%s: %s is not a flag of warmfleet %s (--%s)", tc.file, k, tc.command, flag)
 			}
 		}

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/testutil/synthmodel"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
@@ -26,43 +24,10 @@ import (
 // kept as a test artifact.
 func TestStatusPageShowsFleetWarmingLive(t *testing.T) {
 	browser := testenv.StartBrowser(t)
-	s3 := testenv.StartS3(t)
-	s3.SetEnv(t)
-	s3.CreateBucket(t, "models")
-	model, err := synthmodel.New(synthmodel.Options{Seed: 24, Size: 24 << 20, Shards: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = model.Upload(t.Context(), func(ctx context.Context, key string, r io.Reader, size int64) error {
-		return s3.Put(ctx, "models", "tiny/"+key, r, size)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	dir := t.TempDir()
-	key, err := gossip.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyFile := filepath.Join(dir, "cluster.key")
-	if err := gossip.WriteKeyFile(keyFile, [][]byte{key}); err != nil {
-		t.Fatal(err)
-	}
-	var socks, metrics []string
-	seed := testenv.FreeAddr(t)
-	for i := range 3 {
-		name := fmt.Sprintf("node-%d", i+1)
-		gossipAddr := seed
-		if i > 0 {
-			gossipAddr = testenv.FreeAddr(t)
-		}
-		sock := "unix://" + filepath.Join(dir, name+".sock")
-		metricsAddr := testenv.FreeAddr(t)
-		launchDaemon(t, os.Getenv, "--node-name", name, "--data-dir", filepath.Join(dir, name), "--api", sock,
-			"--metrics-listen", metricsAddr, "--gossip", gossipAddr, "--join", seed, "--cluster-key-file", keyFile,
-			"--p2p", testenv.FreeAddr(t), "--containerd", "off", "--reserve", "0", "--reserve-fraction", "0")
-		socks, metrics = append(socks, sock), append(metrics, "http://"+metricsAddr)
+	_, socks, metricsAddrs := startSwarmFleet(t, 3, synthmodel.Options{Seed: 24, Size: 24 << 20, Shards: 3})
+	var metrics []string
+	for _, addr := range metricsAddrs {
+		metrics = append(metrics, "http://"+addr)
 	}
 
 	browser.Open(t, metrics[0]+"/ui")

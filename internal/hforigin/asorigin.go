@@ -2,6 +2,7 @@ package hforigin
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/origin"
@@ -13,7 +14,7 @@ import (
 func (c *Client) List(ctx context.Context, source string) ([]s3origin.Object, error) {
 	src, err := spec.ParseHFURL(source)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("list %s: %w", source, err)
 	}
 	return c.ListHF(ctx, src)
 }

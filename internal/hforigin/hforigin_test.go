@@ -167,6 +167,22 @@ func TestListPinsTheRevisionToACommit(t *testing.T) {
 	}
 }
 
+// TestListErrorsNameTheListing: every List error begins "list SOURCE",
+// as origin.Origin promises: the daemon shows it without naming the listing
+// again. A revision the Hub does not have fails while it is resolved,
+// before the listing proper.
+func TestListErrorsNameTheListing(t *testing.T) {
+	hub := hubserver.New(t)
+	hub.Push("org/m", "main", map[string]hubserver.File{"config.json": {Data: []byte("{}")}})
+	c, _ := newClient(t, hub, Options{})
+	for _, source := range []string{"hf://org/m@nope", "hf://org/missing", "hf://org/m/absent", "hf://not a repo"} {
+		_, err := c.List(t.Context(), source)
+		if err == nil || !strings.HasPrefix(err.Error(), "list ") {
+			t.Errorf("List(%s) = %v, want an error that begins \"list SOURCE\"", source, err)
+		}
+	}
+}
+
 func TestDownloadKeepsReadingThePinnedCommitWhenTheBranchMoves(t *testing.T) {
 	hub := hubserver.New(t)
 	old := randBytes(2, 3<<20+123)

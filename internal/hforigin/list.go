@@ -32,7 +32,7 @@ func (c *Client) ListHF(ctx context.Context, src spec.HFURL) ([]s3origin.Object,
 	what := "list " + src.String()
 	commit, err := c.ResolveRevision(ctx, src)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", what, err) // every List error names the listing
 	}
 	next := c.opts.Endpoint + "/api/models/" + src.Repo + "/tree/" + commit
 	if src.Subdir != "" {

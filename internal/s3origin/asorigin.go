@@ -2,6 +2,7 @@ package s3origin
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/warmfleet/warmfleet/origin"
 	"github.com/warmfleet/warmfleet/spec"
@@ -17,7 +18,7 @@ type asOrigin struct{ *Client }
 func (o asOrigin) List(ctx context.Context, source string) ([]Object, error) {
 	src, err := spec.ParseS3URL(source)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("list %s: %w", source, err)
 	}
 	return o.Client.List(ctx, src)
 }

@@ -162,6 +162,9 @@ func New(ctx context.Context, opts Options) (*Client, error) {
 	if cfg.Region == "" {
 		cfg.Region = opts.Region
 	}
+	if cfg.Credentials != nil {
+		cfg.Credentials = taggedCredentials{cfg.Credentials}
+	}
 	c := &Client{opts: opts}
 	c.s3 = s3.NewFromConfig(cfg, func(o *s3.Options) {
 		if opts.Endpoint != "" {

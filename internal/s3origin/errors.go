@@ -19,6 +19,7 @@ import (
 // Kinds of failure a caller may act on (errors.Is works on every error this
 // package returns): package origin's, so every origin's errors read alike.
 var (
+	ErrNoCredentials = origin.ErrNoCredentials
 	ErrCredentials   = origin.ErrCredentials
 	ErrAccessDenied  = origin.ErrAccessDenied
 	ErrNoSuchBucket  = origin.ErrNoSuchBucket
@@ -30,6 +31,31 @@ var (
 	ErrUnsafeKey     = origin.ErrUnsafeKey
 	ErrServer        = origin.ErrServer
 )
+
+// taggedCredentials marks the errors of the credential chain it wraps as
+// noCredentialsError, so that explain can tell "no credentials anywhere"
+// from the SDK's other failures, which arrive as text in its errors.
+type taggedCredentials struct{ aws.CredentialsProvider }
+
+func (t taggedCredentials) Retrieve(ctx context.Context) (aws.Credentials, error) {
+	creds, err := t.CredentialsProvider.Retrieve(ctx)
+	if err != nil && ctx.Err() == nil {
+		err = &noCredentialsError{err: err}
+	}
+	return creds, err
+}
+
+// IsCredentialsProvider lets the SDK see the wrapped provider's type (it
+// treats anonymous credentials apart).
+func (t taggedCredentials) IsCredentialsProvider(target aws.CredentialsProvider) bool {
+	return aws.IsCredentialsProvider(t.CredentialsProvider, target)
+}
+
+// noCredentialsError is a credential chain's failure to find credentials.
+type noCredentialsError struct{ err error }
+
+func (e *noCredentialsError) Error() string { return ErrNoCredentials.Error() + ": " + e.err.Error() }
+func (e *noCredentialsError) Unwrap() error { return e.err }
 
 // errorCode returns the S3 error code and HTTP status of err, if any.
 func errorCode(err error) (code string, status int) {
@@ -52,6 +78,11 @@ func (c *Client) explain(err error, what string) error {
 	}
 	if ctxErr := contextError(err); ctxErr != nil {
 		return fmt.Errorf("%s: %w", what, err)
+	}
+	var none *noCredentialsError
+	if errors.As(err, &none) {
+		return fmt.Errorf("%s: %w: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or give the node an instance role), "+
+			"and AWS_ENDPOINT_URL_S3 for an S3 server other than AWS (now %s); the SDK's credential chain said: %w", what, ErrNoCredentials, c.endpoint, none.err)
 	}
 	code, status := errorCode(err)
 	switch {

@@ -127,7 +127,7 @@ func (o *Origin) Delete(bucket, key string) {
 func (o *Origin) List(ctx context.Context, source string) ([]origin.Object, error) {
 	src, err := spec.ParseS3URL(source)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("list %s: %w", source, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list %s: %w", src, err)

@@ -3,7 +3,8 @@
 // client against a real versitygw, origin/memorigin in memory), so the
 // daemon's tests on the in-memory one say something of S3 too.
 //
-// Run covers listing (paths, sizes, folder markers, other prefixes), not
+// Run covers listing (paths, sizes, folder markers, other prefixes, errors
+// that name the listing), not
 // found (an empty prefix, a missing bucket, a deleted object), bad keys,
 // ranged reads, downloads with resume (parts already done are not read
 // again), and verification: a good copy passes, a damaged one is
@@ -115,18 +116,33 @@ func testList(t *testing.T, fx Fixture, src func(string) string) {
 	if objs[0].ETag != objs[2].ETag || objs[0].ETag == objs[3].ETag {
 		t.Errorf("ETags %q %q %q: want equal ones for equal content only", objs[0].ETag, objs[2].ETag, objs[3].ETag)
 	}
-	if _, err := fx.Origin.List(t.Context(), "http://"+fx.Bucket+"/list/"); err == nil {
+	_, err = fx.Origin.List(t.Context(), "http://"+fx.Bucket+"/list/")
+	if err == nil {
 		t.Error("listed a source that is not s3://")
+	}
+	namesListing(t, "a source that is not s3://", err)
+}
+
+// namesListing checks that a List error begins with "list ": the daemon
+// passes it on as it is.
+func namesListing(t *testing.T, what string, err error) {
+	t.Helper()
+	if err != nil && !strings.HasPrefix(err.Error(), "list ") {
+		t.Errorf("%s: %q does not name the listing (want \"list SOURCE: ...\")", what, err)
 	}
 }
 
 func testNotFound(t *testing.T, fx Fixture, src func(string) string) {
-	if _, err := fx.Origin.List(t.Context(), src("nothing/")); !errors.Is(err, origin.ErrEmpty) || !strings.Contains(err.Error(), "nothing/") {
+	_, err := fx.Origin.List(t.Context(), src("nothing/"))
+	if !errors.Is(err, origin.ErrEmpty) || !strings.Contains(err.Error(), "nothing/") {
 		t.Errorf("empty prefix: %v, want ErrEmpty naming it", err)
 	}
-	if _, err := fx.Origin.List(t.Context(), "s3://"+fx.Missing+"/m/"); !errors.Is(err, origin.ErrNoSuchBucket) {
+	namesListing(t, "empty prefix", err)
+	_, err = fx.Origin.List(t.Context(), "s3://"+fx.Missing+"/m/")
+	if !errors.Is(err, origin.ErrNoSuchBucket) {
 		t.Errorf("missing bucket: %v, want ErrNoSuchBucket", err)
 	}
+	namesListing(t, "missing bucket", err)
 	fx.Put(t, "gone/a.bin", Bytes(3, 100))
 	obj := listed(t, fx, src("gone/"), "gone/a.bin")
 	fx.Delete(t, "gone/a.bin")
@@ -148,6 +164,7 @@ func testBadKeys(t *testing.T, fx Fixture, src func(string) string) {
 	if !errors.Is(err, origin.ErrUnsafeKey) || !strings.Contains(err.Error(), `..\\evil`) {
 		t.Fatalf("List = %v, want ErrUnsafeKey naming the key", err)
 	}
+	namesListing(t, "unsafe key", err)
 }
 
 func testOpenRange(t *testing.T, fx Fixture, src func(string) string) {
