@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -302,16 +303,18 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	}()
 
 	var deps daemon.Deps
+	var peerAddr string
 	if f.p2pAddr != "" {
 		ln, node, err := startSwarm(ps.ctx, log, f, &fleetNode)
 		if err != nil {
 			return ps.fail(err)
 		}
 		deps.Swarm = node
+		peerAddr = peerAdvertise(f, ln.Addr())
 		ps.start(stageSwarm, "p2p listener", func(ctx context.Context) error { return node.Serve(ctx, ln) }, nil)
 	}
 	if f.gossipAddr != "" {
-		node, err := startGossip(ps.ctx, log, f, labels, addr, base, deps.Swarm != nil)
+		node, err := startGossip(ps.ctx, log, f, labels, addr, base, peerAddr)
 		if err != nil {
 			return ps.fail(err)
 		}
@@ -448,8 +451,9 @@ func dialContainerd(ctx context.Context, log *slog.Logger, f *daemonFlags, base 
 	return c, nil
 }
 
-// startGossip makes the daemon a fleet member.
-func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, apiAddr api.Addr, base *daemon.Base, swarm bool) (*gossip.Node, error) {
+// startGossip makes the daemon a fleet member; peerAddr is the swarm's
+// advertised address ("" without a swarm).
+func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, apiAddr api.Addr, base *daemon.Base, peerAddr string) (*gossip.Node, error) {
 	var keys [][]byte
 	switch {
 	case f.clusterKeyFile != "" && f.insecureGossip:
@@ -464,10 +468,7 @@ func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	default:
 		log.Warn("gossip runs WITHOUT encryption or authentication (--insecure-gossip)")
 	}
-	meta := gossip.Meta{Zone: f.zone, Version: Version()}
-	if swarm {
-		meta.PeerAddr = peerAdvertise(f)
-	}
+	meta := gossip.Meta{Zone: f.zone, Version: Version(), PeerAddr: peerAddr}
 	if apiAddr.Network == "tcp" {
 		meta.APIAddr = apiAddr.Address
 	}
@@ -513,14 +514,18 @@ func startSwarm(ctx context.Context, log *slog.Logger, f *daemonFlags, fleet *at
 }
 
 // peerAdvertise is the peer address members dial: --p2p-advertise, else
-// --p2p with an unspecified host replaced by the gossip address's host.
-func peerAdvertise(f *daemonFlags) string {
+// --p2p with the gossip host for an unspecified one and, for port 0, the
+// port the listener bound (bound, the listener's address).
+func peerAdvertise(f *daemonFlags, bound net.Addr) string {
 	if f.p2pAdvertise != "" {
 		return f.p2pAdvertise
 	}
 	host, port, err := net.SplitHostPort(f.p2pAddr)
 	if err != nil {
 		return f.p2pAddr
+	}
+	if tcp, ok := bound.(*net.TCPAddr); ok && port == "0" {
+		port = strconv.Itoa(tcp.Port)
 	}
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		gossipAddr := f.advertise

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"net"
 	"strings"
 	"testing"
 
@@ -103,6 +104,28 @@ func TestRunUsage(t *testing.T) {
 		code := Run(t.Context(), tt.args, e)
 		if code != tt.code || !strings.Contains(stderr.String(), tt.msg) {
 			t.Errorf("Run(%q) = %d, stderr %q; want %d containing %q", tt.args, code, stderr.String(), tt.code, tt.msg)
+		}
+	}
+}
+
+// TestPeerAdvertise: the peer address gossip tells members to dial. A
+// --p2p port of 0 is the port the listener bound, not 0: members dialled
+// port 0 and nothing swarmed (the demo's daemons on loopback).
+func TestPeerAdvertise(t *testing.T) {
+	bound := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 41234}
+	for _, tc := range []struct {
+		p2p, advertise, gossip, p2pAdvertise string
+		want                                 string
+	}{
+		{p2p: "127.0.0.1:0", gossip: "127.0.0.1:7946", want: "127.0.0.1:41234"},
+		{p2p: "10.0.0.1:7947", gossip: "10.0.0.1:7946", want: "10.0.0.1:7947"},
+		{p2p: ":7947", gossip: "10.0.0.1:7946", want: "10.0.0.1:7947"},
+		{p2p: "0.0.0.0:0", gossip: "0.0.0.0:7946", advertise: "10.0.0.2:7946", want: "10.0.0.2:41234"},
+		{p2p: "127.0.0.1:0", p2pAdvertise: "node-1.example:7947", want: "node-1.example:7947"},
+	} {
+		f := &daemonFlags{p2pAddr: tc.p2p, advertise: tc.advertise, gossipAddr: tc.gossip, p2pAdvertise: tc.p2pAdvertise}
+		if got := peerAdvertise(f, bound); got != tc.want {
+			t.Errorf("--p2p %s --advertise %q --gossip %s --p2p-advertise %q: %s, want %s", tc.p2p, tc.advertise, tc.gossip, tc.p2pAdvertise, got, tc.want)
 		}
 	}
 }
