@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"context"
 	"log/slog"
 	"net"
 	"sync"
@@ -95,5 +96,5 @@ func (l *throttledLog) Log(args ...any) {
 	if n > 0 {
 		args = append(args, "suppressed", n)
 	}
-	l.log.Log(nil, l.level, l.msg, args...)
+	l.log.Log(context.Background(), l.level, l.msg, args...)
 }

@@ -100,7 +100,7 @@ func (s *Shard) copyPiece(src *Shard, i int, buf []byte, crc func(uint64, []byte
 		if _, err := f.ReadAt(buf[:k], off+done); err != nil {
 			return fmt.Errorf("p2p: read twin %s: %w", src.path, err)
 		}
-		h.Write(buf[:k])
+		h.Write(buf[:k]) //nolint:errcheck // a hash.Hash never returns an error
 		if err := s.writeAt(buf[:k], off+done); err != nil {
 			return fmt.Errorf("%w: %w", errStore, err)
 		}

@@ -240,7 +240,7 @@ func TestKVBadInputCounted(t *testing.T) {
 			t.Fatal("a refused message's blocks were indexed")
 		}
 	}
-	body := scrape(t, h.harness.reg)
+	body := scrape(t, h.reg)
 	for result, want := range map[string]float64{"malformed": 3, "bad_framing": 3} {
 		if v := metricValue(t, body, `warmfleet_router_kv_events_messages_total{backend="`+h.urls[1]+`",result="`+result+`"}`); v < want {
 			t.Errorf("%s messages counted %v, want at least %v", result, v, want)
@@ -257,7 +257,7 @@ func TestKVBadInputCounted(t *testing.T) {
 	if got, err := h.rt.Route(t.Context(), tokenBody(prompt), ""); err != nil || got.Matched != 0 {
 		t.Fatalf("route after the restart %+v, %v; want nothing matched", got, err)
 	}
-	if v := metricValue(t, scrape(t, h.harness.reg), `warmfleet_router_kv_events_faults_total{backend="`+h.urls[1]+`",kind="restart"}`); v < 1 {
+	if v := metricValue(t, scrape(t, h.reg), `warmfleet_router_kv_events_faults_total{backend="`+h.urls[1]+`",kind="restart"}`); v < 1 {
 		t.Fatalf("restart counted %v times, want at least once", v)
 	}
 }

@@ -37,10 +37,11 @@ func newHostileS3(target string) (*hostileS3, error) {
 	if err != nil {
 		return nil, err
 	}
-	rp := httputil.NewSingleHostReverseProxy(u)
-	base := rp.Director
 	// Keep the client's Host header: SigV4 signs it.
-	rp.Director = func(r *http.Request) { host := r.Host; base(r); r.Host = host }
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(u)
+		r.Out.Host = r.In.Host
+	}}
 	return &hostileS3{rp: rp, listings: map[string]hostileListing{}}, nil
 }
 

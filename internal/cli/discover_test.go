@@ -81,7 +81,7 @@ func TestProbeModelsBadAnswers(t *testing.T) {
 					return
 				}
 				w.WriteHeader(tc.status)
-				io.WriteString(w, tc.body)
+				_, _ = io.WriteString(w, tc.body)
 			}))
 			defer srv.Close()
 			got, err := probeModels(t.Context(), srv.Client(), srv.URL)

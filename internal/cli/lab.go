@@ -14,7 +14,6 @@ import (
 	"syscall"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
-	"github.com/warmfleet/warmfleet/internal/s3origin"
 )
 
 // What the lab binary (cmd/warmfleet-lab, internal/lab) shares with the
@@ -103,10 +102,6 @@ func ServeRouter(ctx context.Context, e *Env, args []string, onListen func(net.A
 // TuneRouterGC sets the router's GC target, for a process that runs the
 // router in-process (bench router).
 func TuneRouterGC() { tuneRouterGC() }
-
-func runDaemon(ctx context.Context, e *Env, args []string) error {
-	return ServeDaemon(ctx, e, args, s3origin.Options{}, nil)
-}
 
 // Main runs a binary's command line: run gets the arguments after the
 // program name and a context that ends on SIGINT or SIGTERM, and its result

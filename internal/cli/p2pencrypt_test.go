@@ -62,6 +62,6 @@ func TestP2PEncryptFlag(t *testing.T) {
 			}
 		}
 		_ = ln.Close()
-		<-served
+		<-served //nolint:errcheck // Serve's error after its listener closed says only that
 	}
 }

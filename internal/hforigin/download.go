@@ -184,7 +184,7 @@ func (c *Client) Download(ctx context.Context, obj s3origin.Object, dst s3origin
 	}
 	if err := c.fetchParts(ctx, loc, dst, pending, onPart); err != nil {
 		cancel()
-		<-hashed
+		<-hashed //nolint:errcheck // the fetch's error is the one to report; the hasher's is its cancellation
 		return err
 	}
 	if err := <-hashed; err != nil {

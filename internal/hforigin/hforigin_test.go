@@ -436,12 +436,16 @@ func TestFromEnv(t *testing.T) {
 	if err != nil || o.Endpoint != "http://mirror.local:8080/" || o.Token != "" {
 		t.Errorf("no token anywhere: %+v, %v", o, err)
 	}
-	os.WriteFile(filepath.Join(dir, "token"), []byte("hf_file\n"), 0o600)
+	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("hf_file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if o, _ := (Options{}).FromEnv(); o.Token != "hf_file" {
 		t.Errorf("token from $HF_HOME/token: %q", o.Token)
 	}
 	other := filepath.Join(dir, "other")
-	os.WriteFile(other, []byte("hf_a hf_b\n"), 0o600)
+	if err := os.WriteFile(other, []byte("hf_a hf_b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	t.Setenv("HF_TOKEN_PATH", other)
 	if _, err := (Options{}).FromEnv(); err == nil {
 		t.Error("a token file with two tokens was accepted")
@@ -542,12 +546,12 @@ func TestSlowSteadyBodyIsNoStall(t *testing.T) {
 				case <-r.Context().Done():
 					return
 				}
-				w.Write(b[:min(4<<10, len(b))])
+				_, _ = w.Write(b[:min(4<<10, len(b))])
 				w.(http.Flusher).Flush()
 			}
 		})}
 		l := pipenet.Listen()
-		go srv.Serve(l)
+		go func() { _ = srv.Serve(l) }()
 		defer srv.Close()
 		tr := &http.Transport{DialContext: l.Dial}
 		defer tr.CloseIdleConnections()

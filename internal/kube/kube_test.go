@@ -60,12 +60,12 @@ func TestClientOverHTTP(t *testing.T) {
 		body, _ := io.ReadAll(r.Body)
 		got = append(got, r.Method+" "+r.URL.String()+" "+r.Header.Get("Content-Type")+" "+string(body))
 		w.Header().Set("Content-Type", "application/json")
-		switch {
-		case r.URL.Path == "/api/v1/nodes/gpu-1":
-			io.WriteString(w, `{"apiVersion":"v1","kind":"Node","metadata":{"name":"gpu-1","labels":{"gpu":"h100"}}}`)
-		case r.URL.Path == "/api/v1/namespaces/default/events":
+		switch r.URL.Path {
+		case "/api/v1/nodes/gpu-1":
+			_, _ = io.WriteString(w, `{"apiVersion":"v1","kind":"Node","metadata":{"name":"gpu-1","labels":{"gpu":"h100"}}}`)
+		case "/api/v1/namespaces/default/events":
 			w.WriteHeader(http.StatusForbidden)
-			io.WriteString(w, `{"apiVersion":"v1","kind":"Status","status":"Failure","reason":"Forbidden","code":403,"message":"events is forbidden"}`)
+			_, _ = io.WriteString(w, `{"apiVersion":"v1","kind":"Status","status":"Failure","reason":"Forbidden","code":403,"message":"events is forbidden"}`)
 		default:
 			http.NotFound(w, r)
 		}

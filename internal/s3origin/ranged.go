@@ -157,7 +157,7 @@ func Backoff(attempt int, base time.Duration, r float64) time.Duration {
 	return d/2 + time.Duration(r*float64(d/2))
 }
 
-// ErrShortBody: a body ended before the promised length (retryable).
+// ErrShortBody says a body ended before the promised length (retryable).
 var ErrShortBody = errors.New("body ended early")
 
 // LocalError marks a failure writing the local file: never retried.

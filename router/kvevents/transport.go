@@ -120,7 +120,7 @@ func (c *boundedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if perr := c.scan(p[:n]); perr != nil {
 		c.err = perr
-		_ = c.Conn.Close()
+		_ = c.Close()
 		return 0, perr
 	}
 	return n, err

@@ -253,7 +253,7 @@ func hubError(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("X-Error-Message", msg)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]string{"error": msg})
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
 func (s *Server) count(f func(*Stats)) {
@@ -280,7 +280,7 @@ func (s *Server) modelInfo(w http.ResponseWriter, r *http.Request) {
 		info.Siblings = append(info.Siblings, sibling{p})
 	}
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(info)
+	_ = json.NewEncoder(w).Encode(info)
 }
 
 func sortedPaths(tree map[string]File) []string { return slices.Sorted(maps.Keys(tree)) }
@@ -346,7 +346,7 @@ func (s *Server) tree(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Link", fmt.Sprintf(`<%s%s?%s>; rel="next"`, s.Hub.URL, r.URL.EscapedPath(), q.Encode()))
 	}
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(all[cursor:end])
+	_ = json.NewEncoder(w).Encode(all[cursor:end])
 }
 
 func next(p string, i int) int {
