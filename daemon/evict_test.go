@@ -111,9 +111,19 @@ func TestEvictionOnSmallDisk(t *testing.T) {
 	add(model("a", false, 0))
 	a := waitState("a", api.StateReady)
 	add(model("b", false, 0))
-	waitState("b", api.StateReady)
+	b := waitState("b", api.StateReady)
 	// a became ready first, but is read after b is ready: b is the least
-	// recently used.
+	// recently used. File times come from the kernel's coarse clock, some
+	// milliseconds behind time.Now: read a once that clock is past b's
+	// ready time, or a's read can look older than b.
+	probe := filepath.Join(t.TempDir(), "clock")
+	wait.For(t, "the file clock past b's ready time", func() bool {
+		if err := os.WriteFile(probe, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(probe)
+		return err == nil && st.ModTime().After(b.ReadyAt)
+	})
 	if _, err := os.ReadFile(filepath.Join(a.Path, "model.safetensors")); err != nil {
 		t.Fatal(err)
 	}
