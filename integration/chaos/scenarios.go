@@ -392,7 +392,7 @@ func corruptingPeer(ctx context.Context, f *Fleet) error {
 
 // noSpace is the daemon's report of a cache that does not fit, with its
 // figures.
-var noSpace = regexp.MustCompile(`not enough space: need [0-9.]+ ?[KMGT]?i?B, [0-9.]+ ?[KMGT]?i?B free`)
+var noSpace = regexp.MustCompile(`insufficient space: need [0-9.]+ ?[KMGT]?i?B, [0-9.]+ ?[KMGT]?i?B free`)
 
 func diskFull(ctx context.Context, f *Fleet) error {
 	small := f.Lab.Hosts()[2]
@@ -421,15 +421,17 @@ func diskFull(ctx context.Context, f *Fleet) error {
 
 // killPoints are where publishKilled kills the daemon, one a round: half
 // way, the final writes, the last byte written, and the verification that
-// leads to the publish.
+// leads to the publish. The verification of a small model can end between
+// two scrapes: the last point then kills the daemon just after the publish,
+// which must have left the revision whole as well.
 var killPoints = []struct {
 	name    string
-	reached func(done float64, verifying bool) bool
+	reached func(done float64, verifying, ready bool) bool
 }{
-	{"half written", func(done float64, verifying bool) bool { return done >= 0.5 || verifying }},
-	{"seven eighths written", func(done float64, verifying bool) bool { return done >= 7.0/8 || verifying }},
-	{"every byte written", func(done float64, verifying bool) bool { return done >= 1 || verifying }},
-	{"verifying", func(_ float64, verifying bool) bool { return verifying }},
+	{"half written", func(done float64, verifying, _ bool) bool { return done >= 0.5 || verifying }},
+	{"seven eighths written", func(done float64, verifying, _ bool) bool { return done >= 7.0/8 || verifying }},
+	{"every byte written", func(done float64, verifying, _ bool) bool { return done >= 1 || verifying }},
+	{"verifying", func(_ float64, verifying, ready bool) bool { return verifying || ready }},
 }
 
 func publishKilled(ctx context.Context, f *Fleet) error {
@@ -466,7 +468,11 @@ func publishKilled(ctx context.Context, f *Fleet) error {
 			if err != nil {
 				return err
 			}
-			if !at.reached(done/float64(m.Size()), verifying == 1) {
+			ready, _, err := netlab.MetricSum(text, fmt.Sprintf(`warmfleet_cache_state{model=%q,state="ready"}`, name))
+			if err != nil {
+				return err
+			}
+			if !at.reached(done/float64(m.Size()), verifying == 1, ready == 1) {
 				return fmt.Errorf("%s: %v of %d bytes, verifying %v", at.name, done, m.Size(), verifying)
 			}
 			return nil
