@@ -59,16 +59,10 @@ func (f *demoFleet) start(ctx context.Context) (*demoNode, error) {
 	if err := os.MkdirAll(n.dataDir, 0o700); err != nil {
 		return nil, err
 	}
-	// The daemon advertises its --p2p address as given: port 0 would be
-	// advertised as port 0, so the port is picked here.
-	p2pAddr, err := freeLoopbackAddr()
-	if err != nil {
-		return nil, err
-	}
 	args := []string{
 		"--node-name", n.name, "--data-dir", n.dataDir, "--api", n.api,
 		"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
-		"--gossip", "127.0.0.1:0", "--cluster-key-file", f.keyFile, "--p2p", p2pAddr,
+		"--gossip", "127.0.0.1:0", "--cluster-key-file", f.keyFile, "--p2p", "127.0.0.1:0",
 	}
 	if len(f.nodes) > 0 {
 		args = append(args, "--join", f.nodes[0].gossipAddr)
