@@ -241,15 +241,21 @@ func (d *driver) closedLoop(ctx context.Context, reqs []Request, clients int) ([
 	return ends, nil
 }
 
+// post sends r's body to base+r.Path as JSON; the caller reads and closes
+// the response.
+func post(ctx context.Context, c *http.Client, base string, r *Request) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+r.Path, bytes.NewReader(r.Body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return c.Do(req)
+}
+
 // sendReal posts one request in wall-clock time (overhead phase).
 func sendReal(ctx context.Context, c *http.Client, base string, r *Request) outcome {
 	start := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+r.Path, bytes.NewReader(r.Body))
-	if err != nil {
-		return outcome{err: err}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.Do(req)
+	resp, err := post(ctx, c, base, r)
 	if err != nil {
 		return outcome{err: err}
 	}

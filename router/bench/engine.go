@@ -193,12 +193,7 @@ func closedWall(ctx context.Context, c *http.Client, base string, reqs []Request
 
 func sendWall(ctx context.Context, c *http.Client, base string, r *Request) outcome {
 	start := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+r.Path, bytes.NewReader(r.Body))
-	if err != nil {
-		return outcome{err: err}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.Do(req)
+	resp, err := post(ctx, c, base, r)
 	if err != nil {
 		return outcome{err: err}
 	}
