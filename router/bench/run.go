@@ -80,7 +80,9 @@ func DefaultOptions() Options {
 	sim.KVBlocks = 65536 // 1M tokens per backend: a multi-GPU node
 	return Options{
 		Backends: 8, Load: 0.8, Requests: 1000, Workloads: AllWorkloads(),
-		Strategies: balance.Strategies(),
+		// kv-aware is prefix-aware's rule (which follows KV events wherever
+		// they are published): running both would replay every workload twice.
+		Strategies: slices.DeleteFunc(balance.Strategies(), func(s balance.Strategy) bool { return s == balance.KVAware }),
 		TracesDir:  "", Sim: sim, Seed: 1, Saturation: true, Replicas: 1,
 		OverheadRate: 1000, OverheadDuration: 2 * time.Second, OverheadRounds: 3,
 		DecisionBackends: 64, DecisionPrompt: 16000, DecisionSamples: 20000,
