@@ -160,7 +160,11 @@ func TestEvictionOnSmallDisk(t *testing.T) {
 	}
 	// b tries again after its backoff, and stays evicted: it may not
 	// evict to come back.
-	wait.For(t, "b tried again", func() bool { return status(t, d, "b").Attempts >= 2 }, wait.Timeout(60*time.Second))
+	// Attempts counts an attempt from its start: wait for its end.
+	wait.For(t, "b tried again", func() bool {
+		st := status(t, d, "b")
+		return st.Attempts >= 2 && st.Error != ""
+	}, wait.Timeout(60*time.Second))
 	if st := status(t, d, "b"); st.State != api.StateEvicted || st.Space == nil || st.Space.Needed != size {
 		t.Fatalf("b at the end: %+v", st)
 	}

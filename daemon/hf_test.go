@@ -139,7 +139,11 @@ func TestHubFileNotMatchingItsSHA256IsNeverReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	for attempt := 1; attempt <= 3; attempt++ {
-		wait.For(t, "a failed attempt", func() bool { return status(t, d, "org/m").Attempts >= attempt })
+		// Attempts counts an attempt from its start: wait for its end.
+		wait.For(t, "a failed attempt", func() bool {
+			st := status(t, d, "org/m")
+			return st.Attempts >= attempt && (st.Error != "" || st.Ready)
+		})
 		st := status(t, d, "org/m")
 		if st.Ready || st.State != api.StateFailed || !strings.Contains(st.Error, origin.ErrCorrupt.Error()) {
 			t.Fatalf("attempt %d: %+v, want failed with %q", attempt, st, origin.ErrCorrupt)
