@@ -14,23 +14,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/memberlist"
-
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/gossip"
+	"github.com/warmfleet/warmfleet/internal/testutil/memnet"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
-// gossipFleet starts n encrypted gossip nodes on memberlist's in-memory
-// network and returns them with their cluster key.
+// gossipFleet starts n encrypted gossip nodes on an in-memory network and
+// returns them with their cluster key.
 func gossipFleet(t *testing.T, n int) ([]*gossip.Node, []byte) {
 	t.Helper()
 	key, err := gossip.GenerateKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	mnet := &memberlist.MockNetwork{}
-	var trs []*memberlist.MockTransport
+	mnet := &memnet.Network{}
+	var trs []*memnet.Transport
 	for i := range n {
 		trs = append(trs, mnet.NewTransport(fmt.Sprintf("g%d", i)))
 	}
@@ -42,8 +41,7 @@ func gossipFleet(t *testing.T, n int) ([]*gossip.Node, []byte) {
 				PushPullInterval: 300 * time.Millisecond, TCPTimeout: 2 * time.Second},
 		}
 		if i > 0 {
-			ip, port, _ := trs[0].FinalAdvertiseAddr("", 0)
-			cfg.Join = []string{fmt.Sprintf("%s:%d", ip, port)}
+			cfg.Join = []string{trs[0].Addr()}
 		}
 		node, err := gossip.Start(t.Context(), cfg)
 		if err != nil {
@@ -52,22 +50,6 @@ func gossipFleet(t *testing.T, n int) ([]*gossip.Node, []byte) {
 		nodes = append(nodes, node)
 	}
 	t.Cleanup(func() {
-		// Keep every in-memory transport drained while the nodes leave: a
-		// send to a node that stopped reading would block for ever.
-		stop := make(chan struct{})
-		for _, tr := range trs {
-			go func() {
-				for {
-					select {
-					case <-stop:
-						return
-					case <-tr.PacketCh():
-					case c := <-tr.StreamCh():
-						_ = c.Close()
-					}
-				}
-			}()
-		}
 		var wg sync.WaitGroup
 		for _, node := range nodes {
 			wg.Go(func() {
@@ -77,7 +59,6 @@ func gossipFleet(t *testing.T, n int) ([]*gossip.Node, []byte) {
 			})
 		}
 		wg.Wait()
-		close(stop)
 	})
 	for _, node := range nodes {
 		wait.For(t, node.LocalName()+" sees the fleet", func() bool {

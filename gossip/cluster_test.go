@@ -2,7 +2,6 @@ package gossip
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"sync"
@@ -11,15 +10,18 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmfleet/warmfleet/internal/testutil/memnet"
 )
 
 // fastTuning keeps in-memory clusters quick; the defaults are for real fleets.
+// Probes stay patient enough that a member of a test cluster on a loaded
+// 2-core machine running -race is not declared dead between two steps.
 func fastTuning() Tuning {
 	return Tuning{
 		GossipInterval:   20 * time.Millisecond,
-		ProbeInterval:    200 * time.Millisecond,
-		ProbeTimeout:     100 * time.Millisecond,
-		SuspicionMult:    2,
+		ProbeInterval:    400 * time.Millisecond,
+		ProbeTimeout:     300 * time.Millisecond,
+		SuspicionMult:    3,
 		PushPullInterval: 300 * time.Millisecond,
 		TCPTimeout:       2 * time.Second,
 		ProgressInterval: 100 * time.Millisecond,
@@ -27,19 +29,18 @@ func fastTuning() Tuning {
 	}
 }
 
-// mockCluster runs Nodes on memberlist's in-memory network. Every transport
-// is created up front: MockNetwork's maps are not safe to grow while nodes
-// run.
+// mockCluster runs Nodes on an in-memory network. A node that stops is gone
+// from the network, as a process that exits: the others' packets to it are
+// dropped and their dials refused.
 type mockCluster struct {
-	t     testing.TB
-	net   *memberlist.MockNetwork
-	mocks map[string]*memberlist.MockTransport
-	key   []byte
-	tun   Tuning
+	t   testing.TB
+	net *memnet.Network
+	key []byte
+	tun Tuning
 
-	mu     sync.Mutex
-	nodes  map[string]*Node
-	drains map[string]chan struct{}
+	mu    sync.Mutex
+	nodes map[string]*Node
+	fresh map[string]*memnet.Transport // made up front, so addresses exist before start
 }
 
 func newMockCluster(t testing.TB, names ...string) *mockCluster {
@@ -48,21 +49,33 @@ func newMockCluster(t testing.TB, names ...string) *mockCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &mockCluster{t: t, net: &memberlist.MockNetwork{}, mocks: map[string]*memberlist.MockTransport{},
-		key: key, tun: fastTuning(), nodes: map[string]*Node{}, drains: map[string]chan struct{}{}}
+	c := &mockCluster{t: t, net: &memnet.Network{}, key: key, tun: fastTuning(),
+		nodes: map[string]*Node{}, fresh: map[string]*memnet.Transport{}}
 	for _, n := range names {
-		c.mocks[n] = c.net.NewTransport(n)
+		c.fresh[n] = c.net.NewTransport(n)
 	}
 	t.Cleanup(c.closeAll)
 	return c
 }
 
 func (c *mockCluster) addr(name string) string {
-	ip, port, err := c.mocks[name].FinalAdvertiseAddr("", 0)
-	if err != nil {
-		c.t.Fatal(err)
+	a := c.net.Addr(name)
+	if a == "" {
+		c.t.Fatalf("no node %s in the cluster", name)
 	}
-	return fmt.Sprintf("%s:%d", ip, port)
+	return a
+}
+
+// transport returns the node's transport for its next start: a restarted
+// node is a new incarnation at the same address.
+func (c *mockCluster) transport(name string) *memnet.Transport {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if tr, ok := c.fresh[name]; ok {
+		delete(c.fresh, name)
+		return tr
+	}
+	return c.net.NewTransport(name)
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -75,16 +88,10 @@ func testLogger(t testing.TB) *slog.Logger {
 // start starts a node; edit adjusts its config.
 func (c *mockCluster) start(name string, edit func(*Config)) *Node {
 	c.t.Helper()
-	c.mu.Lock()
-	if stop, ok := c.drains[name]; ok {
-		close(stop)
-		delete(c.drains, name)
-	}
-	c.mu.Unlock()
 	cfg := Config{
 		NodeName:  name,
 		Keyring:   [][]byte{c.key},
-		Transport: c.mocks[name],
+		Transport: c.transport(name),
 		Tuning:    c.tun,
 		Logger:    testLogger(c.t),
 		Meta:      Meta{APIAddr: "127.0.0.1:7070", Version: "test"},
@@ -102,16 +109,12 @@ func (c *mockCluster) start(name string, edit func(*Config)) *Node {
 	return n
 }
 
-// stop closes a node (gracefully if leave) and keeps its mock transport
-// drained so that the others, whose sends block on the in-memory network,
-// see it as unreachable instead of hanging.
+// stop closes a node, gracefully (a leave) or as a crash.
 func (c *mockCluster) stop(name string, leave bool) {
 	c.t.Helper()
 	c.mu.Lock()
 	n := c.nodes[name]
 	delete(c.nodes, name)
-	stop := make(chan struct{})
-	c.drains[name] = stop
 	c.mu.Unlock()
 	if leave {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -119,25 +122,13 @@ func (c *mockCluster) stop(name string, leave bool) {
 		if err := n.Close(ctx); err != nil {
 			c.t.Logf("close %s: %v", name, err)
 		}
-	} else {
-		// A crash: no leave message.
-		n.closed.Store(true)
-		_ = n.ml.Shutdown()
-		close(n.stop)
-		n.wg.Wait()
+		return
 	}
-	mt := c.mocks[name]
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-mt.PacketCh():
-			case conn := <-mt.StreamCh():
-				_ = conn.Close()
-			}
-		}
-	}()
+	// A crash: no leave message.
+	n.closed.Store(true)
+	_ = n.ml.Shutdown()
+	close(n.stop)
+	n.wg.Wait()
 }
 
 func (c *mockCluster) closeAll() {
@@ -145,41 +136,15 @@ func (c *mockCluster) closeAll() {
 	nodes := c.nodes
 	c.nodes = map[string]*Node{}
 	c.mu.Unlock()
-	// Drain every transport first, competing with the nodes' own readers:
-	// at teardown a lost packet does not matter, a send blocked forever on
-	// a node that stopped reading does (Close waits for its workers).
-	stop := make(chan struct{})
-	for _, mt := range c.mocks {
-		go func() {
-			for {
-				select {
-				case <-stop:
-					return
-				case <-mt.PacketCh():
-				case conn := <-mt.StreamCh():
-					_ = conn.Close()
-				}
-			}
-		}()
-	}
 	var wg sync.WaitGroup
 	for _, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			_ = n.Close(ctx)
-		}()
+		})
 	}
 	wg.Wait()
-	close(stop)
-	c.mu.Lock()
-	for name, s := range c.drains {
-		close(s)
-		delete(c.drains, name)
-	}
-	c.mu.Unlock()
 }
 
 func aliveCount(n *Node) int {

@@ -301,7 +301,7 @@ func (n *Node) fanOutKeyOp(ctx context.Context, msg keyOpMsg, key []byte) ([]Key
 	n.mu.Lock()
 	var targets []*memberlist.Node
 	for name, p := range n.peers {
-		if name != n.cfg.NodeName && p.state == MemberAlive && p.ip != nil {
+		if name != n.cfg.NodeName && p.state.member() && p.ip != nil {
 			targets = append(targets, &memberlist.Node{Name: name, Addr: p.ip, Port: p.port})
 		}
 	}
@@ -375,7 +375,7 @@ func (n *Node) fanOutKeyOp(ctx context.Context, msg keyOpMsg, key []byte) ([]Key
 func (n *Node) handleKeyOp(m keyOpMsg) {
 	n.mu.Lock()
 	p := n.peers[m.From]
-	known := p != nil && p.state == MemberAlive && m.From != n.cfg.NodeName
+	known := p != nil && p.state.member() && m.From != n.cfg.NodeName
 	n.mu.Unlock()
 	if !known {
 		n.met.drop(dropUnexpected)

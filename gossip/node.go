@@ -32,6 +32,11 @@ const (
 	MemberLeft    MemberState = "left"
 )
 
+// member says whether the state is still a member's: a suspect has missed
+// probes, which is no proof that it is gone, so fleet-wide operations still
+// ask it and accept its requests.
+func (s MemberState) member() bool { return s == MemberAlive || s == MemberSuspect }
+
 // Member is one fleet member as this node sees it. Dead and left members
 // are listed for a while (Tuning.DeadRetention) without inventory.
 type Member struct {
@@ -508,13 +513,27 @@ func (n *Node) housekeeping() {
 			// out TCPTimeout per address, and flushes and digests must not.
 			n.wg.Go(func() {
 				defer n.joining.Store(false)
-				if _, err := n.ml.Join(targets); err != nil {
-					n.log.Debug("gossip: rejoin", "join", targets, "err", err)
-				} else {
-					n.log.Info("gossip: rejoined", "join", targets)
-				}
+				n.rejoin(targets)
 			})
 		}
+	}
+}
+
+// rejoin tries the targets one at a time until one answers. memberlist's
+// Join takes no context and dials every address in turn, each up to
+// TCPTimeout: given them all at once, a Close would wait for every dial
+// to a member that is really gone.
+func (n *Node) rejoin(targets []string) {
+	for _, t := range targets {
+		if n.closed.Load() {
+			return
+		}
+		if _, err := n.ml.Join([]string{t}); err != nil {
+			n.log.Debug("gossip: rejoin", "join", t, "err", err)
+			continue
+		}
+		n.log.Info("gossip: rejoined", "join", t)
+		return
 	}
 }
 

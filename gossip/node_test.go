@@ -329,7 +329,7 @@ func TestGarbageMessagesDroppedAndCounted(t *testing.T) {
 func TestStartValidation(t *testing.T) {
 	c := newMockCluster(t, "a")
 	base := func() Config {
-		return Config{NodeName: "a", Keyring: [][]byte{c.key}, Transport: c.mocks["a"], Tuning: fastTuning()}
+		return Config{NodeName: "a", Keyring: [][]byte{c.key}, Transport: c.transport("a"), Tuning: fastTuning()}
 	}
 	for _, tc := range []struct {
 		name string

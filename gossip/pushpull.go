@@ -72,7 +72,7 @@ func (n *Node) runJob(j job) {
 	n.mu.Lock()
 	p := n.peers[j.to]
 	var to *memberlist.Node
-	if p != nil && p.state == MemberAlive {
+	if p != nil && p.state.member() {
 		to = &memberlist.Node{Name: j.to, Addr: p.ip, Port: p.port}
 	}
 	n.mu.Unlock()

@@ -1,9 +1,16 @@
 package gossip
 
 import (
+	"context"
+	"net"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/warmfleet/warmfleet/internal/testutil/memnet"
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // TestRejoinTargets: a whole fleet rejoins nowhere; a lone node tries its
@@ -30,5 +37,57 @@ func TestRejoinTargets(t *testing.T) {
 		if !slices.Equal(got, tt.want) {
 			t.Errorf("%s: rejoinTargets = %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// dialCounter counts dials, those to first, and those started after the
+// test flags the node closing.
+type dialCounter struct {
+	*memnet.Transport
+	first      string
+	toFirst    atomic.Int32
+	afterClose atomic.Int32
+	closing    atomic.Bool
+}
+
+func (d *dialCounter) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	if a.Addr == d.first {
+		d.toFirst.Add(1)
+	}
+	if d.closing.Load() {
+		d.afterClose.Add(1)
+	}
+	return d.Transport.DialAddressTimeout(a, timeout)
+}
+
+func (d *dialCounter) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+	return d.DialAddressTimeout(memberlist.Address{Addr: addr}, timeout)
+}
+
+// TestCloseDuringRejoinStopsDialling: a lone node whose join list names
+// members that never answer is in the middle of a rejoin when it closes.
+// Close waits for the dial in flight, not for one to every address left:
+// memberlist's Join, given them all, would try each in turn.
+func TestCloseDuringRejoinStopsDialling(t *testing.T) {
+	holes := []string{"h0", "h1", "h2"}
+	c := newMockCluster(t, append([]string{"a"}, holes...)...)
+	c.tun.TCPTimeout = 500 * time.Millisecond
+	var join []string
+	for _, h := range holes {
+		join = append(join, c.addr(h)) // on the network, never accepting: dials time out
+	}
+	d := &dialCounter{Transport: c.transport("a"), first: join[0]}
+	n := c.start("a", func(cfg *Config) { cfg.Join, cfg.Transport = join, d })
+	// A rejoin round dials the join list in order: a new dial to the first
+	// address is a round that has just begun.
+	base := d.toFirst.Load()
+	wait.For(t, "a new rejoin round", func() bool { return d.toFirst.Load() > base })
+	d.closing.Store(true)
+	if err := n.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// One more at most, had the machine stalled through a whole dial.
+	if got := d.afterClose.Load(); got > 1 {
+		t.Fatalf("%d dials started after Close began, want at most 1", got)
 	}
 }

@@ -28,7 +28,7 @@ func Targets(s spec.Spec, members []Member) []string {
 	var elig []scored
 	seen := map[string]bool{}
 	for _, m := range members {
-		if m.Role != RoleNode || (m.State != MemberAlive && m.State != MemberSuspect) || seen[m.Name] {
+		if m.Role != RoleNode || !m.State.member() || seen[m.Name] {
 			continue
 		}
 		if !s.Targets.Matches(m.Labels) {

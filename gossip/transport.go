@@ -12,8 +12,9 @@ import (
 // countingTransport wraps a memberlist transport to count bytes on the wire
 // (after encryption) and to decouple packet delivery from the sender: packets
 // are handed over through a buffer and dropped when it is full, like UDP.
-// Without the buffer, memberlist's in-memory MockTransport can deadlock two
-// nodes whose packet handlers answer each other at the same moment.
+// Without the buffer, a transport that delivers packets synchronously (an
+// in-memory one in tests) can deadlock two nodes whose packet handlers
+// answer each other at the same moment.
 type countingTransport struct {
 	inner   memberlist.NodeAwareTransport
 	packets chan *memberlist.Packet
