@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -438,5 +439,73 @@ func TestDeathSeenWhileClosingIsQuiet(t *testing.T) {
 	ev.NotifyLeave(&memberlist.Node{Name: "y"})
 	if after := logs.String(); after != before {
 		t.Fatalf("a death seen while closing was logged at info: %q", after[len(before):])
+	}
+}
+
+// observingStore saves through a real store and, on the first save that
+// brings key, records what check says at that moment.
+type observingStore struct {
+	desired.Store
+	key   string
+	check func() bool
+	seen  atomic.Int32 // 0 not yet, 1 true, 2 false
+}
+
+func (s *observingStore) Save(ctx context.Context, c desired.StoreChange) error {
+	for _, r := range c.Put {
+		if r.Key == s.key && s.seen.Load() == 0 {
+			if s.check() {
+				s.seen.Store(1)
+			} else {
+				s.seen.Store(2)
+			}
+		}
+	}
+	return s.Store.Save(ctx, c)
+}
+
+// TestPushPullBringsTheSenderBeforeItsSpecs: a node that learns a spec in
+// a push/pull already knows the sender's inventory when the spec lands. A
+// late node told of a spec before anyone's inventory ranks itself first
+// for every shard, knows no holder, and reads the origin.
+func TestPushPullBringsTheSenderBeforeItsSpecs(t *testing.T) {
+	ctx := context.Background()
+	c := newMockCluster(t, "holder", "late")
+	s := modelSpec("llama")
+	holderDesired := newDesired(t, testbolt.OpenTemp(t), "holder", nil)
+	if err := holderDesired.Put(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	holder := c.start("holder", func(cfg *Config) { cfg.Desired = holderDesired })
+	inv := Inventory{Models: map[string]ModelInventory{"llama": {Revision: "r1", State: StateReady, BytesDone: 10, BytesTotal: 10}}}
+	if err := holder.SetLocalInventory(inv); err != nil {
+		t.Fatal(err)
+	}
+
+	bolt, err := desired.NewBoltStore(testbolt.OpenTemp(t), "desired")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var late *Node
+	store := &observingStore{Store: bolt, key: s.Key(), check: func() bool {
+		m, _ := member(late, "holder")
+		return m.Inventory != nil && m.Inventory.Models["llama"].State == StateReady
+	}}
+	lateDesired, err := desired.New(ctx, store, desired.Options{NodeName: "late"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	late = c.start("late", func(cfg *Config) { cfg.Desired = lateDesired })
+	// The two never meet on the network, so no rumor can come first: late
+	// admits holder as memberlist would, then merges its push/pull state.
+	late.mu.Lock()
+	late.peers["holder"] = &peer{state: MemberAlive}
+	late.mu.Unlock()
+	late.mergeState(holder.localState())
+	if _, ok := lateDesired.Get(s.Key()); !ok {
+		t.Fatal("the push/pull did not bring the spec")
+	}
+	if store.seen.Load() != 1 {
+		t.Fatal("the spec was saved before the sender's inventory was known")
 	}
 }

@@ -183,15 +183,18 @@ func (n *Node) mergeState(buf []byte) {
 		return
 	}
 	n.met.received.WithLabelValues(msgState.String()).Inc()
+	// The sender's inventory first: a spec learned here must land with at
+	// least one holder known, or a late node ranks itself first for every
+	// shard and reads the origin.
+	if st.Self != nil {
+		n.applyInventory(*st.Self, nil)
+	}
 	if n.desired != nil && st.Desired {
 		_, bad, err := n.desired.MergeFull(context.Background(), desired.FullState{Records: st.Records, Stale: st.Stale, Synced: st.Synced})
 		n.met.dropped.WithLabelValues(dropInvalid).Add(float64(bad))
 		if err != nil {
 			n.log.Error("gossip: save desired state", "err", err)
 		}
-	}
-	if st.Self != nil {
-		n.applyInventory(*st.Self, nil)
 	}
 	var want []string
 	n.mu.Lock()
