@@ -72,8 +72,7 @@ type Router struct {
 
 	slowBodies slowBodies
 
-	kv   *kvFeeds  // KV event subscribers and their exact index (kv.go)
-	toks sync.Pool // *[]uint32 token ids of token-id prompts
+	kv *kvFeeds // KV event subscribers and their exact index (kv.go)
 
 	mu       sync.Mutex
 	cfg      Config
@@ -91,6 +90,11 @@ type Router struct {
 	depth   []int
 	cands   []balance.Candidate
 	members []*backend
+	// the same for kvMatchLocked
+	kvURLs []string
+	kvPub  []*backend
+	kvN    []int
+	kvOK   []bool
 }
 
 type backend struct {
@@ -409,15 +413,8 @@ func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (model stri
 	if kp == nil {
 		kp = new([]uint64)
 	}
-	if rt.kv.active.Load() > 0 && req.HasPrompt && !req.HasMessages && req.CacheSalt == "" {
-		tp, _ := rt.toks.Get().(*[]uint32)
-		if tp == nil {
-			tp = new([]uint32)
-		}
-		*kp, exact = rt.engineKeys((*kp)[:0], cfg, req.Model, req.Prompt, tp)
-		if cap(*tp) <= 1<<16 {
-			rt.toks.Put(tp)
-		}
+	if rt.kv.active.Load() > 0 && len(req.Tokens) > 0 && !req.HasMessages && req.CacheSalt == "" {
+		*kp, exact = rt.engineKeys((*kp)[:0], cfg, req.Model, req.Tokens), true
 	}
 	if !exact {
 		*kp, _ = rt.hasher(cfg).Blocks((*kp)[:0], req.Model, &req, session)

@@ -30,6 +30,10 @@ type Request struct {
 	// string, otherwise the raw JSON of the value (token ids, batches).
 	Prompt    []byte
 	HasPrompt bool
+	// Tokens are the prompt's token ids when it is a flat array of them,
+	// each at most 2^32-1 (what TokenIDs accepts), read in the same pass;
+	// nil otherwise (a string, a batch, an empty array).
+	Tokens []uint32
 	// Messages are the chat messages in order.
 	Messages    []Message
 	HasMessages bool
@@ -82,13 +86,23 @@ func Scan(body []byte) (Request, error) {
 type Scanner struct {
 	text []byte
 	msgs []Message
+	toks []uint32
 }
+
+// maxKeptTokens bounds the token memory a Scanner keeps for the next scan:
+// a rare huge prompt's is left to the garbage collector.
+const maxKeptTokens = 1 << 16
 
 // Scan is Scan, reusing sc's memory.
 func (sc *Scanner) Scan(body []byte) (Request, error) {
 	req := Request{MaxTokens: -1, Messages: sc.msgs[:0]}
-	s := scanner{b: body, text: sc.text[:0]}
-	defer func() { sc.msgs, sc.text = req.Messages[:0], s.text[:0] }()
+	s := scanner{b: body, text: sc.text[:0], toks: sc.toks[:0]}
+	defer func() {
+		sc.msgs, sc.text, sc.toks = req.Messages[:0], s.text[:0], s.toks[:0]
+		if cap(sc.toks) > maxKeptTokens {
+			sc.toks = nil
+		}
+	}()
 	s.ws()
 	if s.i >= len(s.b) || s.b[s.i] != '{' {
 		if s.i >= len(s.b) {
@@ -147,7 +161,7 @@ func (sc *Scanner) Scan(body []byte) (Request, error) {
 			}
 			return err
 		case "prompt":
-			req.HasPrompt = true
+			req.HasPrompt, req.Tokens = true, nil
 			if s.peek() == '"' {
 				v, err := s.str(true)
 				req.Prompt = v
@@ -160,6 +174,10 @@ func (sc *Scanner) Scan(body []byte) (Request, error) {
 				return s.typeErr("prompt", promptWant)
 			}
 			start := s.i
+			if s.tokenArray() {
+				req.Prompt, req.Tokens = body[start:s.i], s.toks
+				return nil
+			}
 			if err := s.promptArray(); err != nil {
 				return err
 			}
@@ -194,6 +212,7 @@ type scanner struct {
 	b    []byte
 	i    int
 	text []byte      // where decoded strings go
+	toks []uint32    // where tokenArray puts token ids
 	ferr *FieldError // first field of the wrong type; reported only if the JSON is valid
 }
 
@@ -346,6 +365,54 @@ func (s *scanner) promptArray() error {
 	}
 	return err
 }
+
+// tokenArray reads, at an array, a flat array of token ids each at most
+// 2^32-1 into s.toks, in one tight loop: a token-id prompt is thousands of
+// them, and the router needs their values. Anything else (another element,
+// a bigger number, a fraction, bad syntax) reports false having consumed
+// nothing, and promptArray then reads the array as usual, errors and all.
+// Where it reports true, promptArray would have accepted the array as it
+// is and TokenIDs would have returned the same ids.
+func (s *scanner) tokenArray() bool {
+	b, i := s.b, s.i+1 // past '['
+	toks := s.toks[:0]
+	for {
+		for i < len(b) && isSpace(b[i]) {
+			i++
+		}
+		if i >= len(b) || !isDigit(b[i]) {
+			return false
+		}
+		n := uint64(b[i] - '0')
+		i++
+		if n != 0 { // JSON has no leading zeros: a 0 ends its number
+			for i < len(b) && isDigit(b[i]) {
+				if n = n*10 + uint64(b[i]-'0'); n > 1<<32-1 {
+					return false
+				}
+				i++
+			}
+		}
+		for i < len(b) && isSpace(b[i]) {
+			i++
+		}
+		if i >= len(b) {
+			return false
+		}
+		toks = append(toks, uint32(n))
+		switch b[i] {
+		case ',':
+			i++
+		case ']':
+			s.i, s.toks = i+1, toks
+			return true
+		default:
+			return false // a fraction, an exponent, a digit after a leading 0, ...
+		}
+	}
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
 // value validates and skips one JSON value at depth.
 func (s *scanner) value(depth int) error {
