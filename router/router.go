@@ -498,7 +498,7 @@ func (rt *Router) prefilled(r *routed) {
 // prefilledLocked reports whether it removed the blocks (only the first
 // call for a request does).
 func (rt *Router) prefilledLocked(r *routed) bool {
-	if r.pending == nil || r.pending.done {
+	if r.pending.done {
 		return false
 	}
 	r.pending.done = true
@@ -552,8 +552,8 @@ type routed struct {
 	common   int
 	eligible int
 	bound    int
-	inflight int // the backend's in-flight count including this request
-	pending  *pendingPrefill
+	inflight int            // the backend's in-flight count including this request
+	pending  pendingPrefill // its one copy is the one released: no allocation per request
 	// prefMatched is what the preferred backend (ignoring load) holds.
 	prefMatched int
 	model       string // the request's model label (metrics)
@@ -624,7 +624,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	}
 	if len(members) == 0 {
 		none.model = req.model
-		return routed{}, &none
+		return routed{}, new(none) // allocated here only: none is counted on every decision
 	}
 	common := 0
 	if len(req.keys) > 0 {
@@ -682,7 +682,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		rt.index.Insert(b.slot, req.keys, d.Matched)
 	}
 	return routed{b: b, id: b.id, sent: now, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
-		pending: &pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched,
+		pending: pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched,
 		model: rt.modelLabelLocked(req.model), warm: b.ep.HoldsWeights}, nil
 }
 

@@ -84,9 +84,10 @@ func Scan(body []byte) (Request, error) {
 // Scanners so that decoding a long prompt allocates nothing. The Request a
 // Scanner returns is valid until its next Scan.
 type Scanner struct {
-	text []byte
-	msgs []Message
-	toks []uint32
+	text  []byte
+	msgs  []Message
+	toks  []uint32
+	model string // the last model named, reused while the next names it too
 }
 
 // maxKeptTokens bounds the token memory a Scanner keeps for the next scan:
@@ -118,11 +119,13 @@ func (sc *Scanner) Scan(body []byte) (Request, error) {
 	}
 	maxTokens, maxCompletion := -1, -1
 	err := s.object(0, func(key []byte) error {
-		k := string(key)
-		switch k {
+		switch string(key) { // no conversion: the cases are constants
 		case "model":
 			v, err := s.stringField("model")
-			req.Model = string(v)
+			if string(v) != sc.model { // most requests name the model the last one did
+				sc.model = string(v)
+			}
+			req.Model = sc.model
 			return err
 		case "cache_salt":
 			v, err := s.stringField("cache_salt")
@@ -152,13 +155,13 @@ func (sc *Scanner) Scan(body []byte) (Request, error) {
 				return err
 			}
 			return s.typeErr("stream", "a boolean")
-		case "max_tokens", "max_completion_tokens":
-			n, err := s.intField(k)
-			if k == "max_tokens" {
-				maxTokens = n
-			} else {
-				maxCompletion = n
-			}
+		case "max_tokens":
+			n, err := s.intField("max_tokens")
+			maxTokens = n
+			return err
+		case "max_completion_tokens":
+			n, err := s.intField("max_completion_tokens")
+			maxCompletion = n
 			return err
 		case "prompt":
 			req.HasPrompt, req.Tokens = true, nil
@@ -696,7 +699,7 @@ func (s *scanner) messages(dst []Message) ([]Message, error) {
 			switch k {
 			case "role":
 				v, err := s.stringField("role")
-				m.Role = string(v)
+				m.Role = role(v)
 				return err
 			case "content":
 				if s.peek() == '"' {
@@ -715,6 +718,24 @@ func (s *scanner) messages(dst []Message) ([]Message, error) {
 		return err
 	})
 	return dst, err
+}
+
+// role is a message's role as a string, without an allocation for the
+// roles the API defines.
+func role(v []byte) string {
+	switch string(v) {
+	case "system":
+		return "system"
+	case "user":
+		return "user"
+	case "assistant":
+		return "assistant"
+	case "tool":
+		return "tool"
+	case "developer":
+		return "developer"
+	}
+	return string(v)
 }
 
 // IsSyntax reports whether err is malformed JSON (as opposed to a field of
