@@ -201,10 +201,11 @@ func (rt *Router) engineKeys(dst []uint64, cfg *Config, model string, ids []uint
 	return dst
 }
 
-// kvMatchLocked overrides depth (the approximate index's match) with the
-// exact one for every member whose event view is trusted, and counts which
-// view scored each backend that publishes events.
-func (rt *Router) kvMatchLocked(members []*backend, keys []uint64, depth []int) {
+// kvScoreLocked matches keys against the event view of every member that
+// publishes events, for kvApplyLocked, and reports whether every member's
+// view is trusted: the approximate index's match would then be overridden
+// for all of them, and the caller skips it.
+func (rt *Router) kvScoreLocked(members []*backend, keys []uint64) (all bool) {
 	urls, pub := rt.kvURLs[:0], rt.kvPub[:0]
 	for _, b := range members {
 		if b.ep.KVEvents == "" {
@@ -218,16 +219,24 @@ func (rt *Router) kvMatchLocked(members []*backend, keys []uint64, depth []int) 
 	}
 	n, ok := slices.Grow(rt.kvN[:0], len(urls))[:len(urls)], slices.Grow(rt.kvOK[:0], len(urls))[:len(urls)]
 	rt.kv.index.MatchAll(urls, keys, n, ok)
-	for i, b := range pub {
-		if ok[i] {
-			depth[b.slot] = n[i]
+	rt.kvURLs, rt.kvPub, rt.kvN, rt.kvOK = urls, pub, n, ok
+	return len(pub) == len(members) && !slices.Contains(ok, false)
+}
+
+// kvApplyLocked overrides depth (the approximate index's match) with the
+// exact one kvScoreLocked found for every member whose event view is
+// trusted, and counts which view scored each backend that publishes events.
+func (rt *Router) kvApplyLocked(depth []int) {
+	for i, b := range rt.kvPub {
+		if rt.kvOK[i] {
+			depth[b.slot] = rt.kvN[i]
 			b.kvExact.Inc()
 		} else {
 			b.kvApprox.Inc()
 		}
 	}
-	clear(pub) // no backend is kept alive by the scratch space
-	rt.kvURLs, rt.kvPub, rt.kvN, rt.kvOK = urls[:0], pub[:0], n[:0], ok[:0]
+	clear(rt.kvPub) // no backend is kept alive by the scratch space
+	rt.kvURLs, rt.kvPub, rt.kvN, rt.kvOK = rt.kvURLs[:0], rt.kvPub[:0], rt.kvN[:0], rt.kvOK[:0]
 }
 
 // kvMetrics are the event streams' series.

@@ -90,7 +90,7 @@ type Router struct {
 	depth   []int
 	cands   []balance.Candidate
 	members []*backend
-	// the same for kvMatchLocked
+	// the same for kvScoreLocked and kvApplyLocked
 	kvURLs []string
 	kvPub  []*backend
 	kvN    []int
@@ -629,9 +629,11 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	common := 0
 	if len(req.keys) > 0 {
 		clear(depth)
-		rt.index.Match(req.keys, depth)
+		if !req.exact || !rt.kvScoreLocked(members, req.keys) {
+			rt.index.Match(req.keys, depth)
+		}
 		if req.exact {
-			rt.kvMatchLocked(members, req.keys, depth)
+			rt.kvApplyLocked(depth)
 		}
 		// The prefix every eligible backend holds says nothing about where
 		// to go (a system prompt all have seen).

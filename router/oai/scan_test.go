@@ -3,6 +3,7 @@ package oai
 import (
 	"bytes"
 	"cmp"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
@@ -117,6 +118,7 @@ func FuzzScan(f *testing.F) {
 	f.Add([]byte(`{"messages":[{"role":"user","content":null}],"stream":false}`))
 	f.Add([]byte(`{"model":"m","prompt":[1, 20 ,0,4294967295]}`))
 	f.Add([]byte(`{"prompt":[4294967296],"prompt":[01]}`))
+	f.Add([]byte(`{"prompt":[12345,1234567,12345678,0,01,7,99],"model":"m"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		got, err := Scan(body)
 		valid := json.Valid(body)
@@ -246,6 +248,12 @@ func TestScanTokens(t *testing.T) {
 		{body: `{"prompt":"x","prompt":[5]}`, want: []uint32{5}},       // the last prompt counts
 		{body: `{"prompt":[1,2],"prompt":[3]}`, want: []uint32{3}},     // the last prompt counts
 		{body: `{"prompt":[1,2],"messages":[]}`, want: []uint32{1, 2}}, // the router decides what counts
+		{body: `{"prompt":[12345,1234567,12345678,0,0,7,99],"model":"m"}`, want: []uint32{12345, 1234567, 12345678, 0, 0, 7, 99}},
+		{body: `{"prompt":[1,22 ,333, 4444,55555],"model":"m"}`, want: []uint32{1, 22, 333, 4444, 55555}},
+		{body: `{"prompt":[7,0123,5],"model":"mmmmmmmm"}`, err: "syntax"},
+		{body: `{"prompt":[7,12.5,5],"model":"mmmmmmmm"}`, err: "field"},
+		{body: `{"prompt":[7,12e5,5],"model":"mmmmmmmm"}`, err: "field"},
+		{body: `{"prompt":[7,1,,5],"model":"mmmmmmmm"}`, err: "syntax"},
 		{body: `{"prompt":[1.5]}`, err: "field"},
 		{body: `{"prompt":[1e3]}`, err: "field"},
 		{body: `{"prompt":[1,-2]}`, err: "field"},
@@ -427,6 +435,40 @@ func TestSyntaxErrorsSayWhat(t *testing.T) {
 		_, err := Scan([]byte(body))
 		if !IsSyntax(err) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want a syntax error saying %q", body, err, want)
+		}
+	}
+}
+
+// TestLeadingDigits: the word-at-a-time digit reading agrees with a byte
+// at a time for every byte that can follow a run of digits.
+func TestLeadingDigits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for k := range 8 {
+		for c := range 256 {
+			var w [8]byte
+			for i := range w {
+				w[i] = byte(rng.IntN(256))
+			}
+			for i := range k {
+				w[i] = '0' + byte(rng.IntN(10))
+			}
+			if k < 8 {
+				w[k] = byte(c)
+			}
+			want := 0
+			for want < 8 && isDigit(w[want]) {
+				want++
+			}
+			x := binary.LittleEndian.Uint64(w[:])
+			if got := leadingDigits(x); got != want {
+				t.Fatalf("leadingDigits(%q) = %d, want %d", w, got, want)
+			}
+			if want > 0 && want < 8 {
+				n, _ := strconv.ParseUint(string(w[:want]), 10, 32)
+				if got := parseDigits(x, want); uint64(got) != n {
+					t.Fatalf("parseDigits(%q, %d) = %d, want %d", w, want, got, n)
+				}
+			}
 		}
 	}
 }
