@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/warmfleet/warmfleet/router/kvevents"
-	"github.com/warmfleet/warmfleet/router/prefix"
 )
 
 // TestRouteAllocatesNothing: a decision, scan to index update, allocates
@@ -19,15 +18,7 @@ func TestRouteAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's sync.Pool drops items at random")
 	}
-	cfg := Defaults()
-	cfg.ProbeInterval = -1
-	for i := range 8 {
-		cfg.Backends = append(cfg.Backends, BackendConfig{URL: fmt.Sprintf("http://127.0.0.1:%d", 30000+i), KVEvents: fmt.Sprintf("tcp://127.0.0.1:%d", 40000+i)})
-	}
-	rt, err := New(cfg, Options{Source: NewStaticSource(StaticEndpoints(&cfg), nil), HashKey: prefix.KeyFromBytes([]byte("k"))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt, cfg := kvRouter(t, 8)
 	tokens := make([]uint32, 1000)
 	for i := range tokens {
 		tokens[i] = uint32(i * 7919 % 150000)
