@@ -3,13 +3,13 @@ package router
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/warmfleet/warmfleet/router/kvevents"
-	"github.com/warmfleet/warmfleet/router/oai"
 )
 
 // KV events. A backend whose config names a kv_events address gets one
@@ -181,17 +181,11 @@ func (rt *Router) KVEventsAddr(backend string) string {
 // KVStats returns what backend's event stream has delivered.
 func (rt *Router) KVStats(backend string) kvevents.Stats { return rt.kv.index.Stats(backend) }
 
-// engineKeys computes the engine's block hashes for a token-id prompt into
-// dst, with one more key for a partial last block (it can never match an
-// engine's block, but gives short prompts and the cold path a key as the
-// text hashes do). ok is false when the prompt is not a flat array of
-// token ids or the model cannot be hashed so.
-func (rt *Router) engineKeys(dst []uint64, cfg *Config, model string, prompt []byte, toks *[]uint32) ([]uint64, bool) {
-	ids, ok := oai.TokenIDs(prompt, (*toks)[:0])
-	*toks = ids
-	if !ok || len(ids) == 0 {
-		return dst, false
-	}
+// engineKeys computes the engine's block hashes for a token-id prompt (the
+// ids the scan read, oai.Request.Tokens) into dst, with one more key for a
+// partial last block (it can never match an engine's block, but gives short
+// prompts and the cold path a key as the text hashes do).
+func (rt *Router) engineKeys(dst []uint64, cfg *Config, model string, ids []uint32) []uint64 {
 	dst = kvevents.AppendLLMDChain(dst, cfg.KVHashSeed, model, ids, cfg.KVBlockSize, cfg.MaxBlocks)
 	if full := len(ids) / cfg.KVBlockSize; len(dst) < cfg.MaxBlocks && full*cfg.KVBlockSize < len(ids) {
 		var prev uint64
@@ -204,13 +198,15 @@ func (rt *Router) engineKeys(dst []uint64, cfg *Config, model string, prompt []b
 		}
 		dst = append(dst, tail)
 	}
-	return dst, true
+	return dst
 }
 
-// kvMatchLocked overrides depth (the approximate index's match) with the
-// exact one for every member whose event view is trusted, and counts which
-// view scored each backend that publishes events.
-func (rt *Router) kvMatchLocked(members []*backend, keys []uint64, depth []int) {
+// kvScoreLocked matches keys against the event view of every member that
+// publishes events, for kvApplyLocked, and reports whether every member's
+// view is trusted: the approximate index's match would then be overridden
+// for all of them, and the caller skips it.
+func (rt *Router) kvScoreLocked(members []*backend, keys []uint64) (all bool) {
+	urls, pub := rt.kvURLs[:0], rt.kvPub[:0]
 	for _, b := range members {
 		if b.ep.KVEvents == "" {
 			continue
@@ -219,13 +215,28 @@ func (rt *Router) kvMatchLocked(members []*backend, keys []uint64, depth []int) 
 			b.kvExact = rt.kv.m.scored.WithLabelValues(b.url, "exact")
 			b.kvApprox = rt.kv.m.scored.WithLabelValues(b.url, "approximate")
 		}
-		if n, ok := rt.kv.index.Match(b.url, keys); ok {
-			depth[b.slot] = n
+		urls, pub = append(urls, b.url), append(pub, b)
+	}
+	n, ok := slices.Grow(rt.kvN[:0], len(urls))[:len(urls)], slices.Grow(rt.kvOK[:0], len(urls))[:len(urls)]
+	rt.kv.index.MatchAll(urls, keys, n, ok)
+	rt.kvURLs, rt.kvPub, rt.kvN, rt.kvOK = urls, pub, n, ok
+	return len(pub) == len(members) && !slices.Contains(ok, false)
+}
+
+// kvApplyLocked overrides depth (the approximate index's match) with the
+// exact one kvScoreLocked found for every member whose event view is
+// trusted, and counts which view scored each backend that publishes events.
+func (rt *Router) kvApplyLocked(depth []int) {
+	for i, b := range rt.kvPub {
+		if rt.kvOK[i] {
+			depth[b.slot] = rt.kvN[i]
 			b.kvExact.Inc()
 		} else {
 			b.kvApprox.Inc()
 		}
 	}
+	clear(rt.kvPub) // no backend is kept alive by the scratch space
+	rt.kvURLs, rt.kvPub, rt.kvN, rt.kvOK = rt.kvURLs[:0], rt.kvPub[:0], rt.kvN[:0], rt.kvOK[:0]
 }
 
 // kvMetrics are the event streams' series.

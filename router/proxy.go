@@ -149,11 +149,13 @@ func (rt *Router) readBody(w http.ResponseWriter, r *http.Request, cfg *Config) 
 	var body []byte
 	var err error
 	if r.ContentLength > 0 {
-		// Known size: one allocation, then make sure nothing follows.
-		body = make([]byte, r.ContentLength)
+		// Known size: one allocation, then make sure nothing follows (read
+		// into the byte past it: a buffer of its own would escape, an
+		// allocation more per request).
+		buf := make([]byte, r.ContentLength+1)
+		body = buf[:r.ContentLength]
 		if _, err = io.ReadFull(r.Body, body); err == nil {
-			var extra [1]byte
-			if n, _ := r.Body.Read(extra[:]); n > 0 {
+			if n, _ := r.Body.Read(buf[len(body):]); n > 0 {
 				slow.done()
 				return nil, tooLarge()
 			}

@@ -78,15 +78,7 @@ func benchRoute(b *testing.B, st balance.Strategy) {
 // each backend's exact view matched. Documents are held by two backends
 // each, as their engines reported.
 func BenchmarkRouteKV64x4k(b *testing.B) {
-	cfg := Defaults()
-	cfg.ProbeInterval = -1
-	for i := range 64 {
-		cfg.Backends = append(cfg.Backends, BackendConfig{URL: fmt.Sprintf("http://127.0.0.1:%d", 30000+i), KVEvents: fmt.Sprintf("tcp://127.0.0.1:%d", 40000+i)})
-	}
-	rt, err := New(cfg, Options{Source: NewStaticSource(StaticEndpoints(&cfg), nil), HashKey: prefix.KeyFromBytes([]byte("k"))})
-	if err != nil {
-		b.Fatal(err)
-	}
+	rt, cfg := kvRouter(b, 64)
 	rng := rand.New(rand.NewPCG(1, 2))
 	ids := func(n int) []uint32 {
 		out := make([]uint32, n)
@@ -132,4 +124,20 @@ func BenchmarkRouteKV64x4k(b *testing.B) {
 		}
 		i++
 	}
+}
+
+// kvRouter is a router over n backends that each name a KV event address;
+// it is not run, so nothing connects, and tests feed its exact index
+// themselves (rt.kv.index.Apply).
+func kvRouter(tb testing.TB, n int) (*Router, Config) {
+	cfg := Defaults()
+	cfg.ProbeInterval = -1
+	for i := range n {
+		cfg.Backends = append(cfg.Backends, BackendConfig{URL: fmt.Sprintf("http://127.0.0.1:%d", 30000+i), KVEvents: fmt.Sprintf("tcp://127.0.0.1:%d", 40000+i)})
+	}
+	rt, err := New(cfg, Options{Source: NewStaticSource(StaticEndpoints(&cfg), nil), HashKey: prefix.KeyFromBytes([]byte("k"))})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return rt, cfg
 }

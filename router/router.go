@@ -72,8 +72,7 @@ type Router struct {
 
 	slowBodies slowBodies
 
-	kv   *kvFeeds  // KV event subscribers and their exact index (kv.go)
-	toks sync.Pool // *[]uint32 token ids of token-id prompts
+	kv *kvFeeds // KV event subscribers and their exact index (kv.go)
 
 	mu       sync.Mutex
 	cfg      Config
@@ -91,6 +90,11 @@ type Router struct {
 	depth   []int
 	cands   []balance.Candidate
 	members []*backend
+	// the same for kvScoreLocked and kvApplyLocked
+	kvURLs []string
+	kvPub  []*backend
+	kvN    []int
+	kvOK   []bool
 }
 
 type backend struct {
@@ -409,15 +413,8 @@ func (rt *Router) scanKeys(cfg *Config, body []byte, session string) (model stri
 	if kp == nil {
 		kp = new([]uint64)
 	}
-	if rt.kv.active.Load() > 0 && req.HasPrompt && !req.HasMessages && req.CacheSalt == "" {
-		tp, _ := rt.toks.Get().(*[]uint32)
-		if tp == nil {
-			tp = new([]uint32)
-		}
-		*kp, exact = rt.engineKeys((*kp)[:0], cfg, req.Model, req.Prompt, tp)
-		if cap(*tp) <= 1<<16 {
-			rt.toks.Put(tp)
-		}
+	if rt.kv.active.Load() > 0 && len(req.Tokens) > 0 && !req.HasMessages && req.CacheSalt == "" {
+		*kp, exact = rt.engineKeys((*kp)[:0], cfg, req.Model, req.Tokens), true
 	}
 	if !exact {
 		*kp, _ = rt.hasher(cfg).Blocks((*kp)[:0], req.Model, &req, session)
@@ -501,7 +498,7 @@ func (rt *Router) prefilled(r *routed) {
 // prefilledLocked reports whether it removed the blocks (only the first
 // call for a request does).
 func (rt *Router) prefilledLocked(r *routed) bool {
-	if r.pending == nil || r.pending.done {
+	if r.pending.done {
 		return false
 	}
 	r.pending.done = true
@@ -555,8 +552,8 @@ type routed struct {
 	common   int
 	eligible int
 	bound    int
-	inflight int // the backend's in-flight count including this request
-	pending  *pendingPrefill
+	inflight int            // the backend's in-flight count including this request
+	pending  pendingPrefill // its one copy is the one released: no allocation per request
 	// prefMatched is what the preferred backend (ignoring load) holds.
 	prefMatched int
 	model       string // the request's model label (metrics)
@@ -627,14 +624,16 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	}
 	if len(members) == 0 {
 		none.model = req.model
-		return routed{}, &none
+		return routed{}, new(none) // allocated here only: none is counted on every decision
 	}
 	common := 0
 	if len(req.keys) > 0 {
 		clear(depth)
-		rt.index.Match(req.keys, depth)
+		if !req.exact || !rt.kvScoreLocked(members, req.keys) {
+			rt.index.Match(req.keys, depth)
+		}
 		if req.exact {
-			rt.kvMatchLocked(members, req.keys, depth)
+			rt.kvApplyLocked(depth)
 		}
 		// The prefix every eligible backend holds says nothing about where
 		// to go (a system prompt all have seen).
@@ -685,7 +684,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		rt.index.Insert(b.slot, req.keys, d.Matched)
 	}
 	return routed{b: b, id: b.id, sent: now, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
-		pending: &pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched,
+		pending: pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched,
 		model: rt.modelLabelLocked(req.model), warm: b.ep.HoldsWeights}, nil
 }
 

@@ -1,10 +1,5 @@
 package kvevents
 
-import (
-	"encoding/binary"
-	"hash/fnv"
-)
-
 // LLMDChain computes the block hashes llm-d's token processor
 // (llm-d-kv-cache, pkg/kvcache/kvblock/token_processor.go), and so
 // llm-d-inference-sim, gives a token-id prompt without LoRA or multimodal
@@ -22,6 +17,11 @@ func LLMDChain(seed, model string, tokens []uint32, blockSize int) []uint64 {
 
 // AppendLLMDChain appends to dst the hashes LLMDChain computes, for at most
 // maxBlocks leading blocks (all when maxBlocks <= 0).
+//
+// The CBOR is never built: each item's bytes go into the hash as they are
+// encoded, so a prompt costs one pass and no memory. This is the router's
+// per-request work for token-id prompts, and FNV's multiply per byte,
+// which no encoding can shorten, is most of it.
 func AppendLLMDChain(dst []uint64, seed, model string, tokens []uint32, blockSize, maxBlocks int) []uint64 {
 	if blockSize <= 0 {
 		return dst
@@ -29,62 +29,72 @@ func AppendLLMDChain(dst []uint64, seed, model string, tokens []uint32, blockSiz
 	if n := len(tokens) / blockSize; maxBlocks <= 0 || maxBlocks > n {
 		maxBlocks = n
 	}
-	h := fnv.New64a()
-	h.Write([]byte(seed))
 	// The root: [seed hash, nil, model].
-	var e cborBuf
-	e.b = make([]byte, 0, 32+len(model)+5*blockSize)
-	e.head(4, 3)
-	e.head(0, h.Sum64())
-	e.b = append(e.b, cborNull)
-	e.head(3, uint64(len(model)))
-	e.b = append(e.b, model...)
-	parent := e.fnv()
-	chain := dst
+	h := fnvByte(fnvOffset, 4<<5|3)
+	h = fnvHead(h, 0, fnvString(fnvOffset, seed))
+	h = fnvByte(h, cborNull)
+	h = fnvHead(h, 3, uint64(len(model)))
+	parent := fnvString(h, model)
 	for i := 0; i < maxBlocks*blockSize; i += blockSize {
 		// A block: [parent, tokens, nil].
-		e.b = e.b[:0]
-		e.head(4, 3)
-		e.head(0, parent)
-		e.head(4, uint64(blockSize))
+		h := fnvHead(fnvByte(fnvOffset, 4<<5|3), 0, parent)
+		h = fnvHead(h, 4, uint64(blockSize))
 		for _, t := range tokens[i : i+blockSize] {
-			e.head(0, uint64(t))
+			h = fnvToken(h, t)
 		}
-		e.b = append(e.b, cborNull)
-		parent = e.fnv()
-		chain = append(chain, parent)
+		parent = fnvByte(h, cborNull)
+		dst = append(dst, parent)
 	}
-	return chain
+	return dst
 }
 
-const cborNull = 0xf6
+const (
+	cborNull  = 0xf6
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
 
-// cborBuf writes the few canonical CBOR items the hash needs: heads in
-// their shortest form.
-type cborBuf struct{ b []byte }
+// fnvByte is one step of FNV-64a.
+func fnvByte(h uint64, c byte) uint64 { return (h ^ uint64(c)) * fnvPrime }
 
-func (e *cborBuf) head(major byte, v uint64) {
-	switch {
-	case v < 24:
-		e.b = append(e.b, major<<5|byte(v))
-	case v <= 0xff:
-		e.b = append(e.b, major<<5|24, byte(v))
-	case v <= 0xffff:
-		e.b = binary.BigEndian.AppendUint16(append(e.b, major<<5|25), uint16(v))
-	case v <= 0xffffffff:
-		e.b = binary.BigEndian.AppendUint32(append(e.b, major<<5|26), uint32(v))
-	default:
-		e.b = binary.BigEndian.AppendUint64(append(e.b, major<<5|27), v)
-	}
-}
-
-// fnv is FNV-64a of the buffer, inline: hash/fnv's digest would escape.
-func (e *cborBuf) fnv() uint64 {
-	const prime = 1099511628211
-	h := uint64(14695981039346656037)
-	for _, c := range e.b {
-		h ^= uint64(c)
-		h *= prime
+func fnvString(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h = fnvByte(h, s[i])
 	}
 	return h
+}
+
+// fnvHead hashes a canonical CBOR head (major type, argument in its
+// shortest form).
+func fnvHead(h uint64, major byte, v uint64) uint64 {
+	m := major << 5
+	switch {
+	case v < 24:
+		return fnvByte(h, m|byte(v))
+	case v <= 0xff:
+		return fnvByte(fnvByte(h, m|24), byte(v))
+	case v <= 0xffff:
+		return fnvByte(fnvByte(fnvByte(h, m|25), byte(v>>8)), byte(v))
+	case v <= 0xffffffff:
+		return fnvBE32(fnvByte(h, m|26), uint32(v))
+	}
+	return fnvBE32(fnvBE32(fnvByte(h, m|27), uint32(v>>32)), uint32(v))
+}
+
+// fnvToken is fnvHead(h, 0, t), the per-token step, kept small enough to
+// inline.
+func fnvToken(h uint64, t uint32) uint64 {
+	switch {
+	case t < 24:
+		return fnvByte(h, byte(t))
+	case t <= 0xff:
+		return fnvByte(fnvByte(h, 24), byte(t))
+	case t <= 0xffff:
+		return fnvByte(fnvByte(fnvByte(h, 25), byte(t>>8)), byte(t))
+	}
+	return fnvBE32(fnvByte(h, 26), t)
+}
+
+func fnvBE32(h uint64, v uint32) uint64 {
+	return fnvByte(fnvByte(fnvByte(fnvByte(h, byte(v>>24)), byte(v>>16)), byte(v>>8)), byte(v))
 }

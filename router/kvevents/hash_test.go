@@ -1,7 +1,12 @@
 package kvevents
 
 import (
+	"encoding/binary"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -25,4 +30,100 @@ func TestLLMDChainShape(t *testing.T) {
 	if LLMDChain("1", "m", p, 0) != nil || len(LLMDChain("1", "m", p[:15], 16)) != 0 {
 		t.Fatal("no full block must give no hash")
 	}
+}
+
+// TestLLMDChainMatchesCBOR: the chain hashed as it is encoded equals FNV
+// over the CBOR built in full (llmdChainCBOR, the encoder as first
+// written), for token ids, seeds and model names of every head length.
+func TestLLMDChainMatchesCBOR(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var p []uint32
+	for _, bound := range []uint32{24, 256, 1 << 16, 1 << 24, math.MaxUint32} {
+		for range 40 {
+			p = append(p, rng.Uint32N(bound))
+		}
+	}
+	p = append(p, 0, 23, 24, 255, 256, 65535, 65536, math.MaxUint32)
+	rng.Shuffle(len(p), func(i, j int) { p[i], p[j] = p[j], p[i] })
+	long := strings.Repeat("m", 300)
+	for _, seed := range []string{"", "1", "seed-with-more-than-24-bytes-in-it"} {
+		for _, model := range []string{"", "m", "Qwen/Qwen3-32B-with-a-long-name", long} {
+			for _, bs := range []int{1, 3, 16, 24, 300} {
+				want := llmdChainCBOR(seed, model, p, bs)
+				got := LLMDChain(seed, model, p, bs)
+				if !slices.Equal(got, want) {
+					t.Fatalf("seed %q model of %d bytes, block %d: %x, want %x", seed, len(model), bs, got, want)
+				}
+				if got := AppendLLMDChain([]uint64{7}, seed, model, p, bs, 2); !slices.Equal(got, append([]uint64{7}, want[:min(2, len(want))]...)) {
+					t.Fatalf("seed %q model of %d bytes, block %d, two blocks: %x, want %x", seed, len(model), bs, got, want[:2])
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkLLMDChain: a 4,000-token prompt's engine block hashes.
+func BenchmarkLLMDChain(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	p := make([]uint32, 4000)
+	for i := range p {
+		p[i] = rng.Uint32N(150000)
+	}
+	dst := make([]uint64, 0, 512)
+	b.SetBytes(int64(4 * len(p)))
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = AppendLLMDChain(dst[:0], "s", "m", p, 16, 0)
+	}
+}
+
+// llmdChainCBOR is the chain as first written: each item's canonical CBOR
+// built in a buffer, then hashed.
+func llmdChainCBOR(seed, model string, tokens []uint32, blockSize int) []uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(seed))
+	var e cborBuf
+	e.head(4, 3)
+	e.head(0, h.Sum64())
+	e.b = append(e.b, cborNull)
+	e.head(3, uint64(len(model)))
+	e.b = append(e.b, model...)
+	parent := e.fnv()
+	var chain []uint64
+	for i := 0; i+blockSize <= len(tokens); i += blockSize {
+		e.b = e.b[:0]
+		e.head(4, 3)
+		e.head(0, parent)
+		e.head(4, uint64(blockSize))
+		for _, t := range tokens[i : i+blockSize] {
+			e.head(0, uint64(t))
+		}
+		e.b = append(e.b, cborNull)
+		parent = e.fnv()
+		chain = append(chain, parent)
+	}
+	return chain
+}
+
+type cborBuf struct{ b []byte }
+
+func (e *cborBuf) head(major byte, v uint64) {
+	switch {
+	case v < 24:
+		e.b = append(e.b, major<<5|byte(v))
+	case v <= 0xff:
+		e.b = append(e.b, major<<5|24, byte(v))
+	case v <= 0xffff:
+		e.b = binary.BigEndian.AppendUint16(append(e.b, major<<5|25), uint16(v))
+	case v <= 0xffffffff:
+		e.b = binary.BigEndian.AppendUint32(append(e.b, major<<5|26), uint32(v))
+	default:
+		e.b = binary.BigEndian.AppendUint64(append(e.b, major<<5|27), v)
+	}
+}
+
+func (e *cborBuf) fnv() uint64 {
+	h := fnv.New64a()
+	h.Write(e.b)
+	return h.Sum64()
 }

@@ -25,6 +25,12 @@ func mustMatch(t *testing.T, x *Index, backend string, chain []uint64, want int,
 	if n, ok := x.Match(backend, chain); n != want || ok != wantOK {
 		t.Fatalf("Match(%s, %v) = %d, %v; want %d, %v (stats %+v)", backend, chain, n, ok, want, wantOK, x.Stats(backend))
 	}
+	// MatchAll says the same, whatever else it scores.
+	n, ok := make([]int, 3), make([]bool, 3)
+	x.MatchAll([]string{"unknown", backend, backend}, chain, n, ok)
+	if n[0] != 0 || ok[0] || n[1] != want || ok[1] != wantOK || n[2] != want || ok[2] != wantOK {
+		t.Fatalf("MatchAll(unknown, %s, %s, %v) = %v, %v; want %d, %v", backend, backend, chain, n, ok, want, wantOK)
+	}
 }
 
 func TestIndexMatchesLeadingBlocks(t *testing.T) {

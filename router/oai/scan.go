@@ -30,6 +30,10 @@ type Request struct {
 	// string, otherwise the raw JSON of the value (token ids, batches).
 	Prompt    []byte
 	HasPrompt bool
+	// Tokens are the prompt's token ids when it is a flat array of them,
+	// each at most 2^32-1 (what TokenIDs accepts), read in the same pass;
+	// nil otherwise (a string, a batch, an empty array).
+	Tokens []uint32
 	// Messages are the chat messages in order.
 	Messages    []Message
 	HasMessages bool
@@ -80,15 +84,26 @@ func Scan(body []byte) (Request, error) {
 // Scanners so that decoding a long prompt allocates nothing. The Request a
 // Scanner returns is valid until its next Scan.
 type Scanner struct {
-	text []byte
-	msgs []Message
+	text  []byte
+	msgs  []Message
+	toks  []uint32
+	model string // the last model named, reused while the next names it too
 }
+
+// maxKeptTokens bounds the token memory a Scanner keeps for the next scan:
+// a rare huge prompt's is left to the garbage collector.
+const maxKeptTokens = 1 << 16
 
 // Scan is Scan, reusing sc's memory.
 func (sc *Scanner) Scan(body []byte) (Request, error) {
 	req := Request{MaxTokens: -1, Messages: sc.msgs[:0]}
-	s := scanner{b: body, text: sc.text[:0]}
-	defer func() { sc.msgs, sc.text = req.Messages[:0], s.text[:0] }()
+	s := scanner{b: body, text: sc.text[:0], toks: sc.toks[:0]}
+	defer func() {
+		sc.msgs, sc.text, sc.toks = req.Messages[:0], s.text[:0], s.toks[:0]
+		if cap(sc.toks) > maxKeptTokens {
+			sc.toks = nil
+		}
+	}()
 	s.ws()
 	if s.i >= len(s.b) || s.b[s.i] != '{' {
 		if s.i >= len(s.b) {
@@ -104,11 +119,13 @@ func (sc *Scanner) Scan(body []byte) (Request, error) {
 	}
 	maxTokens, maxCompletion := -1, -1
 	err := s.object(0, func(key []byte) error {
-		k := string(key)
-		switch k {
+		switch string(key) { // no conversion: the cases are constants
 		case "model":
 			v, err := s.stringField("model")
-			req.Model = string(v)
+			if string(v) != sc.model { // most requests name the model the last one did
+				sc.model = string(v)
+			}
+			req.Model = sc.model
 			return err
 		case "cache_salt":
 			v, err := s.stringField("cache_salt")
@@ -138,16 +155,16 @@ func (sc *Scanner) Scan(body []byte) (Request, error) {
 				return err
 			}
 			return s.typeErr("stream", "a boolean")
-		case "max_tokens", "max_completion_tokens":
-			n, err := s.intField(k)
-			if k == "max_tokens" {
-				maxTokens = n
-			} else {
-				maxCompletion = n
-			}
+		case "max_tokens":
+			n, err := s.intField("max_tokens")
+			maxTokens = n
+			return err
+		case "max_completion_tokens":
+			n, err := s.intField("max_completion_tokens")
+			maxCompletion = n
 			return err
 		case "prompt":
-			req.HasPrompt = true
+			req.HasPrompt, req.Tokens = true, nil
 			if s.peek() == '"' {
 				v, err := s.str(true)
 				req.Prompt = v
@@ -160,6 +177,10 @@ func (sc *Scanner) Scan(body []byte) (Request, error) {
 				return s.typeErr("prompt", promptWant)
 			}
 			start := s.i
+			if s.tokenArray() {
+				req.Prompt, req.Tokens = body[start:s.i], s.toks
+				return nil
+			}
 			if err := s.promptArray(); err != nil {
 				return err
 			}
@@ -194,6 +215,7 @@ type scanner struct {
 	b    []byte
 	i    int
 	text []byte      // where decoded strings go
+	toks []uint32    // where tokenArray puts token ids
 	ferr *FieldError // first field of the wrong type; reported only if the JSON is valid
 }
 
@@ -346,6 +368,83 @@ func (s *scanner) promptArray() error {
 	}
 	return err
 }
+
+// tokenArray reads, at an array, a flat array of token ids each at most
+// 2^32-1 into s.toks, in one tight loop: a token-id prompt is thousands of
+// them, and the router needs their values. Anything else (another element,
+// a bigger number, a fraction, bad syntax) reports false having consumed
+// nothing, and promptArray then reads the array as usual, errors and all.
+// Where it reports true, promptArray would have accepted the array as it
+// is and TokenIDs would have returned the same ids.
+func (s *scanner) tokenArray() bool {
+	b, i := s.b, s.i+1 // past '['
+	toks := s.toks[:0]
+	for {
+		// Most elements are an id of at most 7 digits and a comma, read
+		// eight bytes at a time; anything else goes the byte-wise way.
+		if i+8 <= len(b) {
+			x := binary.LittleEndian.Uint64(b[i:])
+			if k := leadingDigits(x); k > 0 && k < 8 && b[i+k] == ',' && (k == 1 || b[i] != '0') {
+				toks = append(toks, parseDigits(x, k))
+				i += k + 1
+				continue
+			}
+		}
+		for i < len(b) && isSpace(b[i]) {
+			i++
+		}
+		if i >= len(b) || !isDigit(b[i]) {
+			return false
+		}
+		n := uint64(b[i] - '0')
+		i++
+		if n != 0 { // JSON has no leading zeros: a 0 ends its number
+			for i < len(b) && isDigit(b[i]) {
+				if n = n*10 + uint64(b[i]-'0'); n > 1<<32-1 {
+					return false
+				}
+				i++
+			}
+		}
+		for i < len(b) && isSpace(b[i]) {
+			i++
+		}
+		if i >= len(b) {
+			return false
+		}
+		toks = append(toks, uint32(n))
+		switch b[i] {
+		case ',':
+			i++
+		case ']':
+			s.i, s.toks = i+1, toks
+			return true
+		default:
+			return false // a fraction, an exponent, a digit after a leading 0, ...
+		}
+	}
+}
+
+// leadingDigits is how many of x's bytes, from the lowest, are ASCII
+// digits before the first one that is not.
+func leadingDigits(x uint64) int {
+	y := x &^ highs                            // the low seven bits of each byte
+	above := y + ones*(0x7f-'9')               // high bit where y > '9'
+	below := ^((y | highs) - ones*'0') & highs // high bit where y < '0'
+	return bits.TrailingZeros64((above|below|x)&highs) / 8
+}
+
+// parseDigits is the value of x's k (1 to 7) lowest bytes, ASCII digits,
+// the lowest the most significant: shifted up so the bytes below them read
+// as leading zeros, then summed pairwise in three multiplications.
+func parseDigits(x uint64, k int) uint32 {
+	x = (x & (ones * 0x0f)) << (8 * (8 - k))
+	x = (x * (1 + 10<<8)) >> 8 & 0x00ff00ff00ff00ff
+	x = (x * (1 + 100<<16)) >> 16 & 0x0000ffff0000ffff
+	return uint32((x * (1 + 10000<<32)) >> 32)
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
 // value validates and skips one JSON value at depth.
 func (s *scanner) value(depth int) error {
@@ -629,7 +728,7 @@ func (s *scanner) messages(dst []Message) ([]Message, error) {
 			switch k {
 			case "role":
 				v, err := s.stringField("role")
-				m.Role = string(v)
+				m.Role = role(v)
 				return err
 			case "content":
 				if s.peek() == '"' {
@@ -648,6 +747,24 @@ func (s *scanner) messages(dst []Message) ([]Message, error) {
 		return err
 	})
 	return dst, err
+}
+
+// role is a message's role as a string, without an allocation for the
+// roles the API defines.
+func role(v []byte) string {
+	switch string(v) {
+	case "system":
+		return "system"
+	case "user":
+		return "user"
+	case "assistant":
+		return "assistant"
+	case "tool":
+		return "tool"
+	case "developer":
+		return "developer"
+	}
+	return string(v)
 }
 
 // IsSyntax reports whether err is malformed JSON (as opposed to a field of

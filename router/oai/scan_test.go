@@ -2,10 +2,15 @@ package oai
 
 import (
 	"bytes"
+	"cmp"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -23,7 +28,7 @@ func TestScan(t *testing.T) {
 		{name: "completions escaped", body: ` {"prompt":"a\nb\u00e9","model":"x","cache_salt":"s1","user":"u"} `,
 			want: Request{Model: "x", HasPrompt: true, Prompt: []byte("a\nbé"), CacheSalt: "s1", User: "u", MaxTokens: -1}},
 		{name: "token prompt raw", body: `{"model":"x","prompt":[1, 2,3]}`,
-			want: Request{Model: "x", HasPrompt: true, Prompt: []byte("[1, 2,3]"), MaxTokens: -1}},
+			want: Request{Model: "x", HasPrompt: true, Prompt: []byte("[1, 2,3]"), Tokens: []uint32{1, 2, 3}, MaxTokens: -1}},
 		{name: "string array prompt raw", body: `{"prompt":["a","b"]}`, want: Request{HasPrompt: true, Prompt: []byte(`["a","b"]`), MaxTokens: -1}},
 		{name: "token arrays prompt raw", body: `{"prompt":[[1,2],[3]]}`, want: Request{HasPrompt: true, Prompt: []byte(`[[1,2],[3]]`), MaxTokens: -1}},
 		{name: "empty array prompt", body: `{"prompt":[]}`, want: Request{HasPrompt: true, Prompt: []byte(`[]`), MaxTokens: -1}},
@@ -85,7 +90,8 @@ func TestScan(t *testing.T) {
 
 func equalRequest(a, b Request) bool {
 	if a.Model != b.Model || !bytes.Equal(a.Prompt, b.Prompt) || a.HasPrompt != b.HasPrompt || a.HasMessages != b.HasMessages ||
-		a.CacheSalt != b.CacheSalt || a.User != b.User || a.Stream != b.Stream || a.MaxTokens != b.MaxTokens || len(a.Messages) != len(b.Messages) {
+		a.CacheSalt != b.CacheSalt || a.User != b.User || a.Stream != b.Stream || a.MaxTokens != b.MaxTokens || len(a.Messages) != len(b.Messages) ||
+		!slices.Equal(a.Tokens, b.Tokens) || (a.Tokens == nil) != (b.Tokens == nil) {
 		return false
 	}
 	for i := range a.Messages {
@@ -110,6 +116,9 @@ func FuzzScan(f *testing.F) {
 	}
 	f.Add([]byte(`{"model":"m","prompt":"x\u12"}`))
 	f.Add([]byte(`{"messages":[{"role":"user","content":null}],"stream":false}`))
+	f.Add([]byte(`{"model":"m","prompt":[1, 20 ,0,4294967295]}`))
+	f.Add([]byte(`{"prompt":[4294967296],"prompt":[01]}`))
+	f.Add([]byte(`{"prompt":[12345,1234567,12345678,0,01,7,99],"model":"m"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		got, err := Scan(body)
 		valid := json.Valid(body)
@@ -142,6 +151,15 @@ func FuzzScan(f *testing.F) {
 			t.Fatalf("HasPrompt=%v, present=%v", got.HasPrompt, ok)
 		} else if ok {
 			checkText(t, raw, got.Prompt)
+		}
+		// Tokens are what TokenIDs reads from the prompt, when that is a
+		// non-empty list of ids.
+		want, ok := TokenIDs(got.Prompt, nil)
+		if !ok || len(want) == 0 || !got.HasPrompt || got.Prompt[0] != '[' {
+			want = nil
+		}
+		if !slices.Equal(got.Tokens, want) || (got.Tokens == nil) != (want == nil) {
+			t.Fatalf("Tokens %v, want %v (prompt %q)", got.Tokens, want, got.Prompt)
 		}
 		if raw, ok := top["messages"]; ok {
 			var msgs []map[string]json.RawMessage
@@ -207,6 +225,85 @@ func BenchmarkScan16k(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestScanTokens: a flat array of token ids is read in the scan, with the
+// ids TokenIDs reads from it; every other prompt, and every array that
+// holds something else, gives no tokens and the same result as before.
+func TestScanTokens(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want []uint32
+		err  string // "syntax", "field" or ""
+	}{
+		{body: `{"prompt":[1,2,3]}`, want: []uint32{1, 2, 3}},
+		{body: "{\"prompt\":[ 0 ,\n 7\t,4294967295 ]}", want: []uint32{0, 7, 4294967295}},
+		{body: `{"prompt":[4294967296]}`},              // valid JSON, too big for an id
+		{body: `{"prompt":[99999999999999999999999]}`}, // far too big: no wrap-around
+		{body: `{"prompt":[]}`},
+		{body: `{"prompt":"1,2"}`},
+		{body: `{"prompt":[[1,2]]}`},
+		{body: `{"prompt":[1,2],"prompt":"x"}`},                        // the last prompt counts
+		{body: `{"prompt":"x","prompt":[5]}`, want: []uint32{5}},       // the last prompt counts
+		{body: `{"prompt":[1,2],"prompt":[3]}`, want: []uint32{3}},     // the last prompt counts
+		{body: `{"prompt":[1,2],"messages":[]}`, want: []uint32{1, 2}}, // the router decides what counts
+		{body: `{"prompt":[12345,1234567,12345678,0,0,7,99],"model":"m"}`, want: []uint32{12345, 1234567, 12345678, 0, 0, 7, 99}},
+		{body: `{"prompt":[1,22 ,333, 4444,55555],"model":"m"}`, want: []uint32{1, 22, 333, 4444, 55555}},
+		{body: `{"prompt":[7,0123,5],"model":"mmmmmmmm"}`, err: "syntax"},
+		{body: `{"prompt":[7,12.5,5],"model":"mmmmmmmm"}`, err: "field"},
+		{body: `{"prompt":[7,12e5,5],"model":"mmmmmmmm"}`, err: "field"},
+		{body: `{"prompt":[7,1,,5],"model":"mmmmmmmm"}`, err: "syntax"},
+		{body: `{"prompt":[1.5]}`, err: "field"},
+		{body: `{"prompt":[1e3]}`, err: "field"},
+		{body: `{"prompt":[1,-2]}`, err: "field"},
+		{body: `{"prompt":[1,"a"]}`, err: "field"},
+		{body: `{"prompt":[01]}`, err: "syntax"},
+		{body: `{"prompt":[1,]}`, err: "syntax"},
+		{body: `{"prompt":[1 2]}`, err: "syntax"},
+		{body: `{"prompt":[1,2`, err: "syntax"},
+		{body: `{"prompt":[1,2]`, err: "syntax"},
+		{body: `{"prompt":[1,2]}x`, err: "syntax"},
+	} {
+		got, err := Scan([]byte(tc.body))
+		switch {
+		case tc.err == "syntax" && !IsSyntax(err), tc.err == "field" && (err == nil || IsSyntax(err)), tc.err == "" && err != nil:
+			t.Errorf("%s: err %v, want %s", tc.body, err, cmp.Or(tc.err, "none"))
+		case err == nil && (!slices.Equal(got.Tokens, tc.want) || (got.Tokens == nil) != (tc.want == nil)):
+			t.Errorf("%s: tokens %v, want %v", tc.body, got.Tokens, tc.want)
+		}
+	}
+	// A Scanner's token memory is reused, not shared across a later scan's
+	// result in a way that changes an earlier value the caller copied.
+	var sc Scanner
+	a, _ := sc.Scan([]byte(`{"prompt":[1,2,3]}`))
+	first := slices.Clone(a.Tokens)
+	b, _ := sc.Scan([]byte(`{"prompt":"text"}`))
+	if b.Tokens != nil || !slices.Equal(first, []uint32{1, 2, 3}) {
+		t.Fatalf("second scan: tokens %v", b.Tokens)
+	}
+}
+
+// BenchmarkScanTokens: a 4,000-token token-id prompt (the completions API's
+// prompt as ids), read with its ids.
+func BenchmarkScanTokens(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	body := []byte(`{"model":"m","stream":true,"prompt":[`)
+	for i := range 4000 {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = strconv.AppendUint(body, uint64(rng.Uint32N(150000)), 10)
+	}
+	body = append(body, "]}"...)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	var sc Scanner
+	for b.Loop() {
+		req, err := sc.Scan(body)
+		if err != nil || len(req.Tokens) != 4000 {
+			b.Fatal(len(req.Tokens), err)
+		}
 	}
 }
 
@@ -338,6 +435,40 @@ func TestSyntaxErrorsSayWhat(t *testing.T) {
 		_, err := Scan([]byte(body))
 		if !IsSyntax(err) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want a syntax error saying %q", body, err, want)
+		}
+	}
+}
+
+// TestLeadingDigits: the word-at-a-time digit reading agrees with a byte
+// at a time for every byte that can follow a run of digits.
+func TestLeadingDigits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for k := range 8 {
+		for c := range 256 {
+			var w [8]byte
+			for i := range w {
+				w[i] = byte(rng.IntN(256))
+			}
+			for i := range k {
+				w[i] = '0' + byte(rng.IntN(10))
+			}
+			if k < 8 {
+				w[k] = byte(c)
+			}
+			want := 0
+			for want < 8 && isDigit(w[want]) {
+				want++
+			}
+			x := binary.LittleEndian.Uint64(w[:])
+			if got := leadingDigits(x); got != want {
+				t.Fatalf("leadingDigits(%q) = %d, want %d", w, got, want)
+			}
+			if want > 0 && want < 8 {
+				n, _ := strconv.ParseUint(string(w[:want]), 10, 32)
+				if got := parseDigits(x, want); uint64(got) != n {
+					t.Fatalf("parseDigits(%q, %d) = %d, want %d", w, want, got, n)
+				}
+			}
 		}
 	}
 }

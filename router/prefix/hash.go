@@ -41,7 +41,7 @@ type chain struct {
 	h      Hasher
 	size   int
 	max    int
-	d      *xxhash.Digest
+	d      xxhash.Digest // a value: a pointer to one on the stack made it escape
 	filled int
 	prev   uint64
 	out    []uint64
@@ -89,10 +89,10 @@ func (h Hasher) Blocks(dst []uint64, model string, req *oai.Request, session str
 		}
 		dst = make([]uint64, 0, min(n/h.blockChars()+1, h.maxBlocks()))
 	}
-	var d, seed xxhash.Digest // on the stack: no allocation per request
-	d.Reset()
+	var seed xxhash.Digest
 	seed.Reset()
-	c := chain{h: h, size: h.blockChars(), max: h.maxBlocks(), d: &d, out: dst}
+	c := chain{h: h, size: h.blockChars(), max: h.maxBlocks(), out: dst}
+	c.d.Reset()
 	// Seed link: everything that must separate caches but is not prompt text.
 	_, _ = seed.WriteString(model)
 	_, _ = seed.WriteString("\x00salt:")
