@@ -1,0 +1,2 @@
+// Package vm tests power loss: see the package documentation in powercut_test.go.
+package vm
