@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 )
 
@@ -38,6 +39,7 @@ type Disk struct {
 	dead    bool
 	closed  bool
 	stats   DiskStats
+	trace   []string
 }
 
 // extent is one write, sector-aligned.
@@ -95,6 +97,13 @@ func (d *Disk) Events() int {
 	return d.events
 }
 
+// Trace lists the events (debug).
+func (d *Disk) Trace() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.trace)
+}
+
 // Stats reports what the disk was asked to do.
 func (d *Disk) Stats() DiskStats {
 	d.mu.Lock()
@@ -109,6 +118,9 @@ func (d *Disk) arrive() bool {
 		return false
 	}
 	d.events++
+	if len(d.trace) < 100000 {
+		d.trace = append(d.trace, "")
+	}
 	if d.cutAt > 0 && d.events >= d.cutAt {
 		d.dead = true
 		close(d.cut)
@@ -168,6 +180,9 @@ func (d *Disk) WriteAt(p []byte, off int64) error {
 		return err
 	}
 	d.stats.Writes++
+	if len(d.trace) > 0 {
+		d.trace[len(d.trace)-1] = fmt.Sprintf("W%d+%d", off/SectorSize, len(p)/SectorSize)
+	}
 	d.stats.WrittenBytes += int64(len(p))
 	if len(p) == 0 {
 		return nil
@@ -218,6 +233,9 @@ func (d *Disk) Flush() error {
 		return ErrPowerLost
 	}
 	d.stats.Flushes++
+	if len(d.trace) > 0 {
+		d.trace[len(d.trace)-1] = "F"
+	}
 	for len(d.pending) > 0 {
 		if err := d.writeBackOldest(); err != nil {
 			return err

@@ -5,13 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -133,10 +131,6 @@ func newLab(t *testing.T) *lab {
 	})
 	if err != nil {
 		t.Fatal(err)
-	}
-	if os.Getenv("HVM_KEEP") != "" {
-		b, _ := os.ReadFile(l.initramfs)
-		os.WriteFile("/tmp/hvm/initramfs.cpio", b, 0o644)
 	}
 	l.image = filepath.Join(l.dir, "base.img")
 	if err := vm.MakeImage(t.Context(), l.mkfs, l.image, 256<<20); err != nil {
@@ -299,26 +293,4 @@ func tail(s string, n int) string {
 		return s
 	}
 	return "..." + s[len(s)-n:]
-}
-
-var errNotReady = errors.New("not ready")
-
-// TestBoot boots the guest once and checks what every power cut relies
-// on: the data disk is mounted from the NBD server, the daemon's API
-// answers through the host forward, and the guest sees a volatile write
-// cache, so its flushes reach the disk model.
-func TestBoot(t *testing.T) {
-	l := newLab(t)
-	m := l.boot(t, l.image, 0)
-	t.Logf("booted in %v", m.booted.Round(time.Millisecond))
-	m.wait(t, "the daemon's API", time.Minute, func(ctx context.Context) error {
-		_, err := m.client.Caches(ctx)
-		return err
-	})
-	if !strings.Contains(m.vm.Console(), "write cache: write back") {
-		t.Errorf("the guest does not see a volatile write cache, so it would send no flush; console:\n%s", tail(m.vm.Console(), 4000))
-	}
-	_ = exec.Command
-	_ = errNotReady
-	t.Logf("disk: %+v", m.disk.Stats())
 }
