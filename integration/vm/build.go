@@ -46,6 +46,11 @@ func IsStatic(path string) (bool, error) {
 // mkfs.ext4. Lazy initialisation is off, so the guest's kernel writes
 // nothing in the background that the power-loss model would count.
 func MakeImage(ctx context.Context, mkfs, path string, size int64) error {
+	return makeExt4(ctx, mkfs, path, size)
+}
+
+func makeExt4(ctx context.Context, mkfs, path string, size int64, args ...string) error {
+	size = (size + 1<<20 - 1) &^ (1<<20 - 1)
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("image: %w", err)
@@ -57,11 +62,41 @@ func MakeImage(ctx context.Context, mkfs, path string, size int64) error {
 	if err != nil {
 		return fmt.Errorf("image: %w", err)
 	}
-	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", "-L", "warmfleet", path)
+	args = append([]string{"-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", "-L", "warmfleet"}, args...)
+	cmd := exec.CommandContext(ctx, mkfs, append(args, path)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("mkfs.ext4 %s: %w\n%s", path, err, b)
 	}
 	return nil
+}
+
+// BuildToolsImage makes the guest's read-only tools disk at path: an ext4
+// image holding the static binaries warmfleet and guestagent (mkfs.ext4
+// -d copies a directory in).
+func BuildToolsImage(ctx context.Context, mkfs, path, warmfleet, agent string) error {
+	dir, err := os.MkdirTemp(filepath.Dir(path), "tools-")
+	if err != nil {
+		return fmt.Errorf("tools image: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	var size int64 = 16 << 20 // the file system's own blocks, with room
+	for name, src := range map[string]string{"warmfleet": warmfleet, "guestagent": agent} {
+		if err := os.Link(src, filepath.Join(dir, name)); err != nil {
+			b, rerr := os.ReadFile(src)
+			if rerr != nil {
+				return fmt.Errorf("tools image: %w", rerr)
+			}
+			if err := os.WriteFile(filepath.Join(dir, name), b, 0o755); err != nil {
+				return fmt.Errorf("tools image: %w", err)
+			}
+		}
+		st, err := os.Stat(src)
+		if err != nil {
+			return fmt.Errorf("tools image: %w", err)
+		}
+		size += st.Size() * 11 / 10
+	}
+	return makeExt4(ctx, mkfs, path, size, "-d", dir)
 }
 
 // CopyImage copies the image src to dst, keeping its holes: a fresh disk

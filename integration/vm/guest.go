@@ -131,9 +131,8 @@ func moduleName(path string) string {
 // GuestSpec is what goes into a guest's initramfs.
 type GuestSpec struct {
 	Kernel Kernel
-	// Busybox is a static busybox; Warmfleet and Agent static binaries
-	// (CGO_ENABLED=0) of cmd/warmfleet and integration/vm/guestagent.
-	Busybox, Warmfleet, Agent string
+	// Busybox is a static busybox.
+	Busybox string
 	// DaemonArgs are the `warmfleet daemon` flags; DaemonEnv its
 	// environment (the S3 endpoint and keys).
 	DaemonArgs, DaemonEnv []string
@@ -154,10 +153,13 @@ const (
 	DataDir = "/data"
 )
 
-// BuildInitramfs writes the guest's initramfs to path: busybox, the two
-// binaries, the modules and an init script that loads the modules, sets
-// up the network, mounts the data disk (/dev/vda, ext4) on DataDir, starts
-// the daemon with its output on the console and hands over to the agent.
+// BuildInitramfs writes the guest's initramfs to path: busybox, the
+// modules and an init script that loads the modules, sets up the network,
+// mounts the data disk (/dev/vda, ext4) on DataDir and the tools disk
+// (/dev/vdb, see BuildToolsImage) on /opt, starts the daemon with its
+// output on the console and hands over to the agent. The two Go binaries
+// are on the tools disk: in the initramfs, the emulated CPU would spend
+// seconds of every boot copying them.
 func BuildInitramfs(path string, spec GuestSpec) error {
 	mods, err := moduleLoadOrder(spec.Kernel.Modules, guestModules)
 	if err != nil {
@@ -169,13 +171,11 @@ func BuildInitramfs(path string, spec GuestSpec) error {
 	}
 	w := bufio.NewWriterSize(f, 1<<20)
 	c := &cpioWriter{w: w}
-	for _, d := range []string{"bin", "dev", "proc", "sys", "tmp", "run", "etc", "lib", "lib/modules", DataDir} {
+	for _, d := range []string{"bin", "dev", "proc", "sys", "tmp", "run", "etc", "lib", "lib/modules", "opt", DataDir} {
 		c.Dir(d)
 	}
 	c.CharDev("dev/console", 5, 1)
 	c.File("bin/busybox", 0o755, spec.Busybox)
-	c.File("bin/warmfleet", 0o755, spec.Warmfleet)
-	c.File("bin/guestagent", 0o755, spec.Agent)
 	var insmods []string
 	for _, m := range mods {
 		guestPath := "lib/modules/" + filepath.Base(m)
@@ -232,7 +232,8 @@ ip link set eth0 up
 ip addr add %s/24 dev eth0
 ip route add default via %s
 i=0
-while [ ! -b /dev/vda ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done
+while { [ ! -b /dev/vda ] || [ ! -b /dev/vdb ]; } && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done
+mount -t ext4 -o ro,noload /dev/vdb /opt || echo 'warmfleet-vm: tools disk mount failed'
 if ! mount -t ext4 /dev/vda %s; then
 	echo '%s'
 	poweroff -f
@@ -242,12 +243,12 @@ echo "%s (write cache: $(cat /sys/block/vda/queue/write_cache))"
 	for _, kv := range env {
 		fmt.Fprintf(&b, "export %s\n", shellQuote(kv))
 	}
-	b.WriteString("/bin/warmfleet daemon")
+	b.WriteString("/opt/warmfleet daemon")
 	for _, a := range daemonArgs {
 		b.WriteString(" " + shellQuote(a))
 	}
 	b.WriteString(" >/dev/console 2>&1 &\n")
-	fmt.Fprintf(&b, "exec /bin/guestagent --listen %s:%d\n", GuestIP, AgentPort)
+	fmt.Fprintf(&b, "exec /opt/guestagent --listen %s:%d\n", GuestIP, AgentPort)
 	return b.String()
 }
 

@@ -94,9 +94,9 @@ func findTools(t *testing.T) tools {
 // guest's initramfs pointed at it, and a freshly made ext4 image.
 type lab struct {
 	tools
-	dir, initramfs, image string
-	s3                    *testenv.S3
-	token                 string
+	dir, initramfs, image, toolsImg string
+	s3                              *testenv.S3
+	token                           string
 }
 
 // dataDir is the daemon's --data-dir in the guest.
@@ -119,7 +119,7 @@ func newLab(t *testing.T) *lab {
 	env := testenv.AWSEnv("http://"+net.JoinHostPort(vm.HostFromVM, port), l.s3.AccessKey, l.s3.SecretKey, l.s3.Region)
 	l.initramfs = filepath.Join(l.dir, "initramfs.cpio")
 	err = vm.BuildInitramfs(l.initramfs, vm.GuestSpec{
-		Kernel: l.kernel, Busybox: l.busybox, Warmfleet: wf, Agent: ag,
+		Kernel: l.kernel, Busybox: l.busybox,
 		DaemonArgs: []string{
 			"--node-name", "vm", "--data-dir", dataDir,
 			"--api", fmt.Sprintf("%s:%d", vm.GuestIP, vm.APIPort), "--api-token-file", "/etc/warmfleet-token",
@@ -130,6 +130,10 @@ func newLab(t *testing.T) *lab {
 		Files:     map[string][]byte{"etc/warmfleet-token": []byte(l.token + "\n")},
 	})
 	if err != nil {
+		t.Fatal(err)
+	}
+	l.toolsImg = filepath.Join(l.dir, "tools.img")
+	if err := vm.BuildToolsImage(t.Context(), l.mkfs, l.toolsImg, wf, ag); err != nil {
 		t.Fatal(err)
 	}
 	l.image = filepath.Join(l.dir, "base.img")
@@ -171,7 +175,7 @@ func (l *lab) boot(t *testing.T, image string, cutAt int) *machine {
 	apiAddr, agentAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	start := time.Now()
 	m.vm, err = vm.Start(vm.VMSpec{
-		Qemu: l.qemu, Kernel: l.kernel.Image, Initramfs: l.initramfs,
+		Qemu: l.qemu, Kernel: l.kernel.Image, Initramfs: l.initramfs, Tools: l.toolsImg,
 		DiskSocket: sock, APIAddr: apiAddr, AgentAddr: agentAddr,
 	})
 	if err != nil {

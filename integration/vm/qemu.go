@@ -14,8 +14,9 @@ import (
 type VMSpec struct {
 	// Qemu is qemu-system-x86_64.
 	Qemu string
-	// Kernel and Initramfs are what it boots.
-	Kernel, Initramfs string
+	// Kernel and Initramfs are what it boots; Tools the read-only tools
+	// disk (BuildToolsImage).
+	Kernel, Initramfs, Tools string
 	// DiskSocket is the unix socket of the NBD server holding the data disk.
 	DiskSocket string
 	// APIAddr and AgentAddr are loopback host:port the daemon's API and
@@ -72,7 +73,9 @@ func Start(spec VMSpec) (*VM, error) {
 			// Less for an emulated CPU to do at boot: no side-channel
 			// mitigations, crypto self-tests or probing of absent devices.
 			"mitigations=off cryptomgr.notests i8042.noaux i8042.nokbd 8250.nr_uarts=1 no_timer_check tsc=reliable",
+		// The data disk first: the guest names it vda, the tools vdb.
 		"-blockdev", string(disk), "-device", "virtio-blk-pci,drive=data",
+		"-drive", "file=" + spec.Tools + ",format=raw,if=none,id=tools,readonly=on", "-device", "virtio-blk-pci,drive=tools",
 		"-netdev", "user,id=net0," + fwd + "," + afwd, "-device", "virtio-net-pci,netdev=net0",
 	}
 	v := &VM{cmd: exec.Command(spec.Qemu, args...), console: &consoleBuffer{max: 256 << 10}, exited: make(chan struct{})}
