@@ -97,7 +97,9 @@ func (d *Disk) Events() int {
 	return d.events
 }
 
-// Trace lists the events (debug).
+// Trace lists the writes and flushes that arrived, oldest first (the first
+// 100000), as "W<sector>+<sectors>" and "F": where a cut fell, for the
+// test's log.
 func (d *Disk) Trace() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -238,7 +238,7 @@ if ! mount -t ext4 /dev/vda %s; then
 	echo '%s'
 	poweroff -f
 fi
-echo "%s (write cache: $(cat /sys/block/vda/queue/write_cache))"
+echo "%s (write cache: $(cat /sys/block/vda/queue/write_cache), guest uptime $(cut -d' ' -f1 /proc/uptime) s)"
 `, GuestIP, HostFromVM, DataDir, markerMountFailed, markerMounted)
 	for _, kv := range env {
 		fmt.Fprintf(&b, "export %s\n", shellQuote(kv))

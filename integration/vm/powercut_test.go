@@ -135,6 +135,8 @@ func TestPowerCuts(t *testing.T) {
 		mode := []vm.CrashMode{vm.LoseAll, vm.KeepSome, vm.KeepSome, vm.LoseAll, vm.KeepAll}[rng.IntN(5)]
 		m.vm.Kill()
 		cutAfter := m.disk.Events() - added
+		trace := m.disk.Trace()
+		lastEvents := strings.Join(trace[max(0, len(trace)-12):], " ")
 		loss, err := m.disk.PowerLoss(mode, rng)
 		if err != nil {
 			t.Fatal(err)
@@ -154,8 +156,8 @@ func TestPowerCuts(t *testing.T) {
 		fig.lost += lost
 		fig.corruptReady += corrupt
 		wasReady := slices.Contains(ready, mod.name)
-		t.Logf("cut %d (%s) at write or flush %d of the warm-up, %v: %d unflushed writes, %d kept whole, %d torn, %d sectors lost; after reboot: %s ready %v",
-			i, aim, cutAfter, mode, loss.Pending, loss.Kept, loss.Torn, loss.LostSectors, mod.name, wasReady)
+		t.Logf("cut %d (%s) at write or flush %d of the warm-up (the disk's last ones: %s), %v: %d unflushed writes, %d kept whole, %d torn, %d sectors lost; after reboot: %s ready %v",
+			i, aim, cutAfter, lastEvents, mode, loss.Pending, loss.Kept, loss.Torn, loss.LostSectors, mod.name, wasReady)
 		m.waitReady(t, mod)
 		if v := m.check(t, mod); v != "" {
 			fig.corruptReady++
