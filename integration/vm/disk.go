@@ -124,6 +124,9 @@ func (d *Disk) arrive() bool {
 		d.trace = append(d.trace, "")
 	}
 	if d.cutAt > 0 && d.events >= d.cutAt {
+		if len(d.trace) > 0 {
+			d.trace[len(d.trace)-1] = "CUT"
+		}
 		d.dead = true
 		close(d.cut)
 		return false
