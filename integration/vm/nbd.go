@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"syscall"
 )
 
 // The NBD protocol, as far as qemu's client needs it: the fixed newstyle
@@ -72,10 +73,22 @@ func ServeNBD(l net.Listener, d *Disk) error {
 		}
 		err = serveConn(c, d)
 		c.Close()
-		if err != nil && !errors.Is(err, errDisconnect) && !errors.Is(err, ErrPowerLost) && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		if err != nil && !clientGone(err) {
 			return err
 		}
 	}
+}
+
+// clientGone tells whether a connection ended because the client left (a
+// DISC, or qemu killed, even in the middle of a request) or the disk lost
+// its power, rather than by a protocol error.
+func clientGone(err error) bool {
+	for _, e := range []error{errDisconnect, ErrPowerLost, io.EOF, io.ErrUnexpectedEOF, net.ErrClosed, syscall.ECONNRESET, syscall.EPIPE} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func serveConn(c net.Conn, d *Disk) error {

@@ -208,3 +208,20 @@ func TestNBDRefusesHugeRequest(t *testing.T) {
 		t.Errorf("after a 2 GiB write request: read %v, want the connection closed", err)
 	}
 }
+
+// TestNBDClientKilledMidRequest: qemu killed in the middle of a write's
+// payload is a client gone, not a server error.
+func TestNBDClientKilledMidRequest(t *testing.T) {
+	d, _ := newDisk(t, 16)
+	n := dialNBD(t, d, false)
+	n.handshake()
+	b := binary.BigEndian.AppendUint32(nil, nbdRequestMagic)
+	b = binary.BigEndian.AppendUint16(b, 0)
+	b = binary.BigEndian.AppendUint16(b, nbdCmdWrite)
+	b = binary.BigEndian.AppendUint64(b, 1)
+	b = binary.BigEndian.AppendUint64(b, 0)
+	b = binary.BigEndian.AppendUint32(b, 8*SectorSize)
+	n.write(append(b, fill(3, 100)...))
+	n.c.Close()
+	// dialNBD's clean-up fails the test if ServeNBD ended with an error.
+}
