@@ -246,7 +246,10 @@ func (m *machine) waitCutOrReady(t *testing.T, mod sourceModel) bool {
 			return nil
 		default:
 		}
-		st, err := m.client.Cache(ctx, mod.name)
+		// Short: a guest whose disk just lost its power may not answer.
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		st, err := m.client.Cache(sctx, mod.name)
 		if err != nil {
 			return err
 		}
