@@ -35,11 +35,15 @@ type Disk struct {
 	bytes   int64             // of pending
 	events  int               // writes and flushes that arrived
 	cutAt   int               // the event that finds the power gone; 0: none
-	cut     chan struct{}     // closed at the cut
-	dead    bool
-	closed  bool
-	stats   DiskStats
-	trace   []string
+	// burst arms a cut then events after the first run of burst flushes
+	// in a row (no write between them); 0: none.
+	burst, then int
+	flushRun    int           // flushes in a row just now
+	cut         chan struct{} // closed at the cut
+	dead        bool
+	closed      bool
+	stats       DiskStats
+	trace       []string
 }
 
 // extent is one write, sector-aligned.
@@ -84,7 +88,7 @@ func (d *Disk) Size() int64 { return d.size }
 func (d *Disk) CutAt(n int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.cutAt = n
+	d.cutAt, d.burst = n, 0
 }
 
 // Cut is closed when the power cut set by CutAt happened.
@@ -113,13 +117,31 @@ func (d *Disk) Stats() DiskStats {
 	return d.stats
 }
 
+// CutAfterFlushBurst arranges for the power to go then (>= 1) writes or
+// flushes after the disk first sees burst flushes in a row with no write
+// between them: the mark of fsyncs of files that are already durable,
+// such as a publish makes of the files it verified. CutAt cancels it.
+func (d *Disk) CutAfterFlushBurst(burst, then int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.cutAt, d.burst, d.then = 0, burst, max(1, then)
+}
+
 // arrive counts a write or flush and tells whether the power is still on
 // for it. With d.mu held.
-func (d *Disk) arrive() bool {
+func (d *Disk) arrive(flush bool) bool {
 	if d.dead {
 		return false
 	}
 	d.events++
+	if flush {
+		d.flushRun++
+	} else {
+		d.flushRun = 0
+	}
+	if d.burst > 0 && d.flushRun >= d.burst {
+		d.cutAt, d.burst = d.events+d.then, 0
+	}
 	if len(d.trace) < 100000 {
 		d.trace = append(d.trace, "")
 	}
@@ -178,7 +200,7 @@ func (d *Disk) readAt(p []byte, off int64) error {
 func (d *Disk) WriteAt(p []byte, off int64) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.arrive() {
+	if !d.arrive(false) {
 		return ErrPowerLost
 	}
 	if err := d.inRange(off, len(p)); err != nil {
@@ -234,7 +256,7 @@ func (d *Disk) Trim(off, n int64) error {
 func (d *Disk) Flush() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.arrive() {
+	if !d.arrive(true) {
 		return ErrPowerLost
 	}
 	d.stats.Flushes++

@@ -203,3 +203,29 @@ func TestDiskRefusesOutOfRange(t *testing.T) {
 		}
 	}
 }
+
+// TestDiskCutAfterFlushBurst: the cut comes then events after the first
+// run of burst flushes in a row; flushes split by a write do not count.
+func TestDiskCutAfterFlushBurst(t *testing.T) {
+	d, _ := newDisk(t, 4)
+	d.CutAfterFlushBurst(3, 2)
+	w := func() error { return d.WriteAt(fill(1, SectorSize), 0) }
+	// F F W F F: no burst of 3 yet; then F (3 in a row), W, and the next
+	// event (the second after the burst) finds the power gone.
+	for i, op := range []func() error{d.Flush, d.Flush, w, d.Flush, d.Flush, d.Flush, w} {
+		if err := op(); err != nil {
+			t.Fatalf("event %d: %v", i+1, err)
+		}
+	}
+	select {
+	case <-d.Cut():
+		t.Fatal("cut too early")
+	default:
+	}
+	if err := d.Flush(); !errors.Is(err, ErrPowerLost) {
+		t.Fatalf("the second event after the burst: %v, want ErrPowerLost", err)
+	}
+	if d.Events() != 8 {
+		t.Errorf("cut at event %d, want 8", d.Events())
+	}
+}

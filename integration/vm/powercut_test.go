@@ -25,9 +25,10 @@ const (
 	envCuts     = "WARMFLEET_VM_CUTS"
 	envSeed     = "WARMFLEET_VM_SEED"
 	defaultCuts = 3
-	// publishEvents is how many of a warm-up's last writes and flushes
-	// the cuts aimed at the publish step fall in.
-	publishEvents = 30
+	// publishBurst flushes in a row mark the start of a publish;
+	// publishEvents writes and flushes after it, it is done.
+	publishBurst  = 3
+	publishEvents = 20
 )
 
 // sourceModel is one model in the host's S3 server, with what its files
@@ -119,10 +120,13 @@ func TestPowerCuts(t *testing.T) {
 		aim := "warm-up"
 		if i%2 == 0 {
 			aim = "publish"
-			// The publish ends a warm-up: the files' and directories'
-			// fsyncs, the renames, the state's records, within its last
-			// few dozen writes and flushes.
-			m.disk.CutAt(m.disk.Events() + max(1, warmup-rng.IntN(publishEvents)))
+			// The publish ends a warm-up. It starts with fsyncs of files
+			// the part records made durable already, a burst of flushes
+			// with nothing to write, then renames the revision in, swaps
+			// the current link, fsyncs the directory and records the
+			// revision ready: within the next publishEvents writes and
+			// flushes.
+			m.disk.CutAfterFlushBurst(publishBurst, 1+rng.IntN(publishEvents))
 		} else {
 			m.disk.CutAt(m.disk.Events() + 1 + rng.IntN(max(1, warmup)))
 		}
