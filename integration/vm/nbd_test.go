@@ -121,17 +121,21 @@ func (n *nbdClient) handshake() (size uint64, flags uint16, minBlock uint32) {
 	}
 }
 
+// requestHeader is a request's 28 bytes.
+func requestHeader(typ uint16, handle, off uint64, length uint32) []byte {
+	b := binary.BigEndian.AppendUint32(nil, nbdRequestMagic)
+	b = binary.BigEndian.AppendUint16(b, 0)
+	b = binary.BigEndian.AppendUint16(b, typ)
+	b = binary.BigEndian.AppendUint64(b, handle)
+	b = binary.BigEndian.AppendUint64(b, off)
+	return binary.BigEndian.AppendUint32(b, length)
+}
+
 // request sends one command and returns the reply's error and data.
 func (n *nbdClient) request(typ uint16, off uint64, length uint32, payload []byte) (uint32, []byte) {
 	n.t.Helper()
 	n.next++
-	b := binary.BigEndian.AppendUint32(nil, nbdRequestMagic)
-	b = binary.BigEndian.AppendUint16(b, 0)
-	b = binary.BigEndian.AppendUint16(b, typ)
-	b = binary.BigEndian.AppendUint64(b, n.next)
-	b = binary.BigEndian.AppendUint64(b, off)
-	b = binary.BigEndian.AppendUint32(b, length)
-	n.write(append(b, payload...))
+	n.write(append(requestHeader(typ, n.next, off, length), payload...))
 	var r struct {
 		Magic, Error uint32
 		Handle       uint64
@@ -179,10 +183,7 @@ func TestNBDServesTheDisk(t *testing.T) {
 	if d.Stats().Flushes != 1 {
 		t.Errorf("stats %+v: want the flush counted", d.Stats())
 	}
-	b := binary.BigEndian.AppendUint32(nil, nbdRequestMagic)
-	b = binary.BigEndian.AppendUint16(b, 0)
-	b = binary.BigEndian.AppendUint16(b, nbdCmdDisc)
-	n.write(append(b, make([]byte, 20)...))
+	n.write(requestHeader(nbdCmdDisc, 0, 0, 0))
 	if _, err := n.c.Read(make([]byte, 1)); err != io.EOF {
 		t.Errorf("after DISC: read %v, want EOF", err)
 	}
@@ -197,13 +198,7 @@ func TestNBDRefusesHugeRequest(t *testing.T) {
 	d, _ := newDisk(t, 16)
 	n := dialNBD(t, d, true)
 	n.handshake()
-	b := binary.BigEndian.AppendUint32(nil, nbdRequestMagic)
-	b = binary.BigEndian.AppendUint16(b, 0)
-	b = binary.BigEndian.AppendUint16(b, nbdCmdWrite)
-	b = binary.BigEndian.AppendUint64(b, 1)
-	b = binary.BigEndian.AppendUint64(b, 0)
-	b = binary.BigEndian.AppendUint32(b, 1<<31)
-	n.write(b)
+	n.write(requestHeader(nbdCmdWrite, 1, 0, 1<<31))
 	if _, err := n.c.Read(make([]byte, 1)); err != io.EOF {
 		t.Errorf("after a 2 GiB write request: read %v, want the connection closed", err)
 	}
@@ -215,13 +210,7 @@ func TestNBDClientKilledMidRequest(t *testing.T) {
 	d, _ := newDisk(t, 16)
 	n := dialNBD(t, d, false)
 	n.handshake()
-	b := binary.BigEndian.AppendUint32(nil, nbdRequestMagic)
-	b = binary.BigEndian.AppendUint16(b, 0)
-	b = binary.BigEndian.AppendUint16(b, nbdCmdWrite)
-	b = binary.BigEndian.AppendUint64(b, 1)
-	b = binary.BigEndian.AppendUint64(b, 0)
-	b = binary.BigEndian.AppendUint32(b, 8*SectorSize)
-	n.write(append(b, fill(3, 100)...))
+	n.write(append(requestHeader(nbdCmdWrite, 1, 0, 8*SectorSize), fill(3, 100)...))
 	n.c.Close()
 	// dialNBD's clean-up fails the test if ServeNBD ended with an error.
 }
