@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -298,6 +300,13 @@ func (m *machine) audit(t *testing.T, models []sourceModel, poweredOff time.Time
 			continue
 		}
 		if !st.Ready {
+			// Not ready, but a serving framework follows the current link
+			// whatever the daemon says: if it is there, it must lead to
+			// whole files.
+			if v := m.checkCurrent(t, mod); v != "" {
+				corrupt++
+				t.Errorf("%s not ready after the reboot, but its current link leads to %s", mod.name, v)
+			}
 			continue
 		}
 		// The guest's clock comes from the host's at boot (whole seconds).
@@ -329,7 +338,7 @@ func (m *machine) check(t *testing.T, mod sourceModel) string {
 	var problems []string
 	// Through the current link first; the reported path is hashed again
 	// only when the link leads elsewhere.
-	for _, dir := range []string{dataDir + "/models/" + mod.name + "/current", st.Path} {
+	for _, dir := range []string{currentLink(mod), st.Path} {
 		l, err := m.hash(ctx, dir)
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("%s: %v", dir, err))
@@ -347,6 +356,25 @@ func (m *machine) check(t *testing.T, mod sourceModel) string {
 	}
 	return mod.name + " ready with " + strings.Join(problems, "; ")
 }
+
+// checkCurrent compares what the model's current link leads to, if it is
+// there, with the source; "" when it matches or is not there.
+func (m *machine) checkCurrent(t *testing.T, mod sourceModel) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	l, err := m.hash(ctx, currentLink(mod))
+	var ae *agentError
+	if errors.As(err, &ae) && ae.code == http.StatusNotFound {
+		return ""
+	}
+	if err != nil {
+		return err.Error()
+	}
+	return compare(l, mod)
+}
+
+func currentLink(mod sourceModel) string { return dataDir + "/models/" + mod.name + "/current" }
 
 // compare lists how a guest directory differs from the model's source.
 func compare(l listing, mod sourceModel) string {
