@@ -44,9 +44,10 @@
 // number of writes and flushes that took places the cuts. Then, for each
 // cut, a new model is added (the add acknowledged, so it must survive)
 // and the power goes at a seeded point: uniformly within the warm-up, or,
-// for every second cut, within its last writes and flushes, where the
-// publish is (the files' and directories' fsyncs, the renames, the state's
-// records). The machine boots again on the surviving image, and at once,
+// for every second cut, within the publish: it starts with fsyncs of files
+// the part records made durable already, a burst of flushes with nothing to
+// write (Disk.CutAfterFlushBurst), and goes on with the renames, the
+// directory's fsync and the state's records, where the cut falls. The machine boots again on the surviving image, and at once,
 // before the daemon resumes anything:
 //
 //   - the daemon starts (its bbolt state opens) and its API answers;
@@ -68,7 +69,9 @@
 // `make test` installs them as root. Without one it skips, except in CI
 // (CI=true), where it fails. It needs no KVM (software emulation, two
 // virtual CPUs) and no root. WARMFLEET_VM_CUTS sets the number of cuts
-// (default 3, a few minutes), WARMFLEET_VM_SEED the seed (default 1):
+// (default 2: one in a warm-up, one in its publish; each costs a boot and
+// a warm-up, about a minute and a half on a busy two-core machine),
+// WARMFLEET_VM_SEED the seed (default 1):
 //
 //	WARMFLEET_VM_CUTS=20 WARMFLEET_VM_SEED=7 go test -run TestPowerCuts -v -timeout 60m ./integration/vm
 //

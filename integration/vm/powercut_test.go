@@ -21,12 +21,11 @@ import (
 )
 
 // Environment knobs of the suite: how many cuts (default defaultCuts, a
-// few minutes on a two-core machine), the seed of the run (default 1) and
-// what share of the cuts aims at the publish step.
+// few minutes on a two-core machine) and the seed of the run (default 1).
 const (
 	envCuts     = "WARMFLEET_VM_CUTS"
 	envSeed     = "WARMFLEET_VM_SEED"
-	defaultCuts = 3
+	defaultCuts = 2
 	// publishBurst flushes in a row mark the start of a publish;
 	// publishEvents writes and flushes after it, it is done.
 	publishBurst  = 3
