@@ -9,9 +9,13 @@ INFERENCE_SIM_VERSION := v0.10.2
 # Debian packages the tests run for real: containerd + runc (image cache), a
 # registry and skopeo/umoci (test images), rclone (S3 baseline), iproute2
 # (network namespaces and tc for the multi-host harness), chromium and its
-# driver (the status page's end-to-end test).
-DEB_PACKAGES := containerd runc docker-registry skopeo umoci rclone iproute2 chromium chromium-driver
-DEB_BINARIES := containerd runc docker-registry skopeo umoci rclone ip tc chromium chromedriver
+# driver (the status page's end-to-end test), qemu, Debian's cloud kernel,
+# busybox-static and e2fsprogs (integration/vm boots virtual machines on
+# ext4 disks and cuts their power).
+DEB_PACKAGES := containerd runc docker-registry skopeo umoci rclone iproute2 chromium chromium-driver \
+	qemu-system-x86 linux-image-cloud-amd64 busybox-static e2fsprogs
+DEB_BINARIES := containerd runc docker-registry skopeo umoci rclone ip tc chromium chromedriver \
+	qemu-system-x86_64 busybox mkfs.ext4
 TEST_TIMEOUT ?= 25m
 
 .PHONY: all build test deps deb-packages lint fmt vet fuzz bench-s3 clean
@@ -34,6 +38,7 @@ deps: deb-packages $(TOOLS)
 
 deb-packages:
 	@missing=""; for b in $(DEB_BINARIES); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
+	compgen -G '/boot/vmlinuz-*-cloud-amd64' >/dev/null || missing="$$missing cloud-kernel"; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			echo "installing Debian packages (missing:$$missing)"; \
