@@ -89,9 +89,6 @@ func startPodDiscovery(ps *parts, log *slog.Logger, f *daemonFlags, reg endpoint
 	if !f.discoverPods {
 		return nil
 	}
-	if f.kubernetes.set && !f.kubernetes.on {
-		return usageError("--discover-pods needs the Kubernetes API: drop --kubernetes=false")
-	}
 	connect := f.podsConnect
 	if connect == nil {
 		connect = inClusterPods
