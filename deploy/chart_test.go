@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/warmfleet/warmfleet/internal/kube/nodelabels"
+	"github.com/warmfleet/warmfleet/internal/kube/podendpoints"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/router"
 )
@@ -562,6 +563,17 @@ func TestChartValueSets(t *testing.T) {
 			initOnly := ex.DeepCopy()
 			initOnly.Containers = nil
 			checkPod(t, "example", initOnly, false)
+			// The pod's annotations make it an endpoint of its model for the
+			// daemon beside it (--discover-pods), once it runs and is Ready.
+			dep := r.deployments[slices.IndexFunc(r.deployments, func(d appsv1.Deployment) bool { return strings.HasSuffix(d.Name, "-inference-example") })]
+			pod := &corev1.Pod{ObjectMeta: dep.Spec.Template.ObjectMeta, Spec: *ex.DeepCopy()}
+			pod.Name, pod.Namespace, pod.Spec.NodeName = "ex-0", namespace, "gpu-1"
+			pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.7",
+				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+			if ep, st, ok, err := podendpoints.FromPod(pod, "gpu-1"); !ok || err != nil || st != podendpoints.Ready ||
+				ep.URL != "http://10.0.0.7:8000" || ep.Model != "llama-3-70b" {
+				t.Errorf("example pod as an endpoint: %+v %q %v %v; want http://10.0.0.7:8000 for llama-3-70b", ep, st, ok, err)
+			}
 		}},
 		{"example inference, defaults", []string{"--set", "exampleInference.enabled=true"}, func(t *testing.T, r rendered) {
 			ex := exampleInference(t, r)
