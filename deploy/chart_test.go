@@ -515,6 +515,11 @@ func TestChartValueSets(t *testing.T) {
 				t.Errorf("monitoring off still renders %v", r.kinds)
 			}
 		}},
+		{"caches from a node pool's ConfigMap", []string{"--set", "daemon.cachesConfigMap=pool-caches", "--set", "daemon.cachesPool=gpu-a"}, func(t *testing.T, r rendered) {
+			if v, _ := flagValue(r.daemonSet(t).Spec.Template.Spec.Containers[0].Args, "apply-pool"); v != "gpu-a" {
+				t.Errorf("--apply-pool=%q, want daemon.cachesPool", v)
+			}
+		}},
 		{"caches from a ConfigMap", []string{"--set", "daemon.cachesConfigMap=fleet-caches"}, func(t *testing.T, r rendered) {
 			checkDaemonSet(t, r, defaultData)
 			spec := &r.daemonSet(t).Spec.Template.Spec
@@ -795,6 +800,7 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"example model with a hashed label key", []string{"exampleInference.enabled=true", "exampleInference.model=a--b"}, "exampleInference.model"},
 		{"bad wait timeout", []string{"exampleInference.waitTimeout=soon"}, "waitTimeout"},
 		{"bad pod endpoints namespace", []string{"daemon.podEndpoints.namespace=Infer_NS"}, "namespace"},
+		{"bad caches pool", []string{"daemon.cachesPool=GPU A"}, "cachesPool"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var args []string

@@ -132,12 +132,28 @@ counted as "not held" and skipped. Caches leave the fleet's desired state
 // applyDirFlags are the daemon's flags for a watched manifest directory.
 type applyDirFlags struct {
 	dir      string
+	pool     string
 	interval time.Duration
 }
 
 func (f *applyDirFlags) register(fs *flagSet) {
 	fs.StringVar(&f.dir, "apply-dir", "", "directory of manifest files (a mounted ConfigMap) applied at start and on every change; each file owns what it declares and a removed file prunes it (empty: off)")
 	fs.DurationVar(&f.interval, "apply-interval", 10*time.Second, "how often --apply-dir is read for changes")
+	fs.StringVar(&f.pool, "apply-pool", "", "node pool whose daemons mount this --apply-dir (a-z, 0-9, -, _, .): its files' owners name the pool, so pools that mount their own ConfigMaps at one path each prune only their own (empty: one directory for the whole fleet)")
+}
+
+// check refuses a bad --apply-pool before the daemon opens anything.
+func (f *applyDirFlags) check() error {
+	if f.pool == "" {
+		return nil
+	}
+	if f.dir == "" {
+		return usageError("--apply-pool needs --apply-dir")
+	}
+	if err := daemon.ValidatePool(f.pool); err != nil {
+		return usageError("--apply-pool: %v", err)
+	}
+	return nil
 }
 
 // start runs the watcher as a part beside the reconciler, when asked for.
@@ -149,7 +165,7 @@ func (f *applyDirFlags) start(ps *parts, d *daemon.Daemon) error {
 		return usageError("--apply-interval %v: want > 0", f.interval)
 	}
 	ps.start(stageReconciler, "apply dir", func(ctx context.Context) error {
-		if err := d.WatchApplyDir(ctx, f.dir, f.interval); err != nil {
+		if err := d.WatchApplyDir(ctx, f.dir, f.pool, f.interval); err != nil {
 			return fmt.Errorf("--apply-dir: %w", err)
 		}
 		return nil

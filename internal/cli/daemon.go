@@ -223,6 +223,9 @@ func (d *daemonCommandFlags) serve(ctx context.Context, e *Env, fs *flagSet, ori
 		return usageError("%v", err)
 	}
 	f.discover = discover
+	if err := f.apply.check(); err != nil {
+		return err
+	}
 	if (len(discover) > 0 || f.discoverPods) && f.discoverEvery <= 0 {
 		return usageError("--discover-interval %v: want > 0", f.discoverEvery)
 	}
