@@ -23,6 +23,32 @@ import (
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
+// serveDaemonWith runs a daemon with args in the background, mod setting
+// what no flag reaches (the Kubernetes clients), until the test ends; it
+// returns once the daemon serves, with its log.
+func serveDaemonWith(t *testing.T, getenv func(string) string, args []string, mod func(*daemonFlags)) *syncBuffer {
+	t.Helper()
+	log := &syncBuffer{}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	started := make(chan struct{})
+	go func() {
+		done <- serveDaemonArgs(ctx, &Env{Stdout: log, Stderr: log, Getenv: getenv}, args, s3origin.Options{}, func() { close(started) }, mod)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	})
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("daemon: %v\n%s", err, log)
+	}
+	return log
+}
+
 func TestPlanPodEndpoints(t *testing.T) {
 	const a, b, c, d, e = "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000", "http://10.0.0.4:8000", "http://10.0.0.5:8000"
 	registered := []api.Endpoint{
@@ -91,36 +117,19 @@ func TestPodEndpointsRouted(t *testing.T) {
 	dir := t.TempDir()
 	sock := "unix://" + filepath.Join(dir, "api.sock")
 	gossipAddr := testenv.FreeAddr(t)
-	log := &syncBuffer{}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	started := make(chan struct{})
-	go func() {
-		done <- serveDaemonArgs(ctx, &Env{Stdout: log, Stderr: log, Getenv: os.Getenv}, []string{
-			"--data-dir", filepath.Join(dir, "data"), "--api", sock, "--node-name", "n1",
-			"--gossip", gossipAddr, "--insecure-gossip", "--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
-			"--discover-pods", "--discover-pods-namespace", "infer", "--discover-interval", "100ms",
-		}, s3origin.Options{}, func() { close(started) }, func(f *daemonFlags) {
-			f.kubeNode = node
-			f.podsConnect = func(ns string) (podendpoints.Pods, error) {
-				if ns != "infer" {
-					t.Errorf("pods of namespace %q, want --discover-pods-namespace's", ns)
-				}
-				return cs.CoreV1().Pods(ns), nil
+	log := serveDaemonWith(t, os.Getenv, []string{
+		"--data-dir", filepath.Join(dir, "data"), "--api", sock, "--node-name", "n1",
+		"--gossip", gossipAddr, "--insecure-gossip", "--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
+		"--discover-pods", "--discover-pods-namespace", "infer", "--discover-interval", "100ms",
+	}, func(f *daemonFlags) {
+		f.kubeNode = node
+		f.podsConnect = func(ns string) (podendpoints.Pods, error) {
+			if ns != "infer" {
+				t.Errorf("pods of namespace %q, want --discover-pods-namespace's", ns)
 			}
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
+			return cs.CoreV1().Pods(ns), nil
 		}
 	})
-	select {
-	case <-started:
-	case err := <-done:
-		t.Fatalf("daemon: %v\n%s", err, log)
-	}
 	routerAddr := testenv.FreeAddr(t)
 	routerLog := runInBackground(t, "router", "--listen", routerAddr, "--admin-listen", "", "--join", gossipAddr,
 		"--gossip", testenv.FreeAddr(t), "--insecure-gossip", "--node-name", "r1")

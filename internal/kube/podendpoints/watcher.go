@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/warmfleet/warmfleet/internal/kube/retry"
 )
 
 // Pods is the part of the Pod API the watcher uses;
@@ -178,7 +180,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	failures := 0
 	fail := func(what string, err error) bool {
 		failures++
-		d := backoff(w.cfg.MinBackoff, w.cfg.MaxBackoff, failures, rand.Float64())
+		d := retry.Backoff(w.cfg.MinBackoff, w.cfg.MaxBackoff, failures, rand.Float64())
 		w.log.Warn("pod endpoints: "+what+" failed; retrying", "node", w.cfg.NodeName, "attempt", failures, "retry_in", d, "err", err)
 		return sleep(ctx, d)
 	}
@@ -240,18 +242,6 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
-}
-
-// backoff is the wait after the n-th failure in a row (n >= 1): lo doubled
-// n-1 times, at most hi, of which a random half (u in [0,1)) is taken off
-// so the daemons of a fleet refused at once do not come back at once.
-func backoff(lo, hi time.Duration, n int, u float64) time.Duration {
-	d := lo
-	for i := 1; i < n && d < hi; i++ {
-		d *= 2
-	}
-	d = min(d, hi)
-	return d - time.Duration(u*float64(d/2))
 }
 
 // list replaces the set with the node's pods and returns the list's
