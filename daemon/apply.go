@@ -18,9 +18,10 @@ import (
 var ErrBadApply = errors.New("bad apply request")
 
 // Apply plans req against what this daemon holds (the fleet's desired
-// specs, this node's endpoints) with the rules of package manifest and,
-// unless req.DryRun, carries the plan out. Another owner's objects make
-// it fail with a *manifest.ConflictError and change nothing. Applies on
+// specs, this node's endpoints) with the rules of package manifest
+// (MakePlan, or PlanDelete when req.Delete) and, unless req.DryRun,
+// carries the plan out. Another owner's objects make it fail with a
+// *manifest.ConflictError and change nothing. Applies on
 // one node run one at a time, so two sources cannot interleave their
 // plans here; applies on two nodes at once meet in the desired state,
 // where the later write of a key wins.
@@ -42,11 +43,16 @@ func (d *Daemon) Apply(ctx context.Context, req api.ApplyRequest) (api.ApplyResu
 	for _, ep := range eps {
 		held = append(held, manifest.HeldEndpoint(ep))
 	}
-	plan, err := manifest.MakePlan(held, want, req.Owner, req.Prune)
+	var plan manifest.Plan
+	if req.Delete {
+		plan, err = manifest.PlanDelete(held, want, req.Owner)
+	} else {
+		plan, err = manifest.MakePlan(held, want, req.Owner, req.Prune)
+	}
 	if err != nil {
 		return api.ApplyResult{}, err
 	}
-	res := api.ApplyResult{Owner: req.Owner, DryRun: req.DryRun, Unchanged: plan.Unchanged}
+	res := api.ApplyResult{Owner: req.Owner, DryRun: req.DryRun, Unchanged: plan.Unchanged, Missing: plan.Missing}
 	var b strings.Builder
 	if err := plan.Diff(&b); err != nil {
 		return api.ApplyResult{}, err
@@ -61,7 +67,11 @@ func (d *Daemon) Apply(ctx context.Context, req api.ApplyRequest) (api.ApplyResu
 	if err := d.carryOut(ctx, plan); err != nil {
 		return api.ApplyResult{}, err
 	}
-	d.log.Info("applied", "owner", req.Owner, "changes", len(plan.Changes), "unchanged", plan.Unchanged)
+	verb := "applied"
+	if req.Delete {
+		verb = "deleted"
+	}
+	d.log.Info(verb, "owner", req.Owner, "changes", len(plan.Changes), "unchanged", plan.Unchanged)
 	return res, nil
 }
 
@@ -71,6 +81,9 @@ func (d *Daemon) Apply(ctx context.Context, req api.ApplyRequest) (api.ApplyResu
 func (d *Daemon) applyObjects(req api.ApplyRequest) ([]manifest.Object, error) {
 	if err := manifest.ValidateOwner(req.Owner); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadApply, err)
+	}
+	if req.Delete && req.Prune {
+		return nil, fmt.Errorf("%w: delete and prune: a delete removes what it names, a prune what it does not; ask one", ErrBadApply)
 	}
 	if n := len(req.Specs) + len(req.Endpoints); n > manifest.MaxDocuments {
 		return nil, fmt.Errorf("%w: %d objects, at most %d", ErrBadApply, n, manifest.MaxDocuments)

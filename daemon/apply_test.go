@@ -34,6 +34,12 @@ func TestApplyAPIBadRequests(t *testing.T) {
 		{"nothing applied by the dry run", "GET", "/v1/caches", "", 200, "[]"},
 		{"apply", "POST", "/v1/apply", `{"owner":"o","specs":[` + model + `]}`, 200, `"action": "create"`},
 		{"another owner", "POST", "/v1/apply", `{"owner":"p","specs":[` + model + `]}`, 409, "model/m (owner o)"},
+		{"delete with prune", "POST", "/v1/apply", `{"owner":"o","delete":true,"prune":true}`, 400, "delete and prune"},
+		{"delete of another owner's", "POST", "/v1/apply", `{"owner":"p","delete":true,"specs":[` + model + `]}`, 409, "delete: 1 object(s) belong to another owner"},
+		{"delete dry run", "POST", "/v1/apply", `{"owner":"o","delete":true,"dry_run":true,"specs":[` + model + `]}`, 200, "1 to delete"},
+		{"nothing deleted by the dry run", "GET", "/v1/caches", "", 200, `"name": "m"`},
+		{"delete", "POST", "/v1/apply", `{"owner":"o","delete":true,"specs":[` + model + `]}`, 200, `"action": "delete"`},
+		{"deleted", "GET", "/v1/caches", "", 200, "[]"},
 		{"endpoint by hand with applied_by", "POST", "/v1/endpoints", `{"model":"m","url":"http://127.0.0.1:1","applied_by":"o"}`, 400, "apply only"},
 		{"apply dir off", "GET", "/v1/apply-dir", "", 200, "{}"},
 	} {

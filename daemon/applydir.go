@@ -21,23 +21,48 @@ import (
 
 // applyDir is the state of the watched directory (WatchApplyDir).
 type applyDir struct {
-	dir string
-	// prefix starts the owner of each of its files: "apply-dir:DIR/".
+	dir  string
+	pool string
+	// prefix starts the owner of each of its files: "apply-dir:DIR/", or
+	// "apply-dir@POOL:DIR/".
 	prefix string
 
 	mu    sync.Mutex
 	files map[string]api.ApplyFileStatus // by file name
 }
 
-// ApplyDirOwner is the owner the watched directory dir applies the file
-// name as: each file is its own source, so a broken file holds back only
-// its own objects, and a removed file prunes only its own.
-func ApplyDirOwner(dir, name string) string { return "apply-dir:" + filepath.Join(dir, name) }
+// ApplyDirOwner is the owner the watched directory dir of node pool pool
+// ("" for none) applies the file name as: each file is its own source, so
+// a broken file holds back only its own objects, and a removed file prunes
+// only its own. The pool keeps two pools' daemons apart when both mount
+// their own ConfigMap at one path: owners are fleet-wide, and without it
+// each pool's daemons would take the other's files for removed ones of
+// their own and prune them.
+func ApplyDirOwner(pool, dir, name string) string {
+	if pool == "" {
+		return "apply-dir:" + filepath.Join(dir, name)
+	}
+	return "apply-dir@" + pool + ":" + filepath.Join(dir, name)
+}
+
+// ValidatePool checks an --apply-pool name: 1 to 63 lower-case letters,
+// digits, '-', '_' or '.', as a label value.
+func ValidatePool(pool string) error {
+	ok := len(pool) >= 1 && len(pool) <= 63
+	for _, r := range pool {
+		ok = ok && (r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.')
+	}
+	if !ok {
+		return fmt.Errorf("pool %q: want 1 to 63 of a-z, 0-9, '-', '_', '.'", pool)
+	}
+	return nil
+}
 
 // WatchApplyDir applies the manifest files of dir (see package manifest)
 // at once and then every interval, until ctx ends. dir is typically a
-// mounted ConfigMap. Each file is applied, with prune, as its own owner
-// (ApplyDirOwner) whenever its content differs from what this daemon last
+// mounted ConfigMap; pool names the node pool whose daemons mount it ("":
+// the whole fleet mounts one). Each file is applied, with prune, as its
+// own owner (ApplyDirOwner) whenever its content differs from what this daemon last
 // applied from it; a file that went away is pruned. A file that does not
 // decode, or names another owner's object, applies nothing and is
 // reported in the log, in warmfleet_apply_dir_errors_total and
@@ -45,7 +70,7 @@ func ApplyDirOwner(dir, name string) string { return "apply-dir:" + filepath.Joi
 // each round. Content that was applied is not applied again until it
 // changes: while a new ConfigMap version reaches the nodes one by one, a
 // node still holding the old one does not undo what the others applied.
-func (d *Daemon) WatchApplyDir(ctx context.Context, dir string, interval time.Duration) error {
+func (d *Daemon) WatchApplyDir(ctx context.Context, dir, pool string, interval time.Duration) error {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return fmt.Errorf("apply dir: %w", err)
@@ -56,7 +81,12 @@ func (d *Daemon) WatchApplyDir(ctx context.Context, dir string, interval time.Du
 	if interval <= 0 {
 		return fmt.Errorf("apply dir: interval %v: want > 0", interval)
 	}
-	ad := &applyDir{dir: abs, prefix: ApplyDirOwner(abs, ""), files: map[string]api.ApplyFileStatus{}}
+	if pool != "" {
+		if err := ValidatePool(pool); err != nil {
+			return fmt.Errorf("apply dir: %w", err)
+		}
+	}
+	ad := &applyDir{dir: abs, pool: pool, prefix: ApplyDirOwner(pool, abs, ""), files: map[string]api.ApplyFileStatus{}}
 	if !strings.HasSuffix(ad.prefix, "/") {
 		ad.prefix += "/"
 	}
@@ -172,7 +202,7 @@ func (d *Daemon) syncApplyDir(ctx context.Context, ad *applyDir) {
 // applyDirFile applies one file's content (data nil: the file is gone)
 // and records the outcome.
 func (d *Daemon) applyDirFile(ctx context.Context, ad *applyDir, f dirFile) error {
-	owner := ApplyDirOwner(ad.dir, f.name)
+	owner := ApplyDirOwner(ad.pool, ad.dir, f.name)
 	req := api.ApplyRequest{Owner: owner, Prune: true}
 	var objs []manifest.Object
 	err := manifest.ValidateOwner(owner)

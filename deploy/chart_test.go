@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/warmfleet/warmfleet/internal/kube/nodelabels"
+	"github.com/warmfleet/warmfleet/internal/kube/podendpoints"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/router"
 )
@@ -482,6 +483,9 @@ func TestChartValueSets(t *testing.T) {
 			checkDaemonSet(t, r, defaultData)
 			checkRouter(t, r)
 			checkRBAC(t, r, false)
+			if slices.ContainsFunc(r.daemonSet(t).Spec.Template.Spec.Containers[0].Args, func(a string) bool { return strings.HasPrefix(a, "--discover-pods") }) {
+				t.Error("pod endpoints on by default: they need list/watch on pods, which the defaults do not grant")
+			}
 			if len(r.podMonitors)+len(r.rules) > 0 {
 				t.Error("monitoring objects rendered without the Prometheus Operator's API")
 			}
@@ -509,6 +513,11 @@ func TestChartValueSets(t *testing.T) {
 			checkRouter(t, r)
 			if len(r.podMonitors)+len(r.rules) > 0 || len(r.configMaps) != 1 {
 				t.Errorf("monitoring off still renders %v", r.kinds)
+			}
+		}},
+		{"caches from a node pool's ConfigMap", []string{"--set", "daemon.cachesConfigMap=pool-caches", "--set", "daemon.cachesPool=gpu-a"}, func(t *testing.T, r rendered) {
+			if v, _ := flagValue(r.daemonSet(t).Spec.Template.Spec.Containers[0].Args, "apply-pool"); v != "gpu-a" {
+				t.Errorf("--apply-pool=%q, want daemon.cachesPool", v)
 			}
 		}},
 		{"caches from a ConfigMap", []string{"--set", "daemon.cachesConfigMap=fleet-caches"}, func(t *testing.T, r rendered) {
@@ -559,6 +568,17 @@ func TestChartValueSets(t *testing.T) {
 			initOnly := ex.DeepCopy()
 			initOnly.Containers = nil
 			checkPod(t, "example", initOnly, false)
+			// The pod's annotations make it an endpoint of its model for the
+			// daemon beside it (--discover-pods), once it runs and is Ready.
+			dep := r.deployments[slices.IndexFunc(r.deployments, func(d appsv1.Deployment) bool { return strings.HasSuffix(d.Name, "-inference-example") })]
+			pod := &corev1.Pod{ObjectMeta: dep.Spec.Template.ObjectMeta, Spec: *ex.DeepCopy()}
+			pod.Name, pod.Namespace, pod.Spec.NodeName = "ex-0", namespace, "gpu-1"
+			pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.7",
+				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+			if ep, st, ok, err := podendpoints.FromPod(pod, "gpu-1"); !ok || err != nil || st != podendpoints.Ready ||
+				ep.URL != "http://10.0.0.7:8000" || ep.Model != "llama-3-70b" {
+				t.Errorf("example pod as an endpoint: %+v %q %v %v; want http://10.0.0.7:8000 for llama-3-70b", ep, st, ok, err)
+			}
 		}},
 		{"example inference, defaults", []string{"--set", "exampleInference.enabled=true"}, func(t *testing.T, r rendered) {
 			ex := exampleInference(t, r)
@@ -574,6 +594,26 @@ func TestChartValueSets(t *testing.T) {
 			checkRBAC(t, r, true)
 			if !slices.Contains(r.daemonSet(t).Spec.Template.Spec.Containers[0].Args, "--node-events") {
 				t.Error("events on, but the daemon lacks --node-events")
+			}
+		}},
+		{"pod endpoints in one namespace", []string{"--set", "daemon.podEndpoints.enabled=true", "--set", "daemon.podEndpoints.namespace=infer"}, func(t *testing.T, r rendered) {
+			checkDaemonSet(t, r, defaultData)
+			checkPodRBAC(t, r, "infer")
+			checkRBAC(t, withoutPodRBAC(r), false)
+		}},
+		{"pod endpoints in all namespaces", []string{"--set", "daemon.podEndpoints.enabled=true", "--set", "daemon.nodeLabels.events=true"}, func(t *testing.T, r rendered) {
+			checkDaemonSet(t, r, defaultData)
+			checkPodRBAC(t, r, "")
+			checkRBAC(t, withoutPodRBAC(r), true)
+		}},
+		{"pod endpoints without node labels", []string{"--set", "daemon.podEndpoints.enabled=true", "--set", "daemon.nodeLabels.enabled=false"}, func(t *testing.T, r rendered) {
+			checkDaemonSet(t, r, defaultData)
+			checkPodRBAC(t, r, "")
+			if rest := withoutPodRBAC(r); len(rest.clusterRoles)+len(rest.roles) > 0 {
+				t.Errorf("node labels off, yet RBAC %v", r.kinds)
+			}
+			if !slices.Contains(r.daemonSet(t).Spec.Template.Spec.Containers[0].Args, "--kubernetes=false") {
+				t.Error("node labels off, but the daemon lacks --kubernetes=false")
 			}
 		}},
 		{"node labels off", []string{"--set", "daemon.nodeLabels.enabled=false"}, func(t *testing.T, r rendered) {
@@ -667,6 +707,78 @@ func checkRBAC(t *testing.T, r rendered, events bool) {
 	}
 }
 
+// podRBACName names the pod endpoints' Role or ClusterRole and binding.
+const podRBACName = release + "-pod-endpoints"
+
+// checkPodRBAC: with pod endpoints on, the daemon's service account gets
+// the rules of deploy/kubernetes/rbac-pod-endpoints.yaml (which
+// TestRBACIsLeastPrivilege in internal/kube/podendpoints holds to the
+// watcher's calls): in a Role of ns when one is given, else in a
+// ClusterRole; the daemon mounts the token and gets the matching flags.
+func checkPodRBAC(t *testing.T, r rendered, ns string) {
+	t.Helper()
+	b, err := os.ReadFile("kubernetes/rbac-pod-endpoints.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := decode(t, b).clusterRoles[0].Rules
+	var rules []rbacv1.PolicyRule
+	var ref rbacv1.RoleRef
+	var subjects []rbacv1.Subject
+	found := 0
+	for _, cr := range r.clusterRoles {
+		if cr.Name == podRBACName && ns == "" {
+			rules, found = cr.Rules, found+1
+		}
+	}
+	for _, ro := range r.roles {
+		if ro.Name == podRBACName && ns != "" && ro.Namespace == ns {
+			rules, found = ro.Rules, found+1
+		}
+	}
+	for _, b := range r.clusterBindings {
+		if b.Name == podRBACName && ns == "" {
+			ref, subjects, found = b.RoleRef, b.Subjects, found+1
+		}
+	}
+	for _, b := range r.roleBindings {
+		if b.Name == podRBACName && ns != "" && b.Namespace == ns {
+			ref, subjects, found = b.RoleRef, b.Subjects, found+1
+		}
+	}
+	wantKind := "ClusterRole"
+	if ns != "" {
+		wantKind = "Role"
+	}
+	if found != 2 || !equalJSON(rules, want) || ref.Kind != wantKind || ref.Name != podRBACName {
+		t.Fatalf("pod endpoints RBAC: %d objects, rules %+v, binding to %+v; want a %s (and binding) in %q with the rules of rbac-pod-endpoints.yaml %+v",
+			found, rules, ref, wantKind, ns, want)
+	}
+	sa := r.serviceAccounts[0].Name
+	if len(subjects) != 1 || subjects[0].Kind != "ServiceAccount" || subjects[0].Name != sa || subjects[0].Namespace != namespace {
+		t.Errorf("binding subjects %+v, want the ServiceAccount %s/%s", subjects, namespace, sa)
+	}
+	ds := r.daemonSet(t).Spec.Template.Spec
+	if ds.AutomountServiceAccountToken == nil || !*ds.AutomountServiceAccountToken {
+		t.Error("daemon pods do not mount the token the watch needs")
+	}
+	args := ds.Containers[0].Args
+	v, ok := flagValue(args, "discover-pods-namespace")
+	if !slices.Contains(args, "--discover-pods") || ok != (ns != "") || v != ns {
+		t.Errorf("daemon args %q: want --discover-pods and --discover-pods-namespace=%q", args, ns)
+	}
+}
+
+// withoutPodRBAC is r without the pod endpoints' RBAC objects, for
+// checkRBAC to see the node labels' alone.
+func withoutPodRBAC(r rendered) rendered {
+	r.clusterRoles = slices.DeleteFunc(slices.Clone(r.clusterRoles), func(x rbacv1.ClusterRole) bool { return x.Name == podRBACName })
+	r.clusterBindings = slices.DeleteFunc(slices.Clone(r.clusterBindings), func(x rbacv1.ClusterRoleBinding) bool { return x.Name == podRBACName })
+	r.roles = slices.DeleteFunc(slices.Clone(r.roles), func(x rbacv1.Role) bool { return x.Name == podRBACName })
+	r.roleBindings = slices.DeleteFunc(slices.Clone(r.roleBindings), func(x rbacv1.RoleBinding) bool { return x.Name == podRBACName })
+	return r
+}
+
 // TestChartRejectsBadValues: values that cannot work fail at helm template
 // with a message naming the value.
 func TestChartRejectsBadValues(t *testing.T) {
@@ -687,6 +799,8 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"router without daemons", []string{"daemon.enabled=false"}, "daemon.enabled"},
 		{"example model with a hashed label key", []string{"exampleInference.enabled=true", "exampleInference.model=a--b"}, "exampleInference.model"},
 		{"bad wait timeout", []string{"exampleInference.waitTimeout=soon"}, "waitTimeout"},
+		{"bad pod endpoints namespace", []string{"daemon.podEndpoints.namespace=Infer_NS"}, "namespace"},
+		{"bad caches pool", []string{"daemon.cachesPool=GPU A"}, "cachesPool"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var args []string

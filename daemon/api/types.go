@@ -269,6 +269,10 @@ type ApplyRequest struct {
 	// names.
 	Prune  bool `json:"prune,omitempty"`
 	DryRun bool `json:"dry_run,omitempty"`
+	// Delete deletes the objects named instead of applying them (`delete
+	// -f`): those Owner applied or made by hand; another owner's are
+	// refused. Not with Prune.
+	Delete bool `json:"delete,omitempty"`
 	// Specs are model and image caches; their AppliedBy must be empty
 	// or Owner.
 	Specs     []spec.Spec `json:"specs,omitempty"`
@@ -288,6 +292,8 @@ type ApplyResult struct {
 	DryRun    bool          `json:"dry_run,omitempty"`
 	Changes   []ApplyChange `json:"changes,omitempty"`
 	Unchanged int           `json:"unchanged"`
+	// Missing counts, for a delete, named objects the daemon did not hold.
+	Missing int `json:"missing,omitempty"`
 	// Diff is the plan written for a person.
 	Diff string `json:"diff"`
 }

@@ -36,34 +36,7 @@ desired state, endpoints to the node asked.`,
   kubectl get cm caches -o jsonpath='{.data.caches\.yaml}' | warmfleet apply -f - --owner cm:caches`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if file == "" {
-				return usageError("-f FILE|DIR|- is required")
-			}
-			cl, err := c.client()
-			if err != nil {
-				return err
-			}
-			if owner == "" {
-				if owner, err = manifest.DefaultOwner(file); err != nil {
-					return usageError("%v", err)
-				}
-			} else if err := manifest.ValidateOwner(owner); err != nil {
-				return usageError("--owner: %v", err)
-			}
-			objs, err := manifest.Load(file, e.Stdin)
-			if err != nil {
-				return err
-			}
-			req := api.ApplyRequest{Owner: owner, Prune: prune, DryRun: dryRun}
-			req.Specs, req.Endpoints = manifest.Split(objs)
-			res, err := cl.Apply(cmd.Context(), req)
-			if err != nil {
-				return err
-			}
-			return printOut(e.Stdout, c.output, res, func(w io.Writer, res api.ApplyResult) error {
-				_, err := io.WriteString(w, res.Diff)
-				return err
-			})
+			return sendManifests(cmd.Context(), e, &c, file, owner, api.ApplyRequest{Prune: prune, DryRun: dryRun})
 		},
 	}
 	if dryRun {
@@ -82,15 +55,105 @@ desired state, endpoints to the node asked.`,
 	return cmd
 }
 
+// sendManifests reads the manifests file names (errors with their lines
+// come from here, before the daemon is asked), fills req's owner (owner,
+// else the file's) and objects, sends it and prints the daemon's plan.
+func sendManifests(ctx context.Context, e *Env, c *clientFlags, file, owner string, req api.ApplyRequest) error {
+	if file == "" {
+		return usageError("-f FILE|DIR|- is required")
+	}
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	if owner == "" {
+		if owner, err = manifest.DefaultOwner(file); err != nil {
+			return usageError("%v", err)
+		}
+	} else if err := manifest.ValidateOwner(owner); err != nil {
+		return usageError("--owner: %v", err)
+	}
+	objs, err := manifest.Load(file, e.Stdin)
+	if err != nil {
+		return err
+	}
+	req.Owner = owner
+	req.Specs, req.Endpoints = manifest.Split(objs)
+	res, err := cl.Apply(ctx, req)
+	if err != nil {
+		return err
+	}
+	return printOut(e.Stdout, c.output, res, func(w io.Writer, res api.ApplyResult) error {
+		if res.DryRun && req.Delete {
+			if _, err := io.WriteString(w, "(dry run: nothing changed)\n"); err != nil {
+				return err
+			}
+		}
+		_, err := io.WriteString(w, res.Diff)
+		return err
+	})
+}
+
+// deleteCommand is `delete -f`: it deletes what the manifests name, as
+// the owner that applied them (or what was made by hand), never another
+// owner's; --dry-run shows what it would delete.
+func deleteCommand(e *Env) *cobra.Command {
+	var c clientFlags
+	var file, owner string
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "delete -f FILE|DIR|-",
+		Short: "delete the caches and endpoints declared in -f FILE|DIR|- (--dry-run shows what would go)",
+		Long: `Delete the ModelCache, ImageCache and Endpoint objects that manifest files
+declare, by kind and name (an Endpoint by URL; the spec fields are not
+compared): a FILE, a DIR of *.yaml/*.yml/*.json files, or - for stdin
+(with --owner). Decoding is as strict as apply's. Objects the owner
+(--owner, default the file's, as for apply) applied, and objects made by
+hand, are deleted; one another owner applied refuses the whole delete
+(exit 1, every key and owner named); names the daemon does not hold are
+counted as "not held" and skipped. Caches leave the fleet's desired state
+(every node frees the space); endpoints leave the node asked.`,
+		Example: `  warmfleet delete -f caches.yaml --dry-run
+  warmfleet delete -f caches.yaml
+  kubectl get cm caches -o jsonpath='{.data.caches\.yaml}' | warmfleet delete -f - --owner cm:caches`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return sendManifests(cmd.Context(), e, &c, file, owner, api.ApplyRequest{Delete: true, DryRun: dryRun})
+		},
+	}
+	c.register(cmd, true)
+	fs := cmd.Flags()
+	fs.StringVarP(&file, "f", "f", "", "manifest file, directory of *.yaml/*.yml/*.json files, or - for stdin (required)")
+	fs.StringVar(&owner, "owner", "", "owner that applied what is deleted (default: file: or dir: and the absolute path; required for -f -)")
+	fs.BoolVar(&dryRun, "dry-run", false, "show what would be deleted; delete nothing")
+	return cmd
+}
+
 // applyDirFlags are the daemon's flags for a watched manifest directory.
 type applyDirFlags struct {
 	dir      string
+	pool     string
 	interval time.Duration
 }
 
 func (f *applyDirFlags) register(fs *flagSet) {
 	fs.StringVar(&f.dir, "apply-dir", "", "directory of manifest files (a mounted ConfigMap) applied at start and on every change; each file owns what it declares and a removed file prunes it (empty: off)")
 	fs.DurationVar(&f.interval, "apply-interval", 10*time.Second, "how often --apply-dir is read for changes")
+	fs.StringVar(&f.pool, "apply-pool", "", "node pool whose daemons mount this --apply-dir (a-z, 0-9, -, _, .): its files' owners name the pool, so pools that mount their own ConfigMaps at one path each prune only their own (empty: one directory for the whole fleet)")
+}
+
+// check refuses a bad --apply-pool before the daemon opens anything.
+func (f *applyDirFlags) check() error {
+	if f.pool == "" {
+		return nil
+	}
+	if f.dir == "" {
+		return usageError("--apply-pool needs --apply-dir")
+	}
+	if err := daemon.ValidatePool(f.pool); err != nil {
+		return usageError("--apply-pool: %v", err)
+	}
+	return nil
 }
 
 // start runs the watcher as a part beside the reconciler, when asked for.
@@ -102,7 +165,7 @@ func (f *applyDirFlags) start(ps *parts, d *daemon.Daemon) error {
 		return usageError("--apply-interval %v: want > 0", f.interval)
 	}
 	ps.start(stageReconciler, "apply dir", func(ctx context.Context) error {
-		if err := d.WatchApplyDir(ctx, f.dir, f.interval); err != nil {
+		if err := d.WatchApplyDir(ctx, f.dir, f.pool, f.interval); err != nil {
 			return fmt.Errorf("--apply-dir: %w", err)
 		}
 		return nil

@@ -79,7 +79,8 @@ func cacheAddCommand(e *Env) *cobra.Command {
 	var wait bool
 	var timeout time.Duration
 	var selector, include, exclude listFlag
-	var nodes int
+	var nodes, priority int
+	var pin bool
 	cmd := &cobra.Command{
 		Use:   "add NAME --source s3://BUCKET/PREFIX/|hf://ORG/MODEL",
 		Short: "cache a model's weights from S3 or the Hugging Face Hub on the nodes its targets select",
@@ -88,9 +89,13 @@ files under --source to its NVMe, from the origin (S3, the Hugging Face Hub)
 or from peers that have them; --include and --exclude keep a part of them.
 With --wait, the command follows this node's download and returns when the
 cache is ready, when it cannot become ready here without help (the node is
-not targeted, the source is empty or refused), or after --timeout (exit 4).`,
+not targeted, the source is empty or refused), or after --timeout (exit 4).
+--pin and --priority are the capacity rules: a pinned cache is never
+evicted, and a cache may evict only caches of its priority or lower. An add
+sets every field, so an add without --pin unpins.`,
 		Example: `  warmfleet cache add llama --source s3://models/llama-3-8b/ --wait
   warmfleet cache add llama --source s3://models/llama-3-8b/ --selector gpu=h100 --nodes 4
+  warmfleet cache add llama --source s3://models/llama-3-8b/ --pin --priority 100
   warmfleet cache add llama --source s3://models/llama-3-8b/ --wait --timeout 30m -o json
   warmfleet cache add qwen --source hf://Qwen/Qwen2.5-0.5B@main --include '*.safetensors' --include '*.json'`,
 		Args: exactArgs("model NAME"),
@@ -104,7 +109,7 @@ not targeted, the source is empty or refused), or after --timeout (exit 4).`,
 				return usageError("--selector: %v", err)
 			}
 			req := api.AddCacheRequest{Name: name, Source: source, Revision: revision, Include: include, Exclude: exclude,
-				Targets: spec.Targets{Selector: sel, Nodes: nodes}}
+				Targets: spec.Targets{Selector: sel, Nodes: nodes}, Pin: pin, Priority: priority}
 			if err := req.Spec().Validate(); err != nil {
 				return usageError("%v", err)
 			}
@@ -140,6 +145,8 @@ not targeted, the source is empty or refused), or after --timeout (exit 4).`,
 	fs.Var(&include, "include", "only files matching this pattern, e.g. '*.safetensors' (a pattern with '/' matches the path, one without the base name; repeatable)")
 	fs.Var(&exclude, "exclude", "no files matching this pattern (after --include; repeatable)")
 	fs.IntVar(&nodes, "nodes", 0, "only this many of the eligible nodes (0 = all)")
+	fs.BoolVar(&pin, "pin", false, "never evict this cache to make room for another")
+	fs.IntVar(&priority, "priority", 0, fmt.Sprintf("eviction rank, %d..%d: the cache may evict only caches of this priority or lower, lowest first", -spec.MaxPriority, spec.MaxPriority))
 	return cmd
 }
 
@@ -422,14 +429,14 @@ func printStatus(w io.Writer, format string, st api.CacheStatus) error {
 
 func printTable(w io.Writer, all []api.CacheStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tREADY\tPROGRESS\tSIZE\tREVISION\tPATH\tERROR")
+	fmt.Fprintln(tw, "NAME\tSTATE\tREADY\tPROGRESS\tSIZE\tPIN\tPRIORITY\tREVISION\tPATH\tERROR")
 	for _, st := range all {
 		rev := st.RevisionID
 		if st.Commit != "" {
 			rev += " @" + st.Commit // the Hub commit every file was read at
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%t\t%.0f%%\t%s\t%s\t%s\t%s\n", st.Name, st.State, st.Ready, percent(st.BytesDone, st.BytesTotal),
-			bytesize.Format(st.BytesTotal), rev, st.Path, st.Error)
+		fmt.Fprintf(tw, "%s\t%s\t%t\t%.0f%%\t%s\t%t\t%d\t%s\t%s\t%s\n", st.Name, st.State, st.Ready, percent(st.BytesDone, st.BytesTotal),
+			bytesize.Format(st.BytesTotal), st.Pin, st.Priority, rev, st.Path, st.Error)
 	}
 	return tw.Flush()
 }

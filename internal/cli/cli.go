@@ -60,6 +60,7 @@ func productCommands(e *Env) []*cobra.Command {
 		versionCommand(e),
 		applyCommand(e, false),
 		applyCommand(e, true),
+		deleteCommand(e),
 	}
 }
 

@@ -73,8 +73,12 @@ type daemonFlags struct {
 	// kubeConnect reaches the Kubernetes API; nil means in-cluster (kube.CoreV1).
 	kubeConnect kubeConnector
 	// labelPoll is how often the node labels read the caches; 0 means nodeLabelPoll.
-	labelPoll time.Duration
-	apply     applyDirFlags
+	labelPoll     time.Duration
+	apply         applyDirFlags
+	discoverPods  bool
+	podsNamespace string
+	// podsConnect reaches the Pod API; nil means in-cluster (kube.CoreV1).
+	podsConnect podsConnector
 }
 
 func (f *daemonFlags) register(fs *flagSet) {
@@ -116,7 +120,9 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.VarPF(&f.kubernetes, "kubernetes", "", "label this node's Kubernetes Node (NODE_NAME, else --node-name) with the caches ready on it: auto (in a pod), true or false").NoOptDefVal = "true"
 	fs.BoolVar(&f.nodeEvents, "node-events", false, "with node labels, also record Events on the Node when a cache or image becomes ready or fails (needs create on events in the default namespace)")
 	fs.Var(&f.discover, "discover-endpoints", "base URLs of local OpenAI-compatible servers, e.g. http://127.0.0.1:8000 (repeatable or comma-separated): each is asked for /v1/models and registered as an endpoint for a model it serves, and removed when it stops answering")
-	fs.DurationVar(&f.discoverEvery, "discover-interval", 10*time.Second, "how often --discover-endpoints servers are asked")
+	fs.DurationVar(&f.discoverEvery, "discover-interval", 10*time.Second, "how often --discover-endpoints servers are asked (and --discover-pods servers without a warmfleet.io/model annotation)")
+	fs.BoolVar(&f.discoverPods, "discover-pods", false, "register the ready pods of this Kubernetes Node (NODE_NAME, else --node-name) annotated warmfleet.io/endpoint-port as endpoints, for their warmfleet.io/model annotation or a model they list at /v1/models; removed when a pod goes unready or away (needs list and watch on pods)")
+	fs.StringVar(&f.podsNamespace, "discover-pods-namespace", "", "namespace whose pods --discover-pods watches (empty: all namespaces, which needs a ClusterRole)")
 	f.apply.register(fs)
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
@@ -217,7 +223,10 @@ func (d *daemonCommandFlags) serve(ctx context.Context, e *Env, fs *flagSet, ori
 		return usageError("%v", err)
 	}
 	f.discover = discover
-	if len(discover) > 0 && f.discoverEvery <= 0 {
+	if err := f.apply.check(); err != nil {
+		return err
+	}
+	if (len(discover) > 0 || f.discoverPods) && f.discoverEvery <= 0 {
 		return usageError("--discover-interval %v: want > 0", f.discoverEvery)
 	}
 	if f.oldGrace < 0 {
@@ -342,6 +351,9 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	}
 	ps.start(stageReconciler, "reconciler", d.Run, nil)
 	if err := startNodeLabels(ps, log, f, d, deps.Images != nil, base.Registry()); err != nil {
+		return ps.fail(err)
+	}
+	if err := startPodDiscovery(ps, log, f, d, base.Registry()); err != nil {
 		return ps.fail(err)
 	}
 	if len(f.discover) > 0 {

@@ -20,6 +20,7 @@ import (
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/internal/kube/nodelabels"
+	"github.com/warmfleet/warmfleet/internal/kube/podendpoints"
 	"github.com/warmfleet/warmfleet/internal/testutil/metricsdoc"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/p2p"
@@ -75,6 +76,10 @@ func daemonCollectors(t *testing.T, log *slog.Logger) []prometheus.Collector {
 	if _, err := nodelabels.New(nodelabels.Config{NodeName: "doc", Nodes: fake.NewClientset().CoreV1().Nodes(), Registerer: d.Registry(), Logger: log}); err != nil {
 		t.Fatal(err)
 	}
+	// So does the pod watcher (--discover-pods).
+	if _, err := podendpoints.New(podendpoints.Config{NodeName: "doc", Pods: fake.NewClientset().CoreV1().Pods(""), Registerer: d.Registry(), Logger: log}); err != nil {
+		t.Fatal(err)
+	}
 	return d.Registry().Collectors()
 }
 
@@ -117,7 +122,7 @@ func TestMetricsReference(t *testing.T) {
 		title, intro string
 		collectors   func(*testing.T, *slog.Logger) []prometheus.Collector
 	}{
-		{"Daemon", "`warmfleet daemon`: the cache, its S3 and peer traffic, gossip, image pre-pulls and node labels.", daemonCollectors},
+		{"Daemon", "`warmfleet daemon`: the cache, its S3 and peer traffic, gossip, image pre-pulls, node labels and pod endpoints.", daemonCollectors},
 		{"Router", "`warmfleet router`: routing decisions, backends, gossip and peer replicas.", routerCollectors},
 	} {
 		ms, err := metricsdoc.Reference("warmfleet_", part.collectors(t, log))

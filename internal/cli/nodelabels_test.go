@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"path/filepath"
 	"strings"
@@ -19,7 +18,6 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/kube/nodelabels"
-	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
@@ -100,37 +98,20 @@ func TestDaemonLabelsItsNode(t *testing.T) {
 
 	dir := t.TempDir()
 	sock := "unix://" + filepath.Join(dir, "api.sock")
-	log := &syncBuffer{}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	started := make(chan struct{})
-	go func() {
-		done <- serveDaemonArgs(ctx, &Env{Stdout: log, Stderr: log, Getenv: noEnv}, []string{
-			"--data-dir", filepath.Join(dir, "data"), "--api", sock, "--node-name", "host-name-not-node-name",
-			"--part-size", "1MiB", "--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
-			"--kubernetes", "--node-events",
-		}, s3origin.Options{}, func() { close(started) }, func(f *daemonFlags) {
-			f.kubeNode = node
-			f.labelPoll = 50 * time.Millisecond
-			f.kubeConnect = func(force bool) (nodelabels.Nodes, nodelabels.Events, error) {
-				if !force {
-					t.Error("--kubernetes did not force the connection")
-				}
-				return cs.CoreV1().Nodes(), cs.CoreV1().Events(nodelabels.EventNamespace), nil
+	log := serveDaemonWith(t, noEnv, []string{
+		"--data-dir", filepath.Join(dir, "data"), "--api", sock, "--node-name", "host-name-not-node-name",
+		"--part-size", "1MiB", "--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
+		"--kubernetes", "--node-events",
+	}, func(f *daemonFlags) {
+		f.kubeNode = node
+		f.labelPoll = 50 * time.Millisecond
+		f.kubeConnect = func(force bool) (nodelabels.Nodes, nodelabels.Events, error) {
+			if !force {
+				t.Error("--kubernetes did not force the connection")
 			}
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
+			return cs.CoreV1().Nodes(), cs.CoreV1().Events(nodelabels.EventNamespace), nil
 		}
 	})
-	select {
-	case <-started:
-	case err := <-done:
-		t.Fatalf("daemon: %v\n%s", err, log)
-	}
 
 	getNode := func() *corev1.Node {
 		n, err := cs.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})

@@ -5,8 +5,8 @@
 //
 // The client speaks core/v1 only, through a REST client with a scheme of
 // its own: client-go's typed clientset registers every API group, which
-// would link dozens of them into the daemon for the two resources it uses
-// (Nodes, Events).
+// would link dozens of them into the daemon for the three resources it
+// uses (Nodes, Events, Pods).
 package kube
 
 import (
@@ -14,12 +14,14 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 )
 
@@ -49,13 +51,18 @@ type Client struct{ rc *rest.RESTClient }
 
 // codecs is built on first use: a daemon outside Kubernetes does not pay
 // for the scheme's memory.
-var codecs = sync.OnceValue(func() serializer.CodecFactory {
+var scheme = sync.OnceValue(func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := corev1.AddToScheme(s); err != nil {
 		panic(err) // a static registration: fails in every test or never
 	}
-	return serializer.NewCodecFactory(s)
+	return s
 })
+
+func codecs() serializer.CodecFactory { return serializer.NewCodecFactory(scheme()) }
+
+// parameterCodec turns ListOptions into a request's query.
+func parameterCodec() runtime.ParameterCodec { return runtime.NewParameterCodec(scheme()) }
 
 // NewClient returns a core/v1 client for cfg.
 func NewClient(cfg *rest.Config) (*Client, error) {
@@ -118,4 +125,31 @@ func (e Events) Create(ctx context.Context, ev *corev1.Event, _ metav1.CreateOpt
 	out := &corev1.Event{}
 	err := e.rc.Post().Namespace(e.ns).Resource("events").Body(ev).Do(ctx).Into(out)
 	return out, err
+}
+
+// Pods is the Pod API of one namespace, or of all for ""
+// (podendpoints.Pods).
+func (c *Client) Pods(namespace string) Pods { return Pods{c.rc, namespace} }
+
+// Pods lists and watches Pods.
+type Pods struct {
+	rc *rest.RESTClient
+	ns string
+}
+
+// List lists Pods.
+func (p Pods) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
+	out := &corev1.PodList{}
+	err := p.rc.Get().Namespace(p.ns).Resource("pods").VersionedParams(&opts, parameterCodec()).Do(ctx).Into(out)
+	return out, err
+}
+
+// Watch watches Pods; opts.TimeoutSeconds also bounds the request.
+func (p Pods) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	req := p.rc.Get().Namespace(p.ns).Resource("pods").VersionedParams(&opts, parameterCodec())
+	if opts.TimeoutSeconds != nil {
+		req = req.Timeout(time.Duration(*opts.TimeoutSeconds) * time.Second)
+	}
+	return req.Watch(ctx)
 }

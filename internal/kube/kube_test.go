@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,9 +14,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 
 	"github.com/warmfleet/warmfleet/internal/kube/nodelabels"
+	"github.com/warmfleet/warmfleet/internal/kube/podendpoints"
 )
 
 func TestOutsideCluster(t *testing.T) {
@@ -96,8 +99,57 @@ func TestClientOverHTTP(t *testing.T) {
 	}
 }
 
-// The client is what the node labeler takes.
+// TestPodsOverHTTP: the pod list and watch reach the paths and query a
+// real API server expects (field selector, version, bookmarks, timeout),
+// and a watch stream's events and a 410 error event decode.
+func TestPodsOverHTTP(t *testing.T) {
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.Method+" "+r.URL.Path+"?"+r.URL.Query().Encode())
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("watch") != "true" {
+			_, _ = io.WriteString(w, `{"apiVersion":"v1","kind":"PodList","metadata":{"resourceVersion":"41"},"items":[{"metadata":{"name":"a","namespace":"infer"}}]}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"type":"ADDED","object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"b","namespace":"infer","resourceVersion":"42"}}}
+{"type":"ERROR","object":{"apiVersion":"v1","kind":"Status","status":"Failure","reason":"Expired","code":410,"message":"too old"}}
+`)
+	}))
+	defer srv.Close()
+	c, err := NewClient(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Pods("infer").List(t.Context(), metav1.ListOptions{FieldSelector: "spec.nodeName=gpu-1"})
+	if err != nil || l.ResourceVersion != "41" || len(l.Items) != 1 || l.Items[0].Name != "a" {
+		t.Fatalf("List = %+v, %v", l, err)
+	}
+	secs := int64(300)
+	w, err := c.Pods("").Watch(t.Context(), metav1.ListOptions{FieldSelector: "spec.nodeName=gpu-1", ResourceVersion: "41", AllowWatchBookmarks: true, TimeoutSeconds: &secs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	ev := <-w.ResultChan()
+	if p, ok := ev.Object.(*corev1.Pod); ev.Type != watch.Added || !ok || p.Name != "b" || p.ResourceVersion != "42" {
+		t.Fatalf("first event %v %+v", ev.Type, ev.Object)
+	}
+	ev = <-w.ResultChan()
+	if ev.Type != watch.Error || !apierrors.IsResourceExpired(apierrors.FromObject(ev.Object)) {
+		t.Fatalf("second event %v %+v, want a 410 Expired", ev.Type, ev.Object)
+	}
+	want := []string{
+		"GET /api/v1/namespaces/infer/pods?fieldSelector=spec.nodeName%3Dgpu-1",
+		"GET /api/v1/pods?allowWatchBookmarks=true&fieldSelector=spec.nodeName%3Dgpu-1&resourceVersion=41&timeout=5m0s&timeoutSeconds=300&watch=true",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("requests:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// The client is what the node labeler and the pod watcher take.
 var (
 	_ nodelabels.Nodes  = Nodes{}
 	_ nodelabels.Events = Events{}
+	_ podendpoints.Pods = Pods{}
 )

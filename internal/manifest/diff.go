@@ -11,7 +11,7 @@ import (
 
 // Diff writes the plan for a person: one block per change ("+" create,
 // "~" update, "-" delete) with the fields it sets, changes or drops, then a
-// summary line.
+// summary line (for a delete, also how many named objects were not held).
 func (p Plan) Diff(w io.Writer) error {
 	var b strings.Builder
 	var n [3]int
@@ -37,7 +37,11 @@ func (p Plan) Diff(w io.Writer) error {
 			block(&b, "-", c.Old)
 		}
 	}
-	fmt.Fprintf(&b, "%d to create, %d to update, %d to delete, %d unchanged (owner %s)\n", n[0], n[1], n[2], p.Unchanged, p.Owner)
+	missing := ""
+	if p.Missing > 0 {
+		missing = fmt.Sprintf(", %d not held", p.Missing)
+	}
+	fmt.Fprintf(&b, "%d to create, %d to update, %d to delete, %d unchanged%s (owner %s)\n", n[0], n[1], n[2], p.Unchanged, missing, p.Owner)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -47,6 +47,8 @@ type Plan struct {
 	Changes []Change
 	// Unchanged counts desired objects the daemon already holds as asked.
 	Unchanged int
+	// Missing counts, for a delete, named objects the daemon does not hold.
+	Missing int
 }
 
 // ConflictError lists keys the plan would take from another owner.
@@ -122,7 +124,7 @@ func PlanDelete(current []Current, named []Object, owner string) (Plan, error) {
 		cur, ok := have[k]
 		switch {
 		case !ok:
-			continue
+			p.Missing++
 		case cur.AppliedBy != "" && cur.AppliedBy != owner:
 			conflicts[k] = cur.AppliedBy
 		default:

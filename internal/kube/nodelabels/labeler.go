@@ -16,6 +16,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/warmfleet/warmfleet/internal/kube/retry"
 )
 
 // Nodes is the part of the Node API the labeler uses;
@@ -207,7 +209,7 @@ func (l *Labeler) Run(ctx context.Context) error {
 				return nil
 			}
 			failures++
-			d := backoff(l.cfg.MinBackoff, l.cfg.MaxBackoff, failures, rand.Float64())
+			d := retry.Backoff(l.cfg.MinBackoff, l.cfg.MaxBackoff, failures, rand.Float64())
 			l.log.Warn("node labels: sync failed; retrying", "node", l.cfg.NodeName, "attempt", failures, "retry_in", d, "err", err)
 			resetTimer(d)
 			continue
@@ -218,18 +220,6 @@ func (l *Labeler) Run(ctx context.Context) error {
 		failures = 0
 		resetTimer(l.cfg.Resync)
 	}
-}
-
-// backoff is the wait after the n-th failure in a row (n >= 1): min doubled
-// n-1 times, at most max, of which a random half (u in [0,1)) is taken off
-// so a fleet of daemons refused at once does not come back at once.
-func backoff(lo, hi time.Duration, n int, u float64) time.Duration {
-	d := lo
-	for i := 1; i < n && d < hi; i++ {
-		d *= 2
-	}
-	d = min(d, hi)
-	return d - time.Duration(u*float64(d/2))
 }
 
 // sync brings the Node's owned labels and annotations to what s wants.
