@@ -171,6 +171,15 @@ func (s *Store) Publish(st *Staging) (string, error) {
 	} else if err := s.root.Rename(st.rel, final); err != nil {
 		return "", fmt.Errorf("nvme: publish %s: %w", final, err)
 	}
+	// POSIX makes a new directory entry durable only once its parent is
+	// synced: models/ holds the model's directory (created above for a first
+	// revision), partial/<model> lost the staged one. ext4's journal happens
+	// to commit both with the fsync below; other file systems need not.
+	for _, dir := range []string{modelsDir, filepath.Dir(st.rel)} {
+		if err := syncDir(filepath.Join(s.dir, dir)); err != nil {
+			return "", err
+		}
+	}
 	tmpLink := filepath.Join(modelRel, ".current.tmp")
 	_ = s.root.Remove(tmpLink)
 	if err := s.root.Symlink(st.revision, tmpLink); err != nil {
