@@ -28,10 +28,10 @@ const SelfTuning Strategy = "self-tuning"
 // NumFeatures is the length of the feature vector the TTFT model is linear in.
 const NumFeatures = 6
 
-// featureBlocks scales block counts in the features, so every coefficient
+// FeatureBlocks scales block counts in the features, so every coefficient
 // is of a similar magnitude and a recursive least-squares fit stays well
 // conditioned.
-const featureBlocks = 64
+const FeatureBlocks = 64
 
 // Features is the vector a backend's time to first byte is modelled as
 // linear in: a constant, the request's uncached and cached blocks, the
@@ -39,9 +39,9 @@ const featureBlocks = 64
 // flight there, and uncached x in flight (an engine that batches prefills
 // with running sequences slows each by how many share a step).
 func Features(uncached, cached, pending, inflight int) [NumFeatures]float64 {
-	u := float64(max(uncached, 0)) / featureBlocks
+	u := float64(max(uncached, 0)) / FeatureBlocks
 	r := float64(max(inflight, 0))
-	return [NumFeatures]float64{1, u, float64(max(cached, 0)) / featureBlocks, float64(max(pending, 0)) / featureBlocks, r, u * r}
+	return [NumFeatures]float64{1, u, float64(max(cached, 0)) / FeatureBlocks, float64(max(pending, 0)) / FeatureBlocks, r, u * r}
 }
 
 // Estimate is what the router knows of one backend's speed and cache for
@@ -125,13 +125,13 @@ func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 		tc.TTFT = e.predict(&x)
 		// Each later arrival finds this request's blocks queued and one
 		// more request in flight.
-		delay := e.coef(3)*float64(u)/featureBlocks + e.coef(4)
+		delay := e.coef(3)*float64(u)/FeatureBlocks + e.coef(4)
 		rate := max(in.Rate, 0) * weight(c) / wsum
 		if !math.IsNaN(rate) && !math.IsInf(rate, 0) {
 			tc.Behind = min(rate*tc.TTFT, maxBehind) * delay
 		}
 		if fill := min(max(e.Fill, 0), 1); fill > 0 {
-			tc.Evict = max(in.EvictWeight, 0) * min(max(e.Reuse, 0), 1) * fill * fill * e.coef(1) * float64(u) / featureBlocks
+			tc.Evict = max(in.EvictWeight, 0) * min(max(e.Reuse, 0), 1) * fill * fill * e.coef(1) * float64(u) / FeatureBlocks
 		}
 		tc.Total = tc.TTFT + tc.Behind + tc.Evict
 		if math.IsNaN(tc.Total) {
