@@ -59,7 +59,7 @@ const (
 	// coefficients are used.
 	tuneMinSamples = 16
 	// tuneClip bounds a residual to this many times the typical one.
-	tuneClip = 4.0
+	tuneClip = 3.0
 	// tuneRateWindow is the time constant of the arrival rate estimate.
 	tuneRateWindow = 10 * time.Second
 	// maxObservedTTFB bounds an observation: longer is a stall, not a
@@ -100,7 +100,11 @@ func (m *ttftModel) observe(x [balance.NumFeatures]float64, y float64) {
 		return
 	}
 	e := y - m.predict(&x)
-	if m.n >= tuneMinSamples/2 && m.absErr > 0 {
+	if m.n >= 4 && m.absErr > 0 {
+		// Bounded, and the bound's scale is kept from bounded residuals
+		// too, so outliers neither drag the fit nor loosen the bound; a
+		// lasting change still gets through, its residuals widening the
+		// bound a little with every observation.
 		lim := tuneClip * m.absErr
 		e = min(max(e, -lim), lim)
 	}
@@ -211,7 +215,7 @@ func (rt *Router) estimatesLocked(in *balance.Input, members []*backend, now tim
 		ests = append(ests, e)
 	}
 	rt.ests = ests
-	in.Estimates, in.EvictWeight = ests, rt.cfg.EvictWeight
+	in.Estimates, in.EvictWeight, in.LoadFactor = ests, rt.cfg.EvictWeight, rt.cfg.TuneLoadFactor
 	if learned {
 		// Before the fit is in seconds the rate has no unit to meet.
 		in.Rate = rt.tune.rate * math.Exp(-max(now.Sub(rt.tune.last), 0).Seconds()/tuneRateWindow.Seconds())

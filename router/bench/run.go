@@ -149,6 +149,7 @@ type StrategyResult struct {
 	Strategy       balance.Strategy `json:"strategy"`
 	HitRate        float64          `json:"kv_hit_rate"`
 	TTFTp50        float64          `json:"ttft_p50_s"`
+	TTFTp90        float64          `json:"ttft_p90_s"`
 	TTFTp95        float64          `json:"ttft_p95_s"`
 	TTFTp99        float64          `json:"ttft_p99_s"`
 	OpenThroughput float64          `json:"open_loop_rps"`
@@ -365,7 +366,7 @@ func runStrategy(ctx context.Context, o *Options, w *Workload, st balance.Strate
 			ttfts = append(ttfts, out.ttft.Seconds())
 		}
 	}
-	sr.TTFTp50, sr.TTFTp95, sr.TTFTp99 = quantile(ttfts, 0.5), quantile(ttfts, 0.95), quantile(ttfts, 0.99)
+	sr.TTFTp50, sr.TTFTp90, sr.TTFTp95, sr.TTFTp99 = quantile(ttfts, 0.5), quantile(ttfts, 0.9), quantile(ttfts, 0.95), quantile(ttfts, 0.99)
 	sr.TTFTs = ttfts
 	sr.OpenThroughput = float64(len(ttfts)) / elapsed.Seconds()
 	stats, err := scrape(ctx, client, f.simURLs)
