@@ -689,7 +689,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		Session: req.session, CacheThreshold: rt.cfg.CacheThreshold, BalanceAbs: rt.cfg.BalanceAbsThreshold, BalanceRel: rt.cfg.BalanceRelThreshold,
 	}
 	if req.strategy == balance.SelfTuning {
-		rt.estimatesLocked(&in, members, now)
+		rt.estimatesLocked(&in, members, req.exact, now)
 	}
 	d := balance.Decide(in)
 	if d.Pick < 0 {
@@ -700,7 +700,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		rt.logDecisionLocked(&in, &d, members)
 	}
 	rt.countArrivalLocked(now)
-	feat := rt.featuresLocked(b, &cands[d.Pick], max(len(req.keys)-d.Matched, 0), d.Matched, now)
+	feat := rt.featuresLocked(b, &cands[d.Pick], max(len(req.keys)-d.Matched, 0), d.Matched, req.exact, now)
 	rt.countLocked(b)
 	b.inflight++
 	uncached := max(len(req.keys)-d.Matched, 0)

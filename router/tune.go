@@ -190,7 +190,8 @@ func (rt *Router) countArrivalLocked(now time.Time) {
 
 // estimatesLocked fills in the self-tuning inputs for members (cands in
 // the same order).
-func (rt *Router) estimatesLocked(in *balance.Input, members []*backend, now time.Time) {
+func (rt *Router) estimatesLocked(in *balance.Input, members []*backend, exact bool, now time.Time) {
+	in.KeyScale = rt.keyScaleLocked(exact)
 	learned := rt.tune.pooled.n >= tuneMinSamples
 	ests := rt.ests[:0]
 	for _, b := range members {
@@ -228,9 +229,21 @@ func (rt *Router) engineFresh(es *engineStats, now time.Time) bool {
 	return !es.at.IsZero() && iv > 0 && now.Sub(es.at) <= 3*iv
 }
 
-// featuresLocked is what a request with uncached and cached blocks is
+// keyScaleLocked is how many router blocks one key stands for: 1 for
+// the router's own block hashes, less for an engine's (KV events), whose
+// blocks hold kv_block_size tokens.
+func (rt *Router) keyScaleLocked(exact bool) float64 {
+	if !exact {
+		return 1
+	}
+	return float64(rt.cfg.KVBlockSize) * rt.cfg.CharsPerToken / float64(rt.cfg.BlockChars)
+}
+
+// featuresLocked is what a request with uncached and cached keys is
 // placed with on c (b's candidate): the same view the decision had.
-func (rt *Router) featuresLocked(b *backend, c *balance.Candidate, uncached, cached int, now time.Time) [balance.NumFeatures]float64 {
+func (rt *Router) featuresLocked(b *backend, c *balance.Candidate, uncached, cached int, exact bool, now time.Time) [balance.NumFeatures]float64 {
+	in := balance.Input{KeyScale: rt.keyScaleLocked(exact)}
+	uncached, cached = in.ScaleKeys(uncached), in.ScaleKeys(cached)
 	inflight := c.Inflight
 	if es := &b.tune.engine; rt.engineFresh(es, now) {
 		inflight = max(inflight, es.waiting+es.running)

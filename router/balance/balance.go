@@ -151,6 +151,10 @@ type Input struct {
 	Estimates   []Estimate
 	Rate        float64
 	EvictWeight float64
+	// KeyScale is how many of the blocks the estimates count one key
+	// stands for (the engine's blocks of KV events against the router's
+	// own); 1 if not positive.
+	KeyScale float64
 }
 
 // Decision is the outcome.

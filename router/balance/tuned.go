@@ -115,7 +115,7 @@ func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 		if i < len(in.Estimates) {
 			e = in.Estimates[i]
 		}
-		u, m := max(n-c.Matched, 0), min(max(c.Matched, 0), n)
+		u, m := in.ScaleKeys(max(n-c.Matched, 0)), in.ScaleKeys(min(max(c.Matched, 0), n))
 		inflight := c.Inflight
 		if e.Waiting >= 0 && e.Running >= 0 {
 			inflight = max(inflight, e.Waiting+e.Running)
@@ -141,6 +141,14 @@ func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 		dst = append(dst, tc)
 	}
 	return dst
+}
+
+// ScaleKeys converts a count of keys into the estimates' blocks (KeyScale).
+func (in *Input) ScaleKeys(k int) int {
+	if !(in.KeyScale > 0) || in.KeyScale == 1 {
+		return k
+	}
+	return int(math.Round(float64(k) * min(in.KeyScale, 1e6)))
 }
 
 // decideTuned is SelfTuning's decision.

@@ -70,6 +70,13 @@ func TestDecideTuned(t *testing.T) {
 			e[0].Theta = [NumFeatures]float64{math.NaN(), math.Inf(1), -5, math.Inf(-1), 0, 0}
 			e[1].Theta[0] = math.NaN()
 		}, want: 0, reason: Hit},
+		{name: "router blocks: queued blocks are worth the cached half", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[1].Matched, c[1].Pending = 64, 40
+		}, want: 1, reason: Hit},
+		{name: "engine blocks (KV events) a quarter the size: the same keys cost less to recompute", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[1].Matched, c[1].Pending = 64, 40
+			in.KeyScale = 0.25
+		}, want: 0, reason: Cold},
 		{name: "no estimates: queued plus uncached blocks, as prefix-aware counts", setup: func(c []Candidate, e []Estimate, in *Input) {
 			in.Estimates = nil
 			c[0].Matched, c[0].Pending = 100, 20 // 48 vs 128
