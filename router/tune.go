@@ -153,8 +153,10 @@ func (m *ttftModel) observe(x [balance.NumFeatures]float64, y float64) {
 
 // engineStats is what a backend's engine last reported of itself.
 type engineStats struct {
-	at               time.Time // zero: never read
-	waiting, running int
+	at time.Time // zero: never read
+	// others is how many requests the engine had beyond those the router
+	// (and its peers) had in flight there at the reading.
+	others int
 	kvUsage          float64 // fraction of KV blocks in use by running requests; <0 unknown
 	hits, queries    float64 // prefix cache counters at the last read
 	reuse            float64 // decayed hit rate between reads; <0 unknown
@@ -195,7 +197,7 @@ func (rt *Router) estimatesLocked(in *balance.Input, members []*backend, exact b
 	learned := rt.tune.pooled.n >= tuneMinSamples
 	ests := rt.ests[:0]
 	for _, b := range members {
-		e := balance.Estimate{Theta: [balance.NumFeatures]float64{0, 1, 0, 1, 0, 0}, Waiting: -1, Running: -1, KVFree: -1}
+		e := balance.Estimate{Theta: [balance.NumFeatures]float64{0, 1, 0, 1, 0, 0}, KVFree: -1}
 		switch {
 		case b.tune.model.n >= tuneMinSamples:
 			e.Theta = b.tune.model.theta
@@ -205,7 +207,7 @@ func (rt *Router) estimatesLocked(in *balance.Input, members []*backend, exact b
 		e.Fill = float64(rt.index.Len(b.slot)) / float64(max(b.kvSize, 1))
 		e.Reuse = b.stats.hitRate()
 		if es := &b.tune.engine; rt.engineFresh(es, now) {
-			e.Waiting, e.Running = es.waiting, es.running
+			e.Others = es.others
 			if es.kvUsage >= 0 {
 				e.KVFree = int((1 - min(es.kvUsage, 1)) * float64(b.kvSize))
 			}
@@ -246,7 +248,7 @@ func (rt *Router) featuresLocked(b *backend, c *balance.Candidate, uncached, cac
 	uncached, cached = in.ScaleKeys(uncached), in.ScaleKeys(cached)
 	inflight := c.Inflight
 	if es := &b.tune.engine; rt.engineFresh(es, now) {
-		inflight = max(inflight, es.waiting+es.running)
+		inflight += es.others
 	}
 	return balance.Features(uncached, cached, c.Pending, inflight)
 }
@@ -374,7 +376,8 @@ func (rt *Router) ReadEngines(ctx context.Context) {
 					reuse += (r - reuse) / 4
 				}
 			}
-			*es = engineStats{at: rt.now(), waiting: st.Waiting, running: st.Running, kvUsage: st.KVUsage, hits: st.Hits, queries: st.Queries, reuse: reuse}
+			others := max(st.Waiting+st.Running-(b.inflight+b.peers.inflight), 0)
+			*es = engineStats{at: rt.now(), others: others, kvUsage: st.KVUsage, hits: st.Hits, queries: st.Queries, reuse: reuse}
 		})
 	}
 	wg.Wait()

@@ -264,3 +264,51 @@ func metricFor(t *testing.T, h *harness, name, backend, term string) float64 {
 	t.Fatalf("no %s{backend=%q,term=%q}", name, backend, term)
 	return 0
 }
+
+// The engines' metrics add what the router cannot see: requests beyond its
+// own in flight there (other routers'), the free KV cache, the reuse rate;
+// a reading that is too old is not used.
+func TestReadEngines(t *testing.T) {
+	page := "vllm:num_requests_waiting 5\nvllm:num_requests_running 3\nvllm:kv_cache_usage_perc 0.75\nvllm:prefix_cache_hits 0\nvllm:prefix_cache_queries 0\n"
+	var mu sync.Mutex
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, page)
+	}))
+	t.Cleanup(engine.Close)
+	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	cfg := Defaults()
+	cfg.KVCacheTokens = 64 * 1000 // 1000 blocks of 256 bytes at 4 bytes per token
+	h := newHarness(t, cfg, Options{Now: clock.Now}, engine.URL)
+	h.rt.mu.Lock()
+	h.rt.cfg.EngineMetricsInterval = time.Second // read by hand below; the harness's loop stays off
+	b := h.rt.backends[engine.URL]
+	b.inflight = 2 // this router's own: 6 of the engine's 8 are others'
+	h.rt.mu.Unlock()
+	h.rt.ReadEngines(t.Context())
+	mu.Lock()
+	page = strings.NewReplacer("_hits 0", "_hits 30", "_queries 0", "_queries 40").Replace(page)
+	mu.Unlock()
+	clock.advance(time.Second)
+	h.rt.ReadEngines(t.Context())
+	estimate := func() balance.Estimate {
+		h.rt.mu.Lock()
+		defer h.rt.mu.Unlock()
+		var in balance.Input
+		h.rt.estimatesLocked(&in, []*backend{b}, false, clock.Now())
+		return in.Estimates[0]
+	}
+	e := estimate()
+	if e.Others != 6 || e.KVFree != 250 || e.Reuse != 0.75 {
+		t.Fatalf("estimate %+v: want 6 other requests, 250 free blocks, reuse 0.75", e)
+	}
+	clock.advance(10 * time.Second)
+	if e := estimate(); e.Others != 0 || e.KVFree != -1 {
+		t.Fatalf("a reading 10 intervals old still used: %+v", e)
+	}
+}

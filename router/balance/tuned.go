@@ -52,11 +52,12 @@ type Estimate struct {
 	// was learned). Negative coefficients are read as 0: more work never
 	// makes a backend faster.
 	Theta [NumFeatures]float64
-	// Waiting and Running are the engine's own request counts (vLLM's
-	// num_requests_waiting/running), which include other routers'
-	// requests; negative: not known. The larger of Waiting+Running and
-	// the candidate's Inflight counts.
-	Waiting, Running int
+	// Others is how many requests the engine had in flight (vLLM's
+	// num_requests_waiting + running) beyond those this router knew of
+	// when it last read them: other routers' traffic. They add to the
+	// candidate's Inflight. The engine's count is not used directly: it
+	// is seconds old, while the router's own count is current.
+	Others int
 	// KVFree is how many router blocks the engine's KV cache has free for
 	// running requests (from its reported usage); negative: not known. A
 	// request needing more uncached blocks than that would be refused or
@@ -111,16 +112,12 @@ func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 	}
 	for i := range in.Candidates {
 		c := &in.Candidates[i]
-		e := Estimate{Theta: [NumFeatures]float64{0, 1, 0, 1, 0, 0}, Waiting: -1, Running: -1, KVFree: -1}
+		e := Estimate{Theta: [NumFeatures]float64{0, 1, 0, 1, 0, 0}, KVFree: -1}
 		if i < len(in.Estimates) {
 			e = in.Estimates[i]
 		}
 		u, m := in.ScaleKeys(max(n-c.Matched, 0)), in.ScaleKeys(min(max(c.Matched, 0), n))
-		inflight := c.Inflight
-		if e.Waiting >= 0 && e.Running >= 0 {
-			inflight = max(inflight, e.Waiting+e.Running)
-		}
-		x := Features(u, m, c.Pending, inflight)
+		x := Features(u, m, c.Pending, c.Inflight+max(e.Others, 0))
 		var tc TunedCost
 		tc.TTFT = e.predict(&x)
 		// Each later arrival finds this request's blocks queued and one

@@ -11,7 +11,7 @@ import (
 var theta = [NumFeatures]float64{0.01, 0.1, 0.001, 0.1, 0.005, 0}
 
 func est(fill, reuse float64) Estimate {
-	return Estimate{Theta: theta, Waiting: -1, Running: -1, KVFree: -1, Fill: fill, Reuse: reuse}
+	return Estimate{Theta: theta, KVFree: -1, Fill: fill, Reuse: reuse}
 }
 
 func TestDecideTuned(t *testing.T) {
@@ -30,9 +30,9 @@ func TestDecideTuned(t *testing.T) {
 		{name: "a short queue is worth the cached prompt", setup: func(c []Candidate, e []Estimate, in *Input) {
 			c[0].Matched, c[0].Pending, c[0].Inflight, c[0].Prefilling = 128, 64, 1, 1
 		}, want: 0, reason: Hit},
-		{name: "the engine's own queue counts where the router's is shorter", setup: func(c []Candidate, e []Estimate, in *Input) {
+		{name: "other routers' requests on the engine count", setup: func(c []Candidate, e []Estimate, in *Input) {
 			c[0].Matched = 128
-			e[0].Waiting, e[0].Running = 40, 8 // other routers' requests: 48 x 5 ms
+			e[0].Others = 48 // 48 x 5 ms
 		}, want: 1, reason: Cold},
 		{name: "without arrivals the faster first token wins", setup: func(c []Candidate, e []Estimate, in *Input) {
 			c[0].Matched, c[0].Pending = 96, 128
