@@ -156,10 +156,10 @@ type engineStats struct {
 	at time.Time // zero: never read
 	// others is how many requests the engine had beyond those the router
 	// (and its peers) had in flight there at the reading.
-	others int
-	kvUsage          float64 // fraction of KV blocks in use by running requests; <0 unknown
-	hits, queries    float64 // prefix cache counters at the last read
-	reuse            float64 // decayed hit rate between reads; <0 unknown
+	others        int
+	kvUsage       float64 // fraction of KV blocks in use by running requests; <0 unknown
+	hits, queries float64 // prefix cache counters at the last read
+	reuse         float64 // decayed hit rate between reads; <0 unknown
 }
 
 // tuneState is one backend's self-tuning state (under Router.mu).
