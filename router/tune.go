@@ -348,19 +348,9 @@ func (rt *Router) ReadEngines(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, b := range backends {
 		wg.Go(func() {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.url+"/metrics", nil)
-			if err != nil {
-				return
-			}
-			resp, err := rt.probe.Do(req)
-			if err != nil {
-				return
-			}
-			defer resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return
-			}
-			st, ok := ParseEngineStats(resp.Body)
+			var st EngineStats
+			ok := false
+			rt.readMetrics(ctx, b.url, func(r io.Reader) { st, ok = ParseEngineStats(r) })
 			if !ok {
 				return
 			}
@@ -381,6 +371,23 @@ func (rt *Router) ReadEngines(ctx context.Context) {
 		})
 	}
 	wg.Wait()
+}
+
+// readMetrics hands the body of base's /metrics page to read, if it
+// answers 200.
+func (rt *Router) readMetrics(ctx context.Context, base string, read func(io.Reader)) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return
+	}
+	resp, err := rt.probe.Do(req)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		read(resp.Body)
+	}
 }
 
 // EngineStats is what ParseEngineStats reads of an engine's metrics.
