@@ -197,7 +197,7 @@ func (rt *Router) estimatesLocked(in *balance.Input, members []*backend, exact b
 	learned := rt.tune.pooled.n >= tuneMinSamples
 	ests := rt.ests[:0]
 	for _, b := range members {
-		e := balance.Estimate{Theta: [balance.NumFeatures]float64{0, 1, 0, 1, 0, 0}, KVFree: -1}
+		e := balance.Estimate{Theta: [balance.NumFeatures]float64{0, 1, 0, 1, 0, 0, 0}, KVFree: -1}
 		switch {
 		case b.tune.model.n >= tuneMinSamples:
 			e.Theta = b.tune.model.theta
@@ -250,7 +250,7 @@ func (rt *Router) featuresLocked(b *backend, c *balance.Candidate, uncached, cac
 	if es := &b.tune.engine; rt.engineFresh(es, now) {
 		inflight += es.others
 	}
-	return balance.Features(uncached, cached, c.Pending, inflight)
+	return balance.Features(uncached, cached, c.Pending, inflight, c.Prefilling)
 }
 
 // learnLocked records r's time to first byte, d, in its backend's fit and
@@ -455,12 +455,13 @@ var tuneTerms = [balance.NumFeatures]struct {
 	name  string
 	scale float64
 }{{"request", 1}, {"uncached_block", 1.0 / balance.FeatureBlocks}, {"cached_block", 1.0 / balance.FeatureBlocks},
-	{"queued_block", 1.0 / balance.FeatureBlocks}, {"inflight_request", 1}, {"uncached_block_per_inflight_request", 1.0 / balance.FeatureBlocks}}
+	{"queued_block", 1.0 / balance.FeatureBlocks}, {"inflight_request", 1}, {"uncached_block_per_inflight_request", 1.0 / balance.FeatureBlocks},
+	{"prefilling_request", 1}}
 
 func newTuneMetrics(reg prometheus.Registerer, rt *Router) error {
 	m := &tuneMetrics{rt: rt,
 		cost: prometheus.NewDesc("warmfleet_router_backend_ttft_cost_seconds",
-			"Self-tuning: what each term adds to a request's predicted time to first byte on the backend, as learned from observed ones (term: request, uncached_block, cached_block, queued_block, inflight_request, uncached_block_per_inflight_request; a block is block_chars prompt bytes).",
+			"Self-tuning: what each term adds to a request's predicted time to first byte on the backend, as learned from observed ones (term: request, uncached_block, cached_block, queued_block, inflight_request, uncached_block_per_inflight_request, prefilling_request; a block is block_chars prompt bytes).",
 			[]string{"backend", "term"}, nil),
 		samples: prometheus.NewDesc("warmfleet_router_backend_ttft_samples",
 			"Self-tuning: times to first byte observed on the backend (its own model is used from 16 on, the fleet's before).", []string{"backend"}, nil),

@@ -22,16 +22,17 @@ func TestTTFTModelLearns(t *testing.T) {
 		name  string
 		theta [balance.NumFeatures]float64
 	}{
-		{"serial prefill (vLLM-like): queued and own uncached blocks", [balance.NumFeatures]float64{0.002, 0.2, 0.004, 0.2, 0, 0}},
-		{"batched prefill slowed by running sequences", [balance.NumFeatures]float64{0.01, 0.05, 0, 0, 0.003, 0.02}},
-		{"a fixed cost only", [balance.NumFeatures]float64{0.03, 0, 0, 0, 0, 0}},
+		{"serial prefill (vLLM-like): queued and own uncached blocks", [balance.NumFeatures]float64{0.002, 0.2, 0.004, 0.2, 0, 0, 0}},
+		{"batched prefill slowed by running sequences", [balance.NumFeatures]float64{0.01, 0.05, 0, 0, 0.003, 0.02, 0}},
+		{"sequence slots: a wait per request queued for its first token", [balance.NumFeatures]float64{0.005, 0.02, 0, 0, 0.001, 0, 0.08}},
+		{"a fixed cost only", [balance.NumFeatures]float64{0.03, 0, 0, 0, 0, 0, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, 2))
 			m := newTTFTModel()
 			for i := range 600 {
-				x := balance.Features(rng.IntN(256), rng.IntN(256), rng.IntN(512), rng.IntN(8))
+				x := balance.Features(rng.IntN(256), rng.IntN(256), rng.IntN(512), rng.IntN(8), rng.IntN(6))
 				y := 0.0
 				for j := range x {
 					y += tt.theta[j] * x[j]
@@ -45,7 +46,7 @@ func TestTTFTModelLearns(t *testing.T) {
 			// What routing needs: predictions within about 10% of
 			// the engine's time wherever requests fall.
 			for range 200 {
-				x := balance.Features(rng.IntN(256), rng.IntN(256), rng.IntN(512), rng.IntN(8))
+				x := balance.Features(rng.IntN(256), rng.IntN(256), rng.IntN(512), rng.IntN(8), rng.IntN(6))
 				want := 0.0
 				for j := range x {
 					want += tt.theta[j] * x[j]
@@ -65,7 +66,7 @@ func TestTTFTModelForgets(t *testing.T) {
 	feed := func(perBlock float64, n int) {
 		for range n {
 			u := 1 + rng.IntN(256)
-			m.observe(balance.Features(u, rng.IntN(64), 0, 0), 0.001+perBlock*float64(u)/balance.FeatureBlocks)
+			m.observe(balance.Features(u, rng.IntN(64), 0, 0, 0), 0.001+perBlock*float64(u)/balance.FeatureBlocks)
 		}
 	}
 	feed(0.1, 400)
@@ -78,7 +79,7 @@ func TestTTFTModelForgets(t *testing.T) {
 // Observations that are not times to first byte are ignored.
 func TestTTFTModelRejects(t *testing.T) {
 	m := newTTFTModel()
-	x := balance.Features(64, 0, 0, 1)
+	x := balance.Features(64, 0, 0, 1, 0)
 	for _, y := range []float64{-1, math.NaN(), math.Inf(1), 7200} {
 		m.observe(x, y)
 	}

@@ -26,7 +26,7 @@ import "math"
 const SelfTuning Strategy = "self-tuning"
 
 // NumFeatures is the length of the feature vector the TTFT model is linear in.
-const NumFeatures = 6
+const NumFeatures = 7
 
 // FeatureBlocks scales block counts in the features, so every coefficient
 // is of a similar magnitude and a recursive least-squares fit stays well
@@ -36,12 +36,15 @@ const FeatureBlocks = 64
 // Features is the vector a backend's time to first byte is modelled as
 // linear in: a constant, the request's uncached and cached blocks, the
 // uncached blocks queued ahead of it (not yet prefilled), the requests in
-// flight there, and uncached x in flight (an engine that batches prefills
-// with running sequences slows each by how many share a step).
-func Features(uncached, cached, pending, inflight int) [NumFeatures]float64 {
+// flight there, uncached x in flight (an engine that batches prefills
+// with running sequences slows each by how many share a step), and the
+// requests there still waiting for their first token (an engine with a
+// fixed number of sequence slots queues past them).
+func Features(uncached, cached, pending, inflight, prefilling int) [NumFeatures]float64 {
 	u := float64(max(uncached, 0)) / FeatureBlocks
 	r := float64(max(inflight, 0))
-	return [NumFeatures]float64{1, u, float64(max(cached, 0)) / FeatureBlocks, float64(max(pending, 0)) / FeatureBlocks, r, u * r}
+	return [NumFeatures]float64{1, u, float64(max(cached, 0)) / FeatureBlocks, float64(max(pending, 0)) / FeatureBlocks, r, u * r,
+		float64(max(prefilling, 0))}
 }
 
 // Estimate is what the router knows of one backend's speed and cache for
@@ -112,17 +115,17 @@ func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 	}
 	for i := range in.Candidates {
 		c := &in.Candidates[i]
-		e := Estimate{Theta: [NumFeatures]float64{0, 1, 0, 1, 0, 0}, KVFree: -1}
+		e := Estimate{Theta: [NumFeatures]float64{0, 1, 0, 1, 0, 0, 0}, KVFree: -1}
 		if i < len(in.Estimates) {
 			e = in.Estimates[i]
 		}
 		u, m := in.ScaleKeys(max(n-c.Matched, 0)), in.ScaleKeys(min(max(c.Matched, 0), n))
-		x := Features(u, m, c.Pending, c.Inflight+max(e.Others, 0))
+		x := Features(u, m, c.Pending, c.Inflight+max(e.Others, 0), c.Prefilling)
 		var tc TunedCost
 		tc.TTFT = e.predict(&x)
 		// Each later arrival finds this request's blocks queued and one
-		// more request in flight.
-		delay := e.coef(3)*float64(u)/FeatureBlocks + e.coef(4)
+		// more request in flight, waiting for its first token.
+		delay := e.coef(3)*float64(u)/FeatureBlocks + e.coef(4) + e.coef(6)
 		rate := max(in.Rate, 0) * weight(c) / wsum
 		if !math.IsNaN(rate) && !math.IsInf(rate, 0) {
 			tc.Behind = min(rate*tc.TTFT, maxBehind) * delay

@@ -8,7 +8,7 @@ import (
 // theta is a learned model in seconds: 10 ms per request, 100 ms per 64
 // uncached blocks, 1 ms per 64 cached, 100 ms per 64 blocks queued ahead,
 // 5 ms per request in flight.
-var theta = [NumFeatures]float64{0.01, 0.1, 0.001, 0.1, 0.005, 0}
+var theta = [NumFeatures]float64{0.01, 0.1, 0.001, 0.1, 0.005, 0, 0}
 
 func est(fill, reuse float64) Estimate {
 	return Estimate{Theta: theta, KVFree: -1, Fill: fill, Reuse: reuse}
@@ -67,7 +67,7 @@ func TestDecideTuned(t *testing.T) {
 		}, want: -1, full: true},
 		{name: "negative, infinite and NaN coefficients read as none", setup: func(c []Candidate, e []Estimate, in *Input) {
 			c[0].Matched = 128
-			e[0].Theta = [NumFeatures]float64{math.NaN(), math.Inf(1), -5, math.Inf(-1), 0, 0}
+			e[0].Theta = [NumFeatures]float64{math.NaN(), math.Inf(1), -5, math.Inf(-1), 0, 0, 0}
 			e[1].Theta[0] = math.NaN()
 		}, want: 0, reason: Hit},
 		{name: "router blocks: queued blocks are worth the cached half", setup: func(c []Candidate, e []Estimate, in *Input) {
@@ -120,8 +120,8 @@ func TestDecideTunedTieSpreads(t *testing.T) {
 }
 
 func TestFeatures(t *testing.T) {
-	got := Features(128, 64, -5, 3)
-	want := [NumFeatures]float64{1, 2, 1, 0, 3, 6}
+	got := Features(128, 64, -5, 3, 2)
+	want := [NumFeatures]float64{1, 2, 1, 0, 3, 6, 2}
 	if got != want {
 		t.Fatalf("Features = %v, want %v", got, want)
 	}
