@@ -120,7 +120,7 @@ type BackendConfig struct {
 // Defaults returns the default configuration.
 func Defaults() Config {
 	return Config{
-		Strategy:         balance.SelfTuning,
+		Strategy:         balance.PrefixAware,
 		LoadFactor:       1.25,
 		MinLoadBound:     2,
 		BlockChars:       256,
