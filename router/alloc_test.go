@@ -32,11 +32,18 @@ func TestRouteAllocatesNothing(t *testing.T) {
 		strings.Repeat(`a line of text\n`, 300))
 	ids, _ := json.Marshal(map[string]any{"model": "m", "prompt": tokens})
 	ctx := context.Background()
-	for name, body := range map[string][]byte{"chat": chat, "token ids": ids} {
+	// Token ids first: the first one must hit the event views; the same
+	// prompt again soon overflows the traffic-share bound, which is a
+	// decision too.
+	for _, tc := range []struct {
+		name string
+		body []byte
+	}{{"token ids", ids}, {"chat", chat}} {
+		name, body := tc.name, tc.body
 		exact := name == "token ids"
-		for range 3 { // the index learns the blocks; pools fill
+		for i := range 3 { // the index learns the blocks; pools fill
 			got, err := rt.Route(ctx, body, "")
-			if err != nil || got.Matched == 0 && exact {
+			if err != nil || i == 0 && exact && got.Matched == 0 {
 				t.Fatalf("%s: %+v, %v", name, got, err)
 			}
 		}

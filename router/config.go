@@ -49,6 +49,15 @@ type Config struct {
 	BalanceAbsThreshold int     `yaml:"balance_abs_threshold"` // in-flight gap (max-min) beyond which load decides...
 	BalanceRelThreshold float64 `yaml:"balance_rel_threshold"` // ...when max also exceeds this x min
 
+	// The self-tuning strategy's: its load factor (the bounded-load cap
+	// is only a safety net under it: the learned costs do the balancing),
+	// how much the cache a placement evicts counts against it (0: not at
+	// all, 1: as much as the requests it delays), and how often the
+	// engines' metrics are read (<= 0: never).
+	TuneLoadFactor        float64       `yaml:"self_tuning_load_factor"`
+	EvictWeight           float64       `yaml:"evict_weight"`
+	EngineMetricsInterval time.Duration `yaml:"engine_metrics_interval"`
+
 	MaxBodyBytes  int64         `yaml:"max_body_bytes"`
 	BodyTimeout   time.Duration `yaml:"body_timeout"`    // to read a whole request body, however it trickles in
 	MaxSlowBodies int           `yaml:"max_slow_bodies"` // bodies still arriving after slowBodyAfter at once; more are refused (408)
@@ -129,6 +138,10 @@ func Defaults() Config {
 		CacheThreshold:      balance.DefaultCacheThreshold,
 		BalanceAbsThreshold: balance.DefaultBalanceAbsThreshold,
 		BalanceRelThreshold: balance.DefaultBalanceRelThreshold,
+
+		TuneLoadFactor:        3,
+		EvictWeight:           0.5,
+		EngineMetricsInterval: 2 * time.Second,
 
 		KVBlockSize:      16,
 		KVResync:         30 * time.Second,
@@ -213,6 +226,9 @@ func (c *Config) Validate() error {
 	if !(c.CacheThreshold > 0 && c.CacheThreshold <= 1) || c.BalanceAbsThreshold < 1 || !within(c.BalanceRelThreshold, 1, 1000) {
 		errs = append(errs, fmt.Errorf("cache_threshold %v must be in (0, 1], balance_abs_threshold %d >= 1, balance_rel_threshold %v in [1, 1000]",
 			c.CacheThreshold, c.BalanceAbsThreshold, c.BalanceRelThreshold))
+	}
+	if !within(c.EvictWeight, 0, 10) || !within(c.TuneLoadFactor, 1, 1000) {
+		errs = append(errs, fmt.Errorf("evict_weight %v must be in [0, 10] and self_tuning_load_factor %v in [1, 1000]", c.EvictWeight, c.TuneLoadFactor))
 	}
 	if c.MinLoadBound < 1 {
 		errs = append(errs, fmt.Errorf("min_load_bound %d must be >= 1", c.MinLoadBound))

@@ -111,19 +111,9 @@ func (rt *Router) probeOne(ctx context.Context, url string) error {
 // learnKV reads vllm:cache_config_info from the backend's /metrics and
 // returns num_gpu_blocks x block_size tokens, or 0.
 func (rt *Router) learnKV(ctx context.Context, base string) int {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
-	if err != nil {
-		return 0
-	}
-	resp, err := rt.probe.Do(req)
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0
-	}
-	return ParseKVCacheTokens(resp.Body)
+	tokens := 0
+	rt.readMetrics(ctx, base, func(r io.Reader) { tokens = ParseKVCacheTokens(r) })
+	return tokens
 }
 
 // maxMetricsBytes bounds what ParseKVCacheTokens reads of a backend's

@@ -217,7 +217,7 @@ func (rt *Router) inference(w *statusWriter, r *http.Request, cfg *Config) (stra
 		return "", ""
 	}
 	defer rt.putKeys(kp)
-	rr := &routeRequest{model: model, keys: *kp, exact: exact, strategy: cfg.StrategyFor(model), session: sess, hashTime: time.Since(start)}
+	rr := &routeRequest{model: model, keys: *kp, exact: exact, strategy: cfg.StrategyFor(model), session: sess, stream: stream, hashTime: time.Since(start)}
 	firstByte := cfg.FirstByteTimeout
 	if !stream {
 		firstByte = cfg.ResponseTimeout
@@ -377,7 +377,7 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 		return false, err
 	}
 	rt.markAnswered(b, resp.StatusCode)
-	rt.prefilled(got)
+	rt.answered(got, resp.StatusCode)
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = v

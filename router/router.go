@@ -90,11 +90,14 @@ type Router struct {
 	depth   []int
 	cands   []balance.Candidate
 	members []*backend
+	ests    []balance.Estimate
 	// the same for kvScoreLocked and kvApplyLocked
 	kvURLs []string
 	kvPub  []*backend
 	kvN    []int
 	kvOK   []bool
+	// tune is the self-tuning strategy's fleet-wide state (tune.go).
+	tune tuneFleet
 }
 
 type backend struct {
@@ -134,6 +137,7 @@ type backend struct {
 	peerLoads map[string]*peerLoad
 
 	stats backendStats
+	tune  tuneState // what self-tuning learned of it (tune.go)
 }
 
 // dialError marks a failure to connect: nothing was sent, so the request may
@@ -173,6 +177,10 @@ func New(cfg Config, opts Options) (*Router, error) {
 		return nil, err
 	}
 	rt.metrics = m
+	rt.tune.pooled = newTTFTModel()
+	if err := newTuneMetrics(opts.Registry, rt); err != nil {
+		return nil, err
+	}
 	km, err := newKVMetrics(opts.Registry)
 	if err != nil {
 		return nil, err
@@ -218,6 +226,7 @@ func (rt *Router) Run(ctx context.Context) error {
 	wg.Go(func() { rt.follow(ctx) })
 	wg.Go(func() { rt.probeLoop(ctx) })
 	wg.Go(func() { rt.kv.run(ctx) })
+	wg.Go(func() { rt.engineLoop(ctx) })
 	wg.Wait()
 	return nil
 }
@@ -339,7 +348,7 @@ func (rt *Router) syncLocked(eps []Endpoint) {
 				continue
 			}
 			rt.slots[slot] = true
-			b = &backend{url: u, slot: slot, gauge: rt.metrics.inflight.WithLabelValues(u)}
+			b = &backend{url: u, slot: slot, gauge: rt.metrics.inflight.WithLabelValues(u), tune: newTuneState()}
 			rt.backends[u] = b
 			rt.order = append(rt.order, b)
 			rt.metrics.healthy.WithLabelValues(u).Set(1)
@@ -487,7 +496,9 @@ func (rt *Router) prefilled(r *routed) {
 	rt.mu.Lock()
 	changed := rt.prefilledLocked(r)
 	if changed {
-		r.b.stats.firstByte(rt.now().Sub(r.sent))
+		d := rt.now().Sub(r.sent)
+		r.b.stats.firstByte(d)
+		rt.learnLocked(r, d)
 	}
 	rt.mu.Unlock()
 	if changed {
@@ -537,6 +548,7 @@ type routeRequest struct {
 	exact    bool     // keys are the engine's block hashes (kv.go)
 	strategy balance.Strategy
 	session  uint64 // the session strategy's key (0: none)
+	stream   bool   // the answer streams: its first byte comes after prefill
 	label    string // the model's metric label, once a backend was picked
 	tried    []*backend
 	hashTime time.Duration // spent hashing the prompt, part of the decision time
@@ -558,6 +570,10 @@ type routed struct {
 	prefMatched int
 	model       string // the request's model label (metrics)
 	warm        bool   // b's node held the weights when it was picked
+	// feat is what self-tuning learns the time to first byte against,
+	// while learn says it is still to be learned (tune.go).
+	feat  [balance.NumFeatures]float64
+	learn bool
 }
 
 // pendingPrefill is a request's share of its backend's pending prefill,
@@ -660,19 +676,30 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		cands = append(cands, c)
 	}
 	var rnd uint64
-	if req.strategy != balance.PrefixAware && req.strategy != balance.KVAware { // neither draws randomness
+	switch req.strategy {
+	case balance.PrefixAware, balance.KVAware, balance.SelfTuning: // none draws randomness
+	default:
 		rnd = rt.rand()
 	}
-	d := balance.Decide(balance.Input{
+	in := balance.Input{
 		Strategy: req.strategy, LoadFactor: rt.cfg.LoadFactor, MinBound: rt.cfg.MinLoadBound, Candidates: cands, Keys: req.keys,
 		Common: common, RendezvousBlocks: rt.cfg.RendezvousBlocks, Slack: rt.cfg.Slack, Rand: rnd, Retry: len(req.tried) > 0,
 		ShareFactor: rt.cfg.ShareFactor, DecodeWeight: rt.cfg.DecodeWeight, BalanceSlack: rt.cfg.BalanceSlack,
 		Session: req.session, CacheThreshold: rt.cfg.CacheThreshold, BalanceAbs: rt.cfg.BalanceAbsThreshold, BalanceRel: rt.cfg.BalanceRelThreshold,
-	})
+	}
+	if req.strategy == balance.SelfTuning {
+		rt.estimatesLocked(&in, members, req.exact, now)
+	}
+	d := balance.Decide(in)
 	if d.Pick < 0 {
 		return routed{}, errFull
 	}
 	b := members[d.Pick]
+	if req.strategy == balance.SelfTuning {
+		rt.logDecisionLocked(&in, &d, members)
+	}
+	rt.countArrivalLocked(now)
+	feat := rt.featuresLocked(b, &cands[d.Pick], max(len(req.keys)-d.Matched, 0), d.Matched, req.exact, now)
 	rt.countLocked(b)
 	b.inflight++
 	uncached := max(len(req.keys)-d.Matched, 0)
@@ -685,7 +712,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	}
 	return routed{b: b, id: b.id, sent: now, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
 		pending: pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched,
-		model: rt.modelLabelLocked(req.model), warm: b.ep.HoldsWeights}, nil
+		model: rt.modelLabelLocked(req.model), warm: b.ep.HoldsWeights, feat: feat, learn: req.stream}, nil
 }
 
 // countLocked records one request for b in the decayed traffic counts.

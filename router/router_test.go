@@ -42,7 +42,9 @@ func (h *harness) settle() { h.handling.Wait() }
 
 func newHarness(t *testing.T, cfg Config, opts Options, urls ...string) *harness {
 	t.Helper()
-	cfg.ProbeInterval = -1
+	// No probes and no engine metrics reads: the test backends count and
+	// answer only the requests a test sends.
+	cfg.ProbeInterval, cfg.EngineMetricsInterval = -1, -1
 	for _, u := range urls {
 		cfg.Backends = append(cfg.Backends, BackendConfig{URL: u})
 	}
@@ -357,7 +359,7 @@ func TestPrefixAffinity(t *testing.T) {
 	if len(used) < 3 {
 		t.Fatalf("12 documents used only %d of 4 backends", len(used))
 	}
-	if v := testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "hit", "other")); v != 60 {
+	if v := testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues(string(Defaults().Strategy), "hit", "other")); v != 60 {
 		t.Fatalf("hit decisions %v, want 60", v)
 	}
 }
@@ -411,6 +413,7 @@ func TestHotPromptDoesNotPin(t *testing.T) {
 		maxUsed int
 	}{{hot: 0, minUsed: 1, maxUsed: 1}, {hot: 1, minUsed: 3, maxUsed: 4}} {
 		cfg := Defaults()
+		cfg.Strategy = balance.PrefixAware // its hot_share rule
 		cfg.LoadFactor, cfg.Slack, cfg.BalanceSlack, cfg.ShareFactor, cfg.HotShare = 100, 100, 100, 100, tc.hot
 		h := newHarness(t, cfg, Options{}, urls...)
 		used := map[string]int{}
@@ -446,7 +449,7 @@ func TestStrategySwitchAndAdmin(t *testing.T) {
 	}
 	h.settle()
 	if testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("least-outstanding", "least", "m2")) != 1 ||
-		testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues("prefix-aware", "cold", "other")) != 1 {
+		testutil.ToFloat64(h.rt.metrics.decisions.WithLabelValues(string(Defaults().Strategy), "cold", "other")) != 1 {
 		t.Fatal("per-model strategy not applied")
 	}
 	resp, err = http.Get(admin.URL + "/metrics")
@@ -805,6 +808,7 @@ func TestOverflowNamesTheBound(t *testing.T) {
 		backends = append(backends, srv.URL)
 	}
 	cfg := Defaults()
+	cfg.Strategy = balance.PrefixAware // its bounds' names
 	cfg.MaxInflight = 1
 	h := newHarness(t, cfg, Options{}, backends...)
 	body := fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("the same long document. ", 100))

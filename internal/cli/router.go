@@ -168,8 +168,8 @@ func (f *routerFlags) register(fs *flagSet) {
 	fs.Var(&f.backends, "backend", "backend base URL (repeatable, or comma-separated); added to the config file's backends")
 	f.kvEvents = kvEventsFlag{}
 	fs.Var(f.kvEvents, "kv-events", "BACKEND_URL=tcp://HOST:PORT: where that backend's engine publishes its KV-cache events (vLLM binds; bind:tcp://HOST:PORT when the router binds and the engine connects, as llm-d-inference-sim does); repeatable; config key kv_events")
-	f.strategy = balance.PrefixAware
-	fs.Var(strategyFlag{&f.strategy}, "strategy", "default strategy: prefix-aware, kv-aware (prefix-aware ranked by the engines' KV events), least-outstanding, random, or one of the field's policies: prefix-hash, cache-aware (SGLang), bounded-load (consistent hashing with bounded loads), session (HyperPod; pins X-Session-Id or the body's user)")
+	f.strategy = router.Defaults().Strategy
+	fs.Var(strategyFlag{&f.strategy}, "strategy", "default strategy: prefix-aware, self-tuning (the lowest expected time to first token by costs learned per backend), kv-aware (prefix-aware ranked by the engines' KV events), least-outstanding, random, or one of the field's policies: prefix-hash, cache-aware (SGLang), bounded-load (consistent hashing with bounded loads), session (HyperPod; pins X-Session-Id or the body's user)")
 	fs.StringVar(&f.configFile, "config", "", "YAML config file (backends, per-model strategies, limits); re-read on SIGHUP")
 	fs.DurationVar(&f.configPoll, "config-poll", 0, "also re-read --config this often and reload it when its content changed, e.g. a mounted ConfigMap (0: off)")
 	fs.StringVar(&f.hashKeyFile, "hash-key-file", "", "per-fleet secret keying prompt hashes (replicas must share it; default: random per process)")

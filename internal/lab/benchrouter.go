@@ -44,6 +44,7 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 	fs.BoolVar(&o.TokenPrompts, "token-prompts", o.TokenPrompts, "send every prompt as token ids (completions), whose engine block hashes the router can compute")
 	engine := fs.String("engine", "llmsim", "backends: llmsim (simulated in virtual time) or llm-d-inference-sim (processes from bin/ or PATH, in wall time)")
 	fs.IntVar(&o.EngineClients, "engine-clients", o.EngineClients, "closed-loop clients with --engine llm-d-inference-sim")
+	fs.Float64Var(&o.EngineLoadFactor, "engine-load-factor", o.EngineLoadFactor, "with --engine llm-d-inference-sim: how many times slower its prefill and decode are with every sequence slot (--max-seqs) busy than with one")
 	fs.IntVar(&o.OverheadRate, "overhead-rate", o.OverheadRate, "requests/s for the overhead phase (0: skip)")
 	fs.DurationVar(&o.OverheadDuration, "overhead-duration", o.OverheadDuration, "length of each overhead round")
 	fs.IntVar(&o.OverheadRounds, "overhead-rounds", o.OverheadRounds, "overhead rounds per mode")

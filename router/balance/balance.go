@@ -29,7 +29,7 @@ const (
 // ParseStrategy validates a strategy name.
 func ParseStrategy(s string) (Strategy, error) {
 	switch st := Strategy(s); st {
-	case Random, LeastOutstanding, PrefixAware, KVAware:
+	case Random, LeastOutstanding, PrefixAware, KVAware, SelfTuning:
 		return st, nil
 	}
 	if slices.Contains(fieldStrategies, Strategy(s)) {
@@ -66,6 +66,7 @@ const (
 	BoundLoad  Bound = "load"  // ceil(c x mean in-flight)
 	BoundShare Bound = "share" // ShareFactor x fair share of recent traffic
 	BoundWait  Bound = "wait"  // expected wait beyond Slack of the best
+	BoundKV    Bound = "kv"    // too little free KV cache on the engine (self-tuning)
 )
 
 // DefaultSlack is the Slack used when none is given: affinity may cost a
@@ -143,6 +144,17 @@ type Input struct {
 	CacheThreshold float64
 	BalanceAbs     int
 	BalanceRel     float64
+	// Estimates are the self-tuning strategy's per-candidate models, in
+	// the order of Candidates; Rate is the requests per second arriving
+	// at all of them, and EvictWeight how much the cache a placement
+	// evicts counts (see SelfTuning).
+	Estimates   []Estimate
+	Rate        float64
+	EvictWeight float64
+	// KeyScale is how many of the blocks the estimates count one key
+	// stands for (the engine's blocks of KV events against the router's
+	// own); 1 if not positive.
+	KeyScale float64
 }
 
 // Decision is the outcome.
@@ -256,6 +268,8 @@ func Decide(in Input) Decision {
 		d = decideRandom(in)
 	case LeastOutstanding:
 		d = decideLeast(in)
+	case SelfTuning:
+		d = decideTuned(in)
 	default:
 		var ok bool
 		if d, ok = decideField(in); !ok {

@@ -53,7 +53,7 @@ var fieldStrategies = []Strategy{PrefixHash, CacheAware, BoundedLoad, Session}
 
 // Strategies lists every strategy name, warmfleet's first.
 func Strategies() []Strategy {
-	return append([]Strategy{PrefixAware, KVAware, LeastOutstanding, Random}, fieldStrategies...)
+	return append([]Strategy{SelfTuning, PrefixAware, KVAware, LeastOutstanding, Random}, fieldStrategies...)
 }
 
 // SGLang's documented defaults for cache_aware.

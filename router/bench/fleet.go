@@ -83,7 +83,13 @@ func startFleet(ctx context.Context, o *Options, n int, sim llmsim.Config, st ba
 	var sims []*llmsim.Server
 	var feeds []*kvFeed
 	kctx, cancel := context.WithCancel(ctx)
-	f, err := startFleetWith(ctx, o, n, o.replicas(), st, func() (http.Handler, string, error) {
+	var now func() time.Time
+	if sim.Clock != nil {
+		// The routers time first bytes on the simulators' clock, as
+		// self-tuning learns from them.
+		now = sim.Clock.Now
+	}
+	f, err := startFleetWith(ctx, o, n, o.replicas(), st, now, func() (http.Handler, string, error) {
 		c := sim
 		kvEvents := ""
 		if o.KVEvents {
@@ -133,7 +139,8 @@ func startFleet(ctx context.Context, o *Options, n int, sim llmsim.Config, st ba
 // startFleetWith starts n backends from newBackend and the given number of
 // router replicas over them.
 // newBackend also returns the backend's kv_events address ("" for none).
-func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance.Strategy, newBackend func() (http.Handler, string, error)) (*fleet, error) {
+func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance.Strategy, now func() time.Time,
+	newBackend func() (http.Handler, string, error)) (*fleet, error) {
 	f := &fleet{}
 	var stops []func()
 	f.stop = func() {
@@ -151,6 +158,11 @@ func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance
 	cfg.ProbeInterval = -1 // probed once below; later probes would only add noise
 	cfg.RampUp = 0
 	cfg.KVBlockSize, cfg.KVHashSeed = o.Sim.BlockTokens, o.Sim.HashSeed
+	if now != nil {
+		// Engine metrics are read on a wall-time ticker; on a virtual
+		// clock their age would mean nothing.
+		cfg.EngineMetricsInterval = -1
+	}
 	for i := range n {
 		h, kvEvents, err := newBackend()
 		if err != nil {
@@ -182,7 +194,7 @@ func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance
 				}
 			}
 		}
-		r, stop, err := startRouter(ctx, cfg, o.Seed, uint64(i), onEvent)
+		r, stop, err := startRouter(ctx, cfg, o.Seed, uint64(i), now, onEvent)
 		if err != nil {
 			f.stop()
 			return nil, err
@@ -195,12 +207,12 @@ func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance
 
 // startRouter runs one router replica over cfg's backends. Each draws its
 // own random numbers (the random strategy's, under its own lock).
-func startRouter(ctx context.Context, cfg router.Config, seed, index uint64, onEvent func(router.Event)) (replica, func(), error) {
+func startRouter(ctx context.Context, cfg router.Config, seed, index uint64, now func() time.Time, onEvent func(router.Event)) (replica, func(), error) {
 	src := router.NewStaticSource(router.StaticEndpoints(&cfg), nil)
 	reg := prometheus.NewRegistry()
 	rng := rand.New(rand.NewPCG(seed, 0x62656e6368+index))
 	rt, err := router.New(cfg, router.Options{Source: src, HashKey: prefix.KeyFromBytes([]byte("bench")), Rand: rng.Uint64,
-		Logger: slog.New(slog.DiscardHandler), Registry: reg, OnEvent: onEvent})
+		Logger: slog.New(slog.DiscardHandler), Registry: reg, OnEvent: onEvent, Now: now})
 	if err != nil {
 		return replica{}, nil, err
 	}

@@ -151,7 +151,7 @@ func instantBackend() http.Handler {
 
 func measureOverhead(ctx context.Context, o *Options) (*OverheadResult, error) {
 	sim := o.Sim
-	f, err := startFleetWith(ctx, o, o.Backends, 1, balance.PrefixAware, func() (http.Handler, string, error) { return instantBackend(), "", nil })
+	f, err := startFleetWith(ctx, o, o.Backends, 1, balance.PrefixAware, nil, func() (http.Handler, string, error) { return instantBackend(), "", nil })
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"text/tabwriter"
 
+	"github.com/warmfleet/warmfleet/router"
 	"github.com/warmfleet/warmfleet/router/balance"
 )
 
@@ -39,13 +40,13 @@ func WriteText(w io.Writer, r *Results) error {
 		o.Backends, o.Load, o.Requests, o.KVBlocks, o.BlockTokens, o.MaxSeqs, o.PrefillPerToken, o.DecodePerToken, o.LoadFactor, o.ShareFactor, o.Slack, o.HotShare, max(o.Replicas, 1))
 	fmt.Fprintf(w, "machine: %d CPUs, load average %.2f at start, %.2f at end, %s\n\n", r.Machine.CPUs, r.Machine.LoadAvg1, r.Machine.LoadAvg1E, r.Machine.GoVersion)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tstrategy\tKV hit\tof best\tTTFT p50 s\tp95 s\tp99 s\topen rps\tsat rps\tbusiest/mean\tprefill busiest/mean\t429\t503\terrors\t")
+	fmt.Fprintln(tw, "workload\tstrategy\tKV hit\tof best\tTTFT p50 s\tp90 s\tp95 s\tp99 s\topen rps\tsat rps\tbusiest/mean\tprefill busiest/mean\t429\t503\terrors\t")
 	for _, wr := range r.Workloads {
 		for _, s := range wr.Strategies {
-			fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.2f\t%.3f\t%.3f\t%.3f\t%.2f\t%.2f\t%.3f\t%.3f\t%d\t%d\t%d\t\n", wr.Name, s.Strategy, s.HitRate, ratio(s.HitRate, wr.BestReuse),
-				s.TTFTp50, s.TTFTp95, s.TTFTp99, s.OpenThroughput, s.Throughput, s.BusiestShare, s.BusiestWork, s.Rejected429, s.Rejected503, s.Errors)
+			fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.2f\t%.3f\t%.3f\t%.3f\t%.3f\t%.2f\t%.2f\t%.3f\t%.3f\t%d\t%d\t%d\t\n", wr.Name, s.Strategy, s.HitRate, ratio(s.HitRate, wr.BestReuse),
+				s.TTFTp50, s.TTFTp90, s.TTFTp95, s.TTFTp99, s.OpenThroughput, s.Throughput, s.BusiestShare, s.BusiestWork, s.Rejected429, s.Rejected503, s.Errors)
 		}
-		fmt.Fprintf(tw, "%s\tbest possible\t%.3f\t\t(fleet-size LRU: %.3f)\t\t\t\t\t\t\t\t\t\t\n", wr.Name, wr.BestReuse, wr.BestReuseFleet)
+		fmt.Fprintf(tw, "%s\tbest possible\t%.3f\t\t(fleet-size LRU: %.3f)\t\t\t\t\t\t\t\t\t\t\t\n", wr.Name, wr.BestReuse, wr.BestReuseFleet)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -88,26 +89,30 @@ func WriteText(w io.Writer, r *Results) error {
 	return nil
 }
 
-// writeDefaultsVsBest sets prefix-aware (the default) against the best
-// other strategy of the same run, per workload: TTFT p50 and p99 (lower is
+// writeDefaultsVsBest sets the default strategy against the best other
+// strategy of the same run, per workload: TTFT p50, p90 and p99 (lower is
 // better; the goal is a ratio <= 1) and saturated throughput.
 func writeDefaultsVsBest(w io.Writer, r *Results) error {
-	fmt.Fprintln(w, "\nprefix-aware (the default) against the best other strategy in this run (goal: TTFT ratios <= 1, sat ratio >= 1, busiest <= 1.25):")
+	def := router.Defaults().Strategy
+	fmt.Fprintf(w, "\n%s (the default) against the best other strategy in this run (goal: TTFT ratios <= 1, sat ratio >= 1, busiest <= 1.25):\n", def)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tTTFT p50 ratio\tbest p50 by\tTTFT p99 ratio\tbest p99 by\tsat rps ratio\tbest sat by\tbusiest\t")
+	fmt.Fprintln(tw, "workload\tTTFT p50 ratio\tbest p50 by\tp90 ratio\tbest p90 by\tp99 ratio\tbest p99 by\tsat rps ratio\tbest sat by\tbusiest\t")
 	for _, wr := range r.Workloads {
-		p := wr.get(balance.PrefixAware)
+		p := wr.get(def)
 		if p == nil || len(wr.Strategies) < 2 {
 			continue
 		}
-		var p50, p99, sat *StrategyResult
+		var p50, p90, p99, sat *StrategyResult
 		for i := range wr.Strategies {
 			s := &wr.Strategies[i]
-			if s.Strategy == balance.PrefixAware {
+			if s.Strategy == def {
 				continue
 			}
 			if p50 == nil || s.TTFTp50 < p50.TTFTp50 {
 				p50 = s
+			}
+			if p90 == nil || s.TTFTp90 < p90.TTFTp90 {
+				p90 = s
 			}
 			if p99 == nil || s.TTFTp99 < p99.TTFTp99 {
 				p99 = s
@@ -120,8 +125,8 @@ func writeDefaultsVsBest(w io.Writer, r *Results) error {
 		if sat.Throughput > 0 {
 			satRatio, satBy = fmt.Sprintf("%.2f", ratio(p.Throughput, sat.Throughput)), string(sat.Strategy)
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%s\t%.2f\t%s\t%s\t%s\t%.3f\t\n", wr.Name, ratio(p.TTFTp50, p50.TTFTp50), p50.Strategy,
-			ratio(p.TTFTp99, p99.TTFTp99), p99.Strategy, satRatio, satBy, p.BusiestShare)
+		fmt.Fprintf(tw, "%s\t%.2f\t%s\t%.2f\t%s\t%.2f\t%s\t%s\t%s\t%.3f\t\n", wr.Name, ratio(p.TTFTp50, p50.TTFTp50), p50.Strategy,
+			ratio(p.TTFTp90, p90.TTFTp90), p90.Strategy, ratio(p.TTFTp99, p99.TTFTp99), p99.Strategy, satRatio, satBy, p.BusiestShare)
 	}
 	return tw.Flush()
 }

@@ -70,6 +70,10 @@ type Options struct {
 	// (EngineClients closed-loop clients; no saturation phase).
 	Engine        string
 	EngineClients int
+	// EngineLoadFactor is llm-d-inference-sim's time factor under load:
+	// its prefill and decode take this many times longer with every
+	// sequence slot (Sim.MaxSeqs) busy than with one (1: no slowdown).
+	EngineLoadFactor float64
 
 	Progress io.Writer // nil: quiet
 }
@@ -87,7 +91,7 @@ func DefaultOptions() Options {
 		OverheadRate: 1000, OverheadDuration: 2 * time.Second, OverheadRounds: 3,
 		DecisionBackends: 64, DecisionPrompt: 16000, DecisionSamples: 20000,
 		ScaleOut: WorkRAG, ScaleOutAdd: 2,
-		EngineClients: 16,
+		EngineClients: 16, EngineLoadFactor: 1,
 	}
 }
 
@@ -145,6 +149,7 @@ type StrategyResult struct {
 	Strategy       balance.Strategy `json:"strategy"`
 	HitRate        float64          `json:"kv_hit_rate"`
 	TTFTp50        float64          `json:"ttft_p50_s"`
+	TTFTp90        float64          `json:"ttft_p90_s"`
 	TTFTp95        float64          `json:"ttft_p95_s"`
 	TTFTp99        float64          `json:"ttft_p99_s"`
 	OpenThroughput float64          `json:"open_loop_rps"`
@@ -196,8 +201,9 @@ func (o *Options) Validate() error {
 	switch o.Engine {
 	case "":
 	case EngineInferenceSim:
-		if bt := o.Sim.BlockTokens; bt != 8 && bt != 16 && bt != 32 && bt != 64 && bt != 128 || o.EngineClients < 1 || o.EngineClients > 1024 {
-			return errors.New("bench: llm-d-inference-sim takes block sizes 8, 16, 32, 64 or 128; engine clients must be 1..1024")
+		if bt := o.Sim.BlockTokens; bt != 8 && bt != 16 && bt != 32 && bt != 64 && bt != 128 || o.EngineClients < 1 || o.EngineClients > 1024 ||
+			!(o.EngineLoadFactor >= 1 && o.EngineLoadFactor <= 100) {
+			return errors.New("bench: llm-d-inference-sim takes block sizes 8, 16, 32, 64 or 128; engine clients must be 1..1024 and the engine load factor in [1, 100]")
 		}
 	default:
 		return fmt.Errorf("bench: unknown engine %q (want llmsim or %s)", o.Engine, EngineInferenceSim)
@@ -360,7 +366,7 @@ func runStrategy(ctx context.Context, o *Options, w *Workload, st balance.Strate
 			ttfts = append(ttfts, out.ttft.Seconds())
 		}
 	}
-	sr.TTFTp50, sr.TTFTp95, sr.TTFTp99 = quantile(ttfts, 0.5), quantile(ttfts, 0.95), quantile(ttfts, 0.99)
+	sr.TTFTp50, sr.TTFTp90, sr.TTFTp95, sr.TTFTp99 = quantile(ttfts, 0.5), quantile(ttfts, 0.9), quantile(ttfts, 0.95), quantile(ttfts, 0.99)
 	sr.TTFTs = ttfts
 	sr.OpenThroughput = float64(len(ttfts)) / elapsed.Seconds()
 	stats, err := scrape(ctx, client, f.simURLs)

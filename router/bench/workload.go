@@ -43,11 +43,12 @@ const (
 	WorkNoShare   = "noshare"
 	WorkMoonConv  = "mooncake-conversation"
 	WorkMoonSynth = "mooncake-synthetic"
+	WorkShared    = "shared-prefix"
 )
 
 // AllWorkloads lists every workload name in report order.
 func AllWorkloads() []string {
-	return []string{WorkRAG, WorkSystem, WorkMultiTurn, WorkNoShare, WorkMoonConv, WorkMoonSynth}
+	return []string{WorkRAG, WorkSystem, WorkMultiTurn, WorkNoShare, WorkMoonConv, WorkMoonSynth, WorkShared}
 }
 
 // text is deterministic filler of n tokens (charsPerToken bytes each):
@@ -190,6 +191,23 @@ func Synthetic(name string, n int, seed uint64, model string, cpt, kvTokens int)
 			if left[s]--; left[s] == 0 {
 				active = slices.Delete(active, i, i+1)
 			}
+		}
+	case WorkShared:
+		// Groups of requests sharing a long prefix, as in llm-d's
+		// precise-scheduling benchmark (many shared multi-thousand-token
+		// prefixes, each with its own questions), but with prefixes,
+		// questions and answers of varied lengths and a skewed
+		// popularity. It was written before the self-tuning strategy and
+		// none of the router's settings were chosen on it: it stands for
+		// traffic nobody tuned for.
+		prefixes := make([]string, 40)
+		for i := range prefixes {
+			prefixes[i] = text(rng, 1500+rng.IntN(4500), cpt)
+		}
+		z := newZipf(len(prefixes), 1.1)
+		for range n {
+			p, out := z.draw(rng), 16+rng.IntN(240)
+			add("/v1/completions", completionBody(model, prefixes[p]+"\n"+text(rng, 20+rng.IntN(580), cpt), out), out)
 		}
 	case WorkNoShare:
 		for range n {

@@ -39,6 +39,15 @@ type InferenceSimOptions struct {
 	// MapEvents selects vLLM's map encoding of events (named fields)
 	// instead of the array encoding.
 	MapEvents bool
+	// The simulator's latency model (zero: its defaults, which answer at
+	// once whatever the prompt): a request's time to first token is
+	// (PrefillOverhead + uncached prompt tokens x PrefillPerToken) x the
+	// load factor, which grows linearly from 1 with one sequence running
+	// to LoadFactor with MaxNumSeqs running; each output token takes
+	// InterTokenLatency x the load factor. Requests beyond MaxNumSeqs wait.
+	PrefillOverhead, PrefillPerToken, InterTokenLatency time.Duration
+	MaxNumSeqs                                          int
+	LoadFactor                                          float64
 }
 
 // InferenceSimPath finds the simulator in the repository's bin/ or PATH.
@@ -108,6 +117,18 @@ func startInferenceSim(ctx context.Context, bin string, o InferenceSimOptions) (
 	}
 	if o.MaxModelLen > 0 {
 		args = append(args, "--max-model-len", strconv.Itoa(o.MaxModelLen))
+	}
+	for flag, d := range map[string]time.Duration{"--prefill-overhead": o.PrefillOverhead, "--prefill-time-per-token": o.PrefillPerToken,
+		"--inter-token-latency": o.InterTokenLatency} {
+		if d > 0 {
+			args = append(args, flag, d.String())
+		}
+	}
+	if o.MaxNumSeqs > 0 {
+		args = append(args, "--max-num-seqs", strconv.Itoa(o.MaxNumSeqs))
+	}
+	if o.LoadFactor > 1 {
+		args = append(args, "--time-factor-under-load", strconv.FormatFloat(o.LoadFactor, 'g', -1, 64))
 	}
 	cmd := exec.Command(bin, args...)
 	// The simulator names its event topic after POD_IP and refuses to

@@ -1,0 +1,201 @@
+package balance
+
+import "math"
+
+// SelfTuning places each request where its expected time to first token is
+// lowest, by a cost model the router learns per backend from what it
+// observes (see Estimate) instead of by thresholds an operator sets:
+//
+//	cost = TTFT + behind + evict
+//
+// TTFT is the learned model's prediction for this request on the backend
+// (its uncached and cached blocks, the prefill queued there, the requests
+// in flight there). behind is what the request costs the ones that will
+// queue behind it: the arrivals expected at that backend while it prefills
+// (Input.Rate) times the delay one more queued request and its uncached
+// blocks add to each of them, by the same model. evict is the cache its
+// uncached blocks push out once the backend's cache is full: the cost of
+// recomputing them, weighted by how often that backend's cached blocks are
+// reused and by Input.EvictWeight.
+//
+// The bounded-load rule (Bounds over prefill-weighted load, LoadFactor,
+// MinBound) stays a safety cap: a backend over it, or one whose engine
+// reports too little free KV cache to hold the request, takes it only if
+// no other can. Among equal costs the rendezvous score decides, so router
+// replicas with the same view agree.
+const SelfTuning Strategy = "self-tuning"
+
+// NumFeatures is the length of the feature vector the TTFT model is linear in.
+const NumFeatures = 7
+
+// FeatureBlocks scales block counts in the features, so every coefficient
+// is of a similar magnitude and a recursive least-squares fit stays well
+// conditioned.
+const FeatureBlocks = 64
+
+// Features is the vector a backend's time to first byte is modelled as
+// linear in: a constant, the request's uncached and cached blocks, the
+// uncached blocks queued ahead of it (not yet prefilled), the requests in
+// flight there, uncached x in flight (an engine that batches prefills
+// with running sequences slows each by how many share a step), and the
+// requests there still waiting for their first token (an engine with a
+// fixed number of sequence slots queues past them).
+func Features(uncached, cached, pending, inflight, prefilling int) [NumFeatures]float64 {
+	u := float64(max(uncached, 0)) / FeatureBlocks
+	r := float64(max(inflight, 0))
+	return [NumFeatures]float64{1, u, float64(max(cached, 0)) / FeatureBlocks, float64(max(pending, 0)) / FeatureBlocks, r, u * r,
+		float64(max(prefilling, 0))}
+}
+
+// Estimate is what the router knows of one backend's speed and cache for
+// the self-tuning strategy.
+type Estimate struct {
+	// Theta is the learned TTFT model over Features, in seconds (or in
+	// any unit shared by every candidate of a decision, before anything
+	// was learned). Negative coefficients are read as 0: more work never
+	// makes a backend faster.
+	Theta [NumFeatures]float64
+	// Others is how many requests the engine had in flight (vLLM's
+	// num_requests_waiting + running) beyond those this router knew of
+	// when it last read them: other routers' traffic. They add to the
+	// candidate's Inflight. The engine's count is not used directly: it
+	// is seconds old, while the router's own count is current.
+	Others int
+	// KVFree is how many router blocks the engine's KV cache has free for
+	// running requests (from its reported usage); negative: not known. A
+	// request needing more uncached blocks than that would be refused or
+	// preempted there.
+	KVFree int
+	// Fill is how full the router's view of its cache is (0..1): at 1,
+	// every uncached block evicts one.
+	Fill float64
+	// Reuse is the fraction of prompt blocks found cached there lately
+	// (the engine's prefix cache hit rate, or the router's estimate).
+	Reuse float64
+}
+
+// TunedCost is one candidate's cost under SelfTuning, in the unit of its
+// Estimate's Theta.
+type TunedCost struct {
+	TTFT, Behind, Evict, Total float64
+	// Capped: over its load bound, or too little free KV cache.
+	Capped bool
+}
+
+func (e *Estimate) coef(i int) float64 {
+	if t := e.Theta[i]; t > 0 && !math.IsInf(t, 1) {
+		return t
+	}
+	return 0
+}
+
+// predict is the model's TTFT for feature vector x.
+func (e *Estimate) predict(x *[NumFeatures]float64) float64 {
+	s := 0.0
+	for i := range x {
+		s += e.coef(i) * x[i]
+	}
+	return s
+}
+
+// maxBehind bounds the arrivals counted as queueing behind one request:
+// past it the rate estimate says more about a burst than about the queue.
+const maxBehind = 16
+
+// TunedCosts returns each candidate's cost under SelfTuning (see there),
+// appended to dst. Candidates without an Estimate cost as prefix-aware
+// counts its expected wait: queued plus uncached blocks.
+func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
+	var boundBuf [64]int
+	bounds := LoadBounds(in.Candidates, in.loadFactor(), in.decodeWeight(), max(in.MinBound, 1), boundBuf[:0])
+	n := len(in.Keys)
+	wsum := 0.0
+	for i := range in.Candidates {
+		wsum += weight(&in.Candidates[i])
+	}
+	for i := range in.Candidates {
+		c := &in.Candidates[i]
+		e := Estimate{Theta: [NumFeatures]float64{0, 1, 0, 1, 0, 0, 0}, KVFree: -1}
+		if i < len(in.Estimates) {
+			e = in.Estimates[i]
+		}
+		u, m := in.ScaleKeys(max(n-c.Matched, 0)), in.ScaleKeys(min(max(c.Matched, 0), n))
+		x := Features(u, m, c.Pending, c.Inflight+max(e.Others, 0), c.Prefilling)
+		var tc TunedCost
+		tc.TTFT = e.predict(&x)
+		// Each later arrival finds this request's blocks queued and one
+		// more request in flight, waiting for its first token.
+		delay := e.coef(3)*float64(u)/FeatureBlocks + e.coef(4) + e.coef(6)
+		rate := max(in.Rate, 0) * weight(c) / wsum
+		if !math.IsNaN(rate) && !math.IsInf(rate, 0) {
+			tc.Behind = min(rate*tc.TTFT, maxBehind) * delay
+		}
+		if fill := min(max(e.Fill, 0), 1); fill > 0 {
+			tc.Evict = max(in.EvictWeight, 0) * min(max(e.Reuse, 0), 1) * fill * fill * e.coef(1) * float64(u) / FeatureBlocks
+		}
+		tc.Total = tc.TTFT + tc.Behind + tc.Evict
+		if math.IsNaN(tc.Total) {
+			tc.Total = math.Inf(1)
+		}
+		tc.Capped = load(c, in.decodeWeight())+1 > float64(bounds[i]) || (e.KVFree >= 0 && u > e.KVFree)
+		dst = append(dst, tc)
+	}
+	return dst
+}
+
+// ScaleKeys converts a count of keys into the estimates' blocks (KeyScale).
+func (in *Input) ScaleKeys(k int) int {
+	if !(in.KeyScale > 0) || in.KeyScale == 1 {
+		return k
+	}
+	return int(math.Round(float64(k) * min(in.KeyScale, 1e6)))
+}
+
+// decideTuned is SelfTuning's decision.
+func decideTuned(in Input) Decision {
+	d := Decision{Pick: -1, Preferred: -1}
+	var costBuf [64]TunedCost
+	var boundBuf [64]int
+	costs := TunedCosts(&in, costBuf[:0])
+	bounds := LoadBounds(in.Candidates, in.loadFactor(), in.decodeWeight(), max(in.MinBound, 1), boundBuf[:0])
+	key := RendezvousKey(in.Keys, in.Common, in.RendezvousBlocks)
+	rv := func(i int) float64 { return Rendezvous(key, in.Candidates[i].ID, weight(&in.Candidates[i])) }
+	less := func(i, j int) bool {
+		if costs[i].Total != costs[j].Total {
+			return costs[i].Total < costs[j].Total
+		}
+		return rv(i) > rv(j)
+	}
+	for i := range in.Candidates {
+		if !underLimit(&in.Candidates[i]) {
+			continue
+		}
+		if d.Preferred < 0 || less(i, d.Preferred) {
+			d.Preferred = i
+		}
+		if !costs[i].Capped && (d.Pick < 0 || less(i, d.Pick)) {
+			d.Pick = i
+		}
+	}
+	if d.Pick < 0 {
+		d.Pick = d.Preferred // every backend is capped: the cheapest under its limit
+	}
+	if d.Pick < 0 {
+		d.Full = true
+		return d
+	}
+	p := &in.Candidates[d.Pick]
+	d.Bound, d.Matched = bounds[d.Pick], p.Matched
+	switch {
+	case d.Pick != d.Preferred:
+		d.Reason, d.Yielded = Overflow, BoundLoad
+		if pr := &in.Candidates[d.Preferred]; load(pr, in.decodeWeight())+1 <= float64(bounds[d.Preferred]) {
+			d.Yielded = BoundKV
+		}
+	case p.Matched > in.Common:
+		d.Reason = Hit
+	default:
+		d.Reason = Cold
+	}
+	return d
+}

@@ -1,0 +1,128 @@
+package balance
+
+import (
+	"math"
+	"testing"
+)
+
+// theta is a learned model in seconds: 10 ms per request, 100 ms per 64
+// uncached blocks, 1 ms per 64 cached, 100 ms per 64 blocks queued ahead,
+// 5 ms per request in flight.
+var theta = [NumFeatures]float64{0.01, 0.1, 0.001, 0.1, 0.005, 0, 0}
+
+func est(fill, reuse float64) Estimate {
+	return Estimate{Theta: theta, KVFree: -1, Fill: fill, Reuse: reuse}
+}
+
+func TestDecideTuned(t *testing.T) {
+	k := keys(3, 128)
+	tests := []struct {
+		name    string
+		setup   func(c []Candidate, e []Estimate, in *Input)
+		want    int
+		reason  Reason
+		yielded Bound
+		full    bool
+	}{
+		{name: "a deep queue costs more than recomputing the prompt elsewhere", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Pending, c[0].Inflight, c[0].Prefilling = 128, 640, 4, 4
+		}, want: 1, reason: Cold},
+		{name: "a short queue is worth the cached prompt", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Pending, c[0].Inflight, c[0].Prefilling = 128, 64, 1, 1
+		}, want: 0, reason: Hit},
+		{name: "other routers' requests on the engine count", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched = 128
+			e[0].Others = 48 // 48 x 5 ms
+		}, want: 1, reason: Cold},
+		{name: "without arrivals the faster first token wins", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Pending = 96, 128
+		}, want: 1, reason: Cold},
+		{name: "under traffic a miss costs the requests behind it", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Pending = 96, 128
+			in.Rate = 20
+		}, want: 0, reason: Hit},
+		{name: "evicting a reused full cache costs", setup: func(c []Candidate, e []Estimate, in *Input) {
+			e[0], e[1] = est(1, 0.8), est(0.2, 0.8)
+			in.EvictWeight = 1
+		}, want: 1, reason: Cold},
+		{name: "evicting a reused full cache costs, the other way round", setup: func(c []Candidate, e []Estimate, in *Input) {
+			e[0], e[1] = est(0.2, 0.8), est(1, 0.8)
+			in.EvictWeight = 1
+		}, want: 0, reason: Cold},
+		{name: "the load bound caps the cheapest", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Inflight, c[0].Prefilling = 128, 3, 3
+			e[0].Theta[4] = 0
+		}, want: 1, reason: Overflow, yielded: BoundLoad},
+		{name: "too little free KV cache caps it", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, e[0].KVFree = 120, 4
+		}, want: 1, reason: Overflow, yielded: BoundKV},
+		{name: "every backend capped: the cheapest under its limit", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, e[0].KVFree, e[1].KVFree = 64, 0, 0
+		}, want: 0, reason: Hit},
+		{name: "at its own limit it is skipped", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Inflight, c[0].Limit = 128, 1, 1
+		}, want: 1, reason: Cold},
+		{name: "all at their limits: full", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Inflight, c[0].Limit, c[1].Inflight, c[1].Limit = 1, 1, 2, 2
+		}, want: -1, full: true},
+		{name: "negative, infinite and NaN coefficients read as none", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched = 128
+			e[0].Theta = [NumFeatures]float64{math.NaN(), math.Inf(1), -5, math.Inf(-1), 0, 0, 0}
+			e[1].Theta[0] = math.NaN()
+		}, want: 0, reason: Hit},
+		{name: "router blocks: queued blocks are worth the cached half", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[1].Matched, c[1].Pending = 64, 40
+		}, want: 1, reason: Hit},
+		{name: "engine blocks (KV events) a quarter the size: the same keys cost less to recompute", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[1].Matched, c[1].Pending = 64, 40
+			in.KeyScale = 0.25
+		}, want: 0, reason: Cold},
+		{name: "no estimates: queued plus uncached blocks, as prefix-aware counts", setup: func(c []Candidate, e []Estimate, in *Input) {
+			in.Estimates = nil
+			c[0].Matched, c[0].Pending = 100, 20 // 48 vs 128
+		}, want: 0, reason: Hit},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := cands(2)
+			e := []Estimate{est(0, 0), est(0, 0)}
+			in := Input{Strategy: SelfTuning, Candidates: c, Keys: k, Estimates: e, MinBound: 2}
+			tt.setup(c, e, &in)
+			d := Decide(in)
+			if d.Pick != tt.want || d.Full != tt.full || (tt.want >= 0 && (d.Reason != tt.reason || d.Yielded != tt.yielded)) {
+				t.Fatalf("got pick %d reason %s yielded %q full %v; want %d %s %q %v (costs %+v)", d.Pick, d.Reason, d.Yielded, d.Full,
+					tt.want, tt.reason, tt.yielded, tt.full, TunedCosts(&in, nil))
+			}
+			if tt.want >= 0 && d.Matched != c[tt.want].Matched {
+				t.Fatalf("matched %d, want %d", d.Matched, c[tt.want].Matched)
+			}
+		})
+	}
+}
+
+// Equal costs are broken by rendezvous on the request's key: replicas
+// agree, and cold groups spread instead of all going to the first backend.
+func TestDecideTunedTieSpreads(t *testing.T) {
+	c := cands(4)
+	e := []Estimate{est(0, 0), est(0, 0), est(0, 0), est(0, 0)}
+	seen := map[int]int{}
+	for g := range 64 {
+		in := Input{Strategy: SelfTuning, Candidates: c, Keys: keys(uint64(100+g), 8), Estimates: e}
+		d, again := Decide(in), Decide(in)
+		if d.Pick != again.Pick {
+			t.Fatalf("group %d: %d then %d", g, d.Pick, again.Pick)
+		}
+		seen[d.Pick]++
+	}
+	if len(seen) != 4 {
+		t.Fatalf("64 cold groups went to %v, want all 4 backends", seen)
+	}
+}
+
+func TestFeatures(t *testing.T) {
+	got := Features(128, 64, -5, 3, 2)
+	want := [NumFeatures]float64{1, 2, 1, 0, 3, 6, 2}
+	if got != want {
+		t.Fatalf("Features = %v, want %v", got, want)
+	}
+}
