@@ -187,16 +187,11 @@ type entry struct {
 
 var _ origin.Origin = (*Origin)(nil)
 
-// New makes an Origin; its client starts on first use.
+// New makes an Origin; its client starts, and Dir is made, on first use.
 func New(opts Options) (*Origin, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
-	}
-	for _, d := range []string{"meta", "data"} {
-		if err := os.MkdirAll(filepath.Join(opts.Dir, d), 0o755); err != nil {
-			return nil, fmt.Errorf("torrent dir: %w", err)
-		}
 	}
 	return &Origin{opts: opts, torrents: map[string]*entry{}}, nil
 }
@@ -241,11 +236,12 @@ func (o *Origin) client() (*torrent.Client, error) {
 	if o.cl != nil {
 		return o.cl, nil
 	}
-	cfg, err := o.config()
-	if err != nil {
-		return nil, err
+	for _, d := range []string{"meta", "data"} {
+		if err := os.MkdirAll(filepath.Join(o.opts.Dir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("torrent dir: %w", err)
+		}
 	}
-	cl, err := torrent.NewClient(cfg)
+	cl, err := torrent.NewClient(o.config())
 	if err != nil {
 		return nil, fmt.Errorf("start the torrent client on %s: %w", o.opts.Listen, err)
 	}
@@ -256,7 +252,7 @@ func (o *Origin) client() (*torrent.Client, error) {
 }
 
 // config is the anacrolix configuration Options ask for.
-func (o *Origin) config() (*torrent.ClientConfig, error) {
+func (o *Origin) config() *torrent.ClientConfig {
 	opts := o.opts
 	cfg := torrent.NewDefaultClientConfig()
 	host, port, _ := net.SplitHostPort(opts.Listen)
@@ -287,7 +283,7 @@ func (o *Origin) config() (*torrent.ClientConfig, error) {
 		cfg.UploadRateLimiter = rate.NewLimiter(rate.Limit(opts.UploadLimit), int(max(opts.UploadLimit, 256<<10)))
 	}
 	cfg.Slogger = opts.Logger
-	return cfg, nil
+	return cfg
 }
 
 // List returns the files of the torrent source names, pinned to its info
