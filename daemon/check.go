@@ -235,8 +235,13 @@ func objectOf(rec cacheRecord, f fileRecord) (origin.Object, error) {
 }
 
 // sourceBucket is the Object.Bucket of a source's objects: the S3 bucket,
-// or the Hub repository.
+// or the Hub repository; a torrent's objects need none (their VersionID,
+// the info hash, names the torrent).
 func sourceBucket(source string) (string, error) {
+	if spec.IsTorrentSource(source) {
+		_, err := spec.ParseTorrentSource(source)
+		return "", err
+	}
 	if origin.Scheme(source) == "hf" {
 		src, err := spec.ParseHFURL(source)
 		return src.Repo, err

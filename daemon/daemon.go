@@ -12,9 +12,10 @@
 //
 // The daemon reads sources through origin.Origin, one per scheme
 // (origin.Mux: s3:// through internal/s3origin, hf:// through
-// internal/hforigin), and imports neither: every origin pins what it lists
-// (ETag and version, or the Hub commit), so a changed source is a new
-// revision (RevisionID), never a mix.
+// internal/hforigin, magnet: and torrent+...:// through
+// internal/torrentorigin), and imports none: every origin pins what it
+// lists (ETag and version, the Hub commit, the torrent's info hash), so a
+// changed source is a new revision (RevisionID), never a mix.
 //
 // Published files are checked again (check.go): by stat at start and at
 // each resync, by a full re-hash on request (Verify); a damaged cache goes
@@ -620,7 +621,7 @@ func (d *Daemon) Node() (api.NodeInfo, error) {
 }
 
 // AddOriginBytes counts bytes read from the origin of a source kind ("s3",
-// "hf"): the origins' OnBytes hook.
+// "hf", "torrent"): the origins' OnBytes hook.
 func (d *Daemon) AddOriginBytes(kind string, n int) {
 	if kind == "s3" {
 		d.metrics.s3Bytes.Add(int64(n))
@@ -628,10 +629,11 @@ func (d *Daemon) AddOriginBytes(kind string, n int) {
 	d.metrics.originBytes.WithLabelValues(kind).Add(float64(n))
 }
 
-// pinnedCommit is the commit the files of an hf:// source were read at
-// (their VersionID, one for all), or "" for other sources.
+// pinnedCommit is the commit the files of an hf:// source were read at,
+// or the info hash of a torrent's (their VersionID, one for all), or ""
+// for other sources.
 func pinnedCommit(source string, files []fileRecord) string {
-	if origin.Scheme(source) != "hf" || len(files) == 0 {
+	if !pinsCommit(origin.Scheme(source)) || len(files) == 0 {
 		return ""
 	}
 	for _, f := range files[1:] {
@@ -640,4 +642,10 @@ func pinnedCommit(source string, files []fileRecord) string {
 		}
 	}
 	return files[0].VersionID
+}
+
+// pinsCommit tells whether a source scheme pins every file to one version
+// of the whole source: a Hub commit, a torrent's info hash.
+func pinsCommit(scheme string) bool {
+	return scheme == "hf" || scheme == "magnet" || scheme == "torrent"
 }

@@ -148,7 +148,7 @@ func openDaemon(t *testing.T, cfg Config, org Origin, deps Deps) *Daemon {
 		t.Fatal(err)
 	}
 	// The test's one origin reads whichever scheme its sources use.
-	d, err := New(b, origin.Mux{"s3": org, "hf": org}, deps)
+	d, err := New(b, origin.Mux{"s3": org, "hf": org, "magnet": org, "torrent": org}, deps)
 	if err != nil {
 		b.Close()
 		t.Fatal(err)

@@ -49,7 +49,7 @@ func newMetrics() *metrics {
 	m := &metrics{
 		reg: reg,
 		originBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmfleet_origin_bytes_total", Help: "Bytes read from model origins, by source kind (s3, hf).",
+			Name: "warmfleet_origin_bytes_total", Help: "Bytes read from model origins, by source kind (s3, hf, torrent).",
 		}, []string{"source"}),
 		cacheState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "warmfleet_cache_state", Help: "1 for the state each model cache is in, 0 for the others.",
@@ -86,7 +86,7 @@ func newMetrics() *metrics {
 	f(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "warmfleet_s3_bytes_total", Help: "Bytes read from S3 object bodies.",
 	}, func() float64 { return float64(m.s3Bytes.Load()) }))
-	for _, kind := range []string{"s3", "hf"} {
+	for _, kind := range []string{"s3", "hf", "torrent"} {
 		m.originBytes.WithLabelValues(kind) // shown at 0 before the first read
 	}
 	f(m.originBytes)

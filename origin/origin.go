@@ -96,16 +96,24 @@ var (
 )
 
 // Scheme is the scheme of a source ("s3" for s3://bucket/prefix/), or ""
-// when it has none.
+// when it has none. BitTorrent sources have two: "magnet" for a magnet
+// link, "torrent" for every torrent+X:// form (a .torrent file read over
+// X).
 func Scheme(source string) string {
+	if strings.HasPrefix(source, "magnet:") {
+		return "magnet"
+	}
 	scheme, _, ok := strings.Cut(source, "://")
 	if !ok {
 		return ""
 	}
+	if strings.HasPrefix(scheme, "torrent+") {
+		return "torrent"
+	}
 	return scheme
 }
 
-// Mux holds an Origin per source scheme ("s3", "hf").
+// Mux holds an Origin per source scheme ("s3", "hf", "magnet", "torrent").
 type Mux map[string]Origin
 
 // For returns the origin of source's scheme.
@@ -121,7 +129,13 @@ func (m Mux) For(source string) (Origin, error) {
 func (m Mux) Schemes() []string {
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(m)) {
-		if m[k] != nil {
+		switch {
+		case m[k] == nil:
+		case k == "magnet":
+			out = append(out, "magnet:")
+		case k == "torrent":
+			out = append(out, "torrent+...://")
+		default:
 			out = append(out, k+"://")
 		}
 	}

@@ -13,9 +13,14 @@ const (
 	MaxPatternBytes = 256
 )
 
-// ValidateSource checks a model source: s3://bucket/prefix/ or
-// hf://org/model[@revision][/subdir].
+// ValidateSource checks a model source: s3://bucket/prefix/,
+// hf://org/model[@revision][/subdir] or a BitTorrent source (see
+// TorrentSource).
 func ValidateSource(s string) error {
+	if IsTorrentSource(s) {
+		_, err := ParseTorrentSource(s)
+		return err
+	}
 	if strings.HasPrefix(s, "hf://") {
 		_, err := ParseHFURL(s)
 		return err

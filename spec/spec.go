@@ -38,7 +38,8 @@ type Spec struct {
 	// or the image reference.
 	Name string `json:"name"`
 	// Source is where a model's files are: s3://bucket/prefix/ or
-	// hf://org/model[@revision][/subdir] (a Hugging Face Hub repository).
+	// hf://org/model[@revision][/subdir] (a Hugging Face Hub repository),
+	// or a BitTorrent magnet or .torrent file (see TorrentSource).
 	Source string `json:"source,omitempty"`
 	// Revision is an optional user label for a model revision.
 	Revision string `json:"revision,omitempty"`
@@ -113,7 +114,7 @@ func (s Spec) Validate() error {
 	case KindModel:
 		errs = append(errs, ValidateModelName(s.Name))
 		if s.Source == "" {
-			errs = append(errs, errors.New("model source is required (s3://bucket/prefix/ or hf://org/model[@revision][/subdir])"))
+			errs = append(errs, errors.New("model source is required (s3://bucket/prefix/, hf://org/model[@revision][/subdir], magnet:?xt=urn:btih:... or torrent+https://.../x.torrent)"))
 		} else if err := ValidateSource(s.Source); err != nil {
 			errs = append(errs, err)
 		}

@@ -45,7 +45,7 @@ type CacheStatus struct {
 	// RevisionID names the cached content: the user's revision label (if
 	// any) and a digest of every object's key, size, ETag and version.
 	RevisionID string `json:"revision_id,omitempty"`
-	// Commit is the commit an hf:// source's revision resolved to: every
+	// Commit is the commit an hf:// source's revision resolved to, or a torrent source's info hash: every
 	// file of RevisionID was read at it (a moved branch is a new revision).
 	Commit string `json:"commit,omitempty"`
 	State  string `json:"state"`

@@ -137,7 +137,7 @@ sets every field, so an add without --pin unpins.`,
 	}
 	c.register(cmd, true)
 	fs := cmd.Flags()
-	fs.StringVar(&source, "source", "", "where the model's files are: s3://bucket/prefix/ or hf://org/model[@revision][/subdir] (a Hub revision is pinned to its commit)")
+	fs.StringVar(&source, "source", "", "where the model's files are: s3://bucket/prefix/, hf://org/model[@revision][/subdir] (a Hub revision is pinned to its commit), magnet:?xt=urn:btih:HASH, or a .torrent as torrent+https://URL, torrent+s3://BUCKET/KEY or torrent+file:///PATH")
 	fs.StringVar(&revision, "revision", "", "revision label (the cache also keys on every object's ETag and version)")
 	fs.BoolVar(&wait, "wait", false, "wait until the cache is ready on this node")
 	fs.DurationVar(&timeout, "timeout", 0, "with --wait: give up after this long, exit 4 (0 = never)")
@@ -433,7 +433,7 @@ func printTable(w io.Writer, all []api.CacheStatus) error {
 	for _, st := range all {
 		rev := st.RevisionID
 		if st.Commit != "" {
-			rev += " @" + st.Commit // the Hub commit every file was read at
+			rev += " @" + st.Commit // the Hub commit or torrent info hash every file was read at
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%t\t%.0f%%\t%s\t%t\t%d\t%s\t%s\t%s\n", st.Name, st.State, st.Ready, percent(st.BytesDone, st.BytesTotal),
 			bytesize.Format(st.BytesTotal), st.Pin, st.Priority, rev, st.Path, st.Error)

@@ -51,6 +51,7 @@ func productCommands(e *Env) []*cobra.Command {
 	return []*cobra.Command{
 		daemonCommand(e),
 		cacheCommand(e),
+		torrentCommand(e),
 		fleetCommand(e),
 		imageCommand(e),
 		endpointCommand(e),

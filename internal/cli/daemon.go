@@ -43,6 +43,7 @@ type daemonFlags struct {
 	s3Concurrency   int
 	hfEndpoint      string
 	hfTokenFile     string
+	torrent         torrentFlags
 	fileConcurrency int
 	resync          time.Duration
 	oldGrace        time.Duration
@@ -97,6 +98,7 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.IntVar(&f.s3Concurrency, "s3-concurrency", s3origin.DefaultConcurrency, "parallel ranged GETs per file")
 	fs.StringVar(&f.hfEndpoint, "hf-endpoint", "", "Hugging Face Hub (or mirror) for hf:// sources (default $HF_ENDPOINT, else https://huggingface.co)")
 	fs.StringVar(&f.hfTokenFile, "hf-token-file", "", "file holding the Hub token for gated repositories (default $HF_TOKEN, else $HF_TOKEN_PATH, else $HF_HOME/token)")
+	f.torrent.register(fs)
 	fs.IntVar(&f.fileConcurrency, "file-concurrency", 2, "files of one model downloaded at once")
 	fs.DurationVar(&f.resync, "resync-interval", 10*time.Minute, "how often a ready cache re-lists its source to notice changes (0 = never)")
 	fs.DurationVar(&f.oldGrace, "old-revision-grace", 10*time.Minute, "how long a model's previous revision stays on disk after an update, for inference servers still loading it (0 = delete at once; deleted sooner when a download needs the space)")
@@ -134,12 +136,14 @@ func daemonCommand(e *Env) *cobra.Command {
 		Use:   "daemon",
 		Short: "run the node daemon (cache, gossip, swarm, image cache, API)",
 		Long: `Run the node daemon: it keeps the fleet's caches on this node's NVMe (from S3,
-the Hugging Face Hub or peers), pre-pulls container images into containerd,
+the Hugging Face Hub, BitTorrent or peers), pre-pulls container images into containerd,
 gossips with the fleet and serves the local API the client commands use. S3
 settings come from the AWS SDK's standard chain: AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL_S3 (for a server other
 than AWS), AWS_PROFILE or the instance's role; Hub settings from
---hf-endpoint and --hf-token-file (or HF_ENDPOINT, HF_TOKEN).
+--hf-endpoint and --hf-token-file (or HF_ENDPOINT, HF_TOKEN); BitTorrent
+settings from the --torrent-* flags: DHT, trackers, PEX, web seeds and
+uploading to the public swarm are off unless turned on.
 
 Every flag may also come from WARMFLEET_<FLAG> (e.g. WARMFLEET_DATA_DIR) or
 from the --config file (flag names as keys).`,
@@ -284,10 +288,16 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 		return ps.fail(err)
 	}
 	var d *daemon.Daemon
-	mux, err := opts.build(ps.ctx, log, f, func(kind string, n int) { d.AddOriginBytes(kind, n) })
+	mux, closeOrigins, err := opts.build(ps.ctx, log, f, func(kind string, n int) { d.AddOriginBytes(kind, n) })
 	if err != nil {
 		return ps.fail(err)
 	}
+	// After every part stopped: the fetches read through the origins.
+	defer func() {
+		if cerr := closeOrigins(); cerr != nil {
+			log.Warn("close origins", "err", cerr)
+		}
+	}()
 	base, err := daemon.Open(daemon.Config{
 		NodeName: f.nodeName, DataDir: f.dataDir, Labels: labels, PartSize: int64(f.partSize),
 		FileConcurrency: f.fileConcurrency, ReserveBytes: int64(f.reserve), ReserveFraction: f.reserveFraction,

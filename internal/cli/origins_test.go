@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -40,19 +41,20 @@ func TestHubOptions(t *testing.T) {
 		t.Errorf("a missing token file named by the flag: %v, want a usage error", err)
 	}
 
-	f := &daemonFlags{s3Concurrency: 4, partSize: 1 << 20}
+	f := &daemonFlags{s3Concurrency: 4, partSize: 1 << 20, dataDir: t.TempDir()}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	o := origins{}
 	o.hf.Endpoint = "ftp://hub.example"
-	if _, err := o.build(t.Context(), log, f, func(string, int) {}); !errors.Is(err, errUsage) {
+	if _, _, err := o.build(t.Context(), log, f, func(string, int) {}); !errors.Is(err, errUsage) {
 		t.Errorf("an ftp:// hub endpoint: %v, want a usage error", err)
 	}
 	o.hf.Endpoint = "http://127.0.0.1:1"
-	mux, err := o.build(t.Context(), log, f, func(string, int) {})
+	mux, closeAll, err := o.build(t.Context(), log, f, func(string, int) {})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, src := range []string{"s3://b/p/", "hf://org/m"} {
+	defer closeAll()
+	for _, src := range []string{"s3://b/p/", "hf://org/m", "magnet:?xt=urn:btih:" + strings.Repeat("0", 40), "torrent+https://example.com/m.torrent"} {
 		if _, err := mux.For(src); err != nil {
 			t.Errorf("no origin for %s: %v", src, err)
 		}
