@@ -54,6 +54,10 @@ type Options struct {
 	// Bin is the binary whose `daemon` command the hosts run (warmfleet, or
 	// warmfleet-lab, which has the same commands).
 	Bin string
+	// LabBin is the warmfleet-lab binary, which scenarios need for its
+	// test hooks (a daemon with a skewed clock) and its simulated
+	// inference engines (llmsim); such scenarios fail without it.
+	LabBin string
 	// Versitygw is the S3 server binary.
 	Versitygw string
 	// Dir holds each scenario's lab (a subdirectory per scenario); empty:
@@ -207,7 +211,7 @@ func runScenario(ctx context.Context, opts Options, sc Scenario, res *ScenarioRe
 		return errors.Join(fmt.Errorf("chaos: %w", err), lab.Close())
 	}
 	defer os.RemoveAll(keyDir)
-	f := &Fleet{Lab: lab, Bin: opts.Bin, Log: log, Key: filepath.Join(keyDir, "cluster.key"), desired: map[string][]netlab.Model{}}
+	f := &Fleet{Lab: lab, Bin: opts.Bin, LabBin: opts.LabBin, Log: log, Key: filepath.Join(keyDir, "cluster.key"), desired: map[string][]netlab.Model{}}
 	if err := netlab.WriteClusterKey(f.Key); err != nil {
 		return errors.Join(err, lab.Close())
 	}

@@ -35,6 +35,12 @@ func TestChaos(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The lab binary runs what the product has no hook for: a daemon with
+	// a skewed clock, the simulated inference engines.
+	labBin, err := netlabtest.BuildLab(ctx, binDir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
 	versitygw := testenv.Bin(t, "versitygw")
 	for _, sc := range chaos.Scenarios() {
 		t.Run(sc.Name, func(t *testing.T) {
@@ -43,7 +49,7 @@ func TestChaos(t *testing.T) {
 			}
 			dir := t.TempDir()
 			res := chaos.RunScenario(t.Context(), chaos.Options{
-				Bin: bin, Versitygw: versitygw, Dir: dir,
+				Bin: bin, LabBin: labBin, Versitygw: versitygw, Dir: dir,
 				Logger: slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 			}, sc)
 			t.Logf("%s: passed %v, %d files verified, %d corrupt ready, %d entries lost, %.1f s",

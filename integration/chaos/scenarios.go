@@ -89,6 +89,14 @@ func Scenarios() []Scenario {
 			Run:    partitionHeal,
 		},
 		{
+			Name:  "clock-skew",
+			Fault: "the nodes' wall clocks are off by 0, +5 min and -7 min, and a fourth node's by +3 h (a broken clock)",
+			Expect: "the fleet warms; an edit made later on the node 7 minutes behind wins over the one from the node 5 minutes ahead on every node; " +
+				"the broken clock's write is refused by the healthy nodes and counted (warmfleet_gossip_desired_refused_future_total), nothing else is lost",
+			Lab: netlab.Options{Hosts: 4, Link: 200 * netlab.Mbit, S3: true},
+			Run: clockSkew,
+		},
+		{
 			Name:   "flapping-member",
 			Fault:  "one node's link goes down and up every 2 s for 20 s while a cold fleet of three warms a model",
 			Expect: "the fleet finishes verified without thrash: S3 is read about once (<= 1.25x the model), not once per flap",

@@ -50,7 +50,7 @@ func runBenchChaos(ctx context.Context, e *cli.Env, args []string) error {
 		level = slog.LevelInfo
 	}
 	res, err := chaos.Run(ctx, chaos.Options{
-		Bin: bin, Versitygw: *versitygw, Dir: *dir, Timeout: *timeout,
+		Bin: bin, LabBin: bin, Versitygw: *versitygw, Dir: *dir, Timeout: *timeout,
 		Logger: slog.New(slog.NewTextHandler(e.Stderr, &slog.HandlerOptions{Level: level})),
 	}, scs)
 	if err != nil {
