@@ -111,11 +111,12 @@ func Scenarios() []Scenario {
 			Run:    s3Storm,
 		},
 		{
-			Name:   "corrupting-peer",
-			Fault:  "a warm member serves corrupt piece bytes (a proxy in front of its peer port flips bits past the handshake)",
-			Expect: "a joining node detects the bad pieces, bans that member and fills verified from the honest one, reading nothing from S3",
-			Lab:    netlab.Options{Hosts: 3, Link: 400 * netlab.Mbit, S3: true},
-			Run:    corruptingPeer,
+			Name:  "corrupting-peer",
+			Fault: "a warm member serves corrupt piece bytes (a proxy in front of its peer port flips bits past the handshake), then comes back under another node name and ports",
+			Expect: "a joining node detects the bad pieces, bans that member and fills verified from the honest one, reading nothing from S3; " +
+				"the banned member, back under another node name and other ports, still gets no piece taken from it (the ban follows its host)",
+			Lab: netlab.Options{Hosts: 3, Link: 400 * netlab.Mbit, S3: true},
+			Run: corruptingPeer,
 		},
 		{
 			Name:   "disk-full",
@@ -364,16 +365,8 @@ func corruptingPeer(ctx context.Context, f *Fleet) error {
 	if err := f.WaitReady(ctx, "corrupt", model, badD, honest); err != nil {
 		return err
 	}
-	// From now on every 256 KiB-th byte the bad member sends past its
-	// first 64 KiB is flipped: handshakes and bitfields pass, piece bytes do
-	// not.
-	proxy.SetMangle(func(off int64, p []byte) {
-		for i := range p {
-			if o := off + int64(i); o >= 64<<10 && o%(256<<10) == 0 {
-				p[i] ^= 0x01
-			}
-		}
-	})
+	// From now on the bad member's piece bytes are corrupt.
+	proxy.SetMangle(flipBits)
 	joiner, err := f.Start(ctx, hosts[2], nil)
 	if err != nil {
 		return err
@@ -395,7 +388,67 @@ func corruptingPeer(ctx context.Context, f *Fleet) error {
 	if s3 != 0 {
 		return fmt.Errorf("joiner read %v bytes from S3; the honest member holds everything", s3)
 	}
+	return comesBackRenamed(ctx, f, badD, honest, joiner, failed)
+}
+
+// comesBackRenamed restarts the banned member under another node name, on
+// other gossip and peer ports, still corrupting, and has it warm a second
+// model with the honest member while the joiner is cut off; then the joiner
+// fills that model and must not take one piece from it: the ban follows
+// its host, not the name it gives.
+func comesBackRenamed(ctx context.Context, f *Fleet, badD, honest, joiner *netlab.Daemon, failedBefore float64) error {
+	model, err := f.Seed(ctx, "corrupt2/", 2, 8<<20, 14)
+	if err != nil {
+		return err
+	}
+	bad := badD.Host()
+	if err := badD.Stop(10 * time.Second); err != nil {
+		return err
+	}
+	proxy, err := bad.Proxy(bad.Addr(7957), bad.Addr(7958))
+	if err != nil {
+		return err
+	}
+	defer proxy.Close()
+	proxy.SetMangle(flipBits)
+	link := joiner.Host().Link()
+	if err := link.Cut(ctx); err != nil {
+		return err
+	}
+	renamed, err := f.Start(ctx, bad, []string{"--p2p", bad.Addr(7958), "--p2p-advertise", bad.Addr(7957)},
+		"--node-name", bad.Name+"-renamed", "--gossip", bad.Addr(7956), "--join", honest.Host().Addr(7946))
+	if err != nil {
+		return errors.Join(err, link.Restore(ctx))
+	}
+	if err := f.Add(ctx, honest, "corrupt2", model); err != nil {
+		return errors.Join(err, link.Restore(ctx))
+	}
+	err = f.WaitReady(ctx, "corrupt2", model, honest, renamed)
+	if rerr := link.Restore(ctx); err != nil || rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	f.Log.Info("chaos: the banned member is back under a new name and ports", "name", bad.Name+"-renamed")
+	if err := joiner.WaitReady(ctx, "corrupt2", model); err != nil {
+		return err
+	}
+	failed, err := joiner.MetricValue(ctx, metricFailed)
+	if err != nil {
+		return err
+	}
+	if failed != failedBefore {
+		return fmt.Errorf("the joiner took %v bad pieces from the banned member back under a new name and port", failed-failedBefore)
+	}
 	return nil
+}
+
+// flipBits flips every 256 KiB-th byte a member sends past its first 64
+// KiB: handshakes and bitfields pass, piece bytes do not.
+func flipBits(off int64, p []byte) {
+	for i := range p {
+		if o := off + int64(i); o >= 64<<10 && o%(256<<10) == 0 {
+			p[i] ^= 0x01
+		}
+	}
 }
 
 // noSpace is the daemon's report of a cache that does not fit, with its
