@@ -27,6 +27,10 @@ type Fleet struct {
 	// hooks (StartSkewed); empty when the run has none.
 	LabBin string
 	Log    *slog.Logger
+	// Long asks for the long variant of the scenario (Options.Long).
+	Long bool
+
+	figures map[string]float64
 
 	daemons []*netlab.Daemon
 	// outsiders are daemons that are not members (another cluster key):
@@ -36,6 +40,9 @@ type Fleet struct {
 	// directory may hold (one of them, whole).
 	desired map[string][]netlab.Model
 }
+
+// Figure records one of the scenario's figures for the report.
+func (f *Fleet) Figure(name string, v float64) { f.figures[name] = v }
 
 // seedHost is the fleet's gossip seed: the first host.
 func (f *Fleet) seedHost() *netlab.Host { return f.Lab.Hosts()[0] }
