@@ -68,17 +68,20 @@ func clockSkew(ctx context.Context, f *Fleet) error {
 	if _, err := broken.CLI(ctx, "cache", "add", "future", "--source", future.Source()); err != nil {
 		return err
 	}
+	var refused float64
 	for _, d := range ds[:3] {
 		err := wait.Until(ctx, func() error {
 			n, err := d.MetricValue(ctx, metricFuture)
 			if err == nil && n < 1 {
 				err = fmt.Errorf("%s refused %v records from the future", d.Host().Name, n)
 			}
+			refused = n
 			return err
 		})
 		if err != nil {
 			return err
 		}
+		f.Figure("refused_future_"+d.Host().Name, refused)
 		if st, err := d.CacheStatus(ctx, "future"); err == nil {
 			return fmt.Errorf("%s took a record stamped 3 hours ahead: cache future is %s", d.Host().Name, st.State)
 		}

@@ -109,8 +109,8 @@ func Scenarios() []Scenario {
 		},
 		{
 			Name:   "flapping-member",
-			Fault:  "one node's link goes down and up every 2 s for 20 s while a cold fleet of three warms a model",
-			Expect: "the fleet finishes verified without thrash: S3 is read about once (<= 1.25x the model), not once per flap",
+			Fault:  "one node's link goes down and up every 2 s for 20 s (every 4 s for a minute with --long) while a cold fleet of three warms a model",
+			Expect: "the fleet finishes verified without thrash: S3 is read about once (<= 1.25x the model), not once per flap, and no node pulls the model twice (S3 and peer bytes <= 1.25x each)",
 			Lab:    netlab.Options{Hosts: 3, Link: 200 * netlab.Mbit, S3Link: 40 * netlab.Mbit, S3: true},
 			Run:    flappingMember,
 		},
@@ -393,6 +393,8 @@ func corruptingPeer(ctx context.Context, f *Fleet) error {
 	}
 	banned, failed, s3 := v[0], v[1], v[2]
 	f.Log.Info("chaos: joiner figures", "banned", banned, "failed", failed, "s3", s3)
+	f.Figure("bans", banned)
+	f.Figure("bad_pieces", failed)
 	if failed < 1 || banned < 1 {
 		return fmt.Errorf("corrupt pieces went unnoticed: %v failed, %v bans", failed, banned)
 	}
@@ -446,6 +448,7 @@ func comesBackRenamed(ctx context.Context, f *Fleet, badD, honest, joiner *netla
 	if err != nil {
 		return err
 	}
+	f.Figure("bad_pieces_after_rename", failed-failedBefore)
 	if failed != failedBefore {
 		return fmt.Errorf("the joiner took %v bad pieces from the banned member back under a new name and port", failed-failedBefore)
 	}
@@ -922,11 +925,16 @@ func flappingMember(ctx context.Context, f *Fleet) error {
 		return err
 	}
 	link := f.Lab.Hosts()[2].Link()
-	// The fault's schedule: ten down-and-up cycles of 2 s.
-	tick := time.NewTicker(time.Second)
+	// The fault's schedule: ten down-and-up cycles of 2 s; the long
+	// variant, fifteen of 4 s (a minute).
+	half, cycles := time.Second, 10
+	if f.Long {
+		half, cycles = 2*time.Second, 15
+	}
+	tick := time.NewTicker(half)
 	defer tick.Stop()
 	flaps := 0
-	for down := true; flaps < 10; down = !down {
+	for down := true; flaps < cycles; down = !down {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -948,9 +956,30 @@ func flappingMember(ctx context.Context, f *Fleet) error {
 	if err != nil {
 		return err
 	}
-	f.Log.Info("chaos: flapping figures", "flaps", flaps, "s3_ratio", s3/float64(model.Size()))
-	if size := float64(model.Size()); s3 > 1.25*size {
+	size := float64(model.Size())
+	f.Log.Info("chaos: flapping figures", "flaps", flaps, "s3_ratio", s3/size)
+	f.Figure("flaps", float64(flaps))
+	f.Figure("s3_ratio", s3/size)
+	if s3 > 1.25*size {
 		return fmt.Errorf("the fleet read %.2fx the model from S3 with a flapping member, want about 1x: pulls repeated", s3/size)
 	}
-	return nil
+	// No node pulls the model twice: what each read from S3 and peers
+	// together stays about one model.
+	var errs []error
+	for _, d := range ds {
+		got, err := f.Sum(ctx, metricS3, d)
+		if err == nil {
+			var in float64
+			in, err = d.MetricValue(ctx, metricPeerIn)
+			got += in
+		}
+		if err != nil {
+			return err
+		}
+		f.Figure("pulled_ratio_"+d.Host().Name, got/size)
+		if got > 1.25*size {
+			errs = append(errs, fmt.Errorf("%s pulled %.2fx the model (S3 and peers) with a flapping member: pulls repeated", d.Host().Name, got/size))
+		}
+	}
+	return errors.Join(errs...)
 }
