@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fuzz-short.sh runs every fuzz target in the tree for a short time each
-# (FUZZTIME, default 5s), one after another, each starting with its seed
-# corpus (f.Add and testdata/fuzz). New failing inputs land in the
+# (FUZZTIME, default 5s, or a count of inputs such as 2000x), one after
+# another, each starting with its seed corpus (f.Add and testdata/fuzz). New failing inputs land in the
 # package's testdata/fuzz/ as the Go fuzzer writes them: commit them as
 # seeds. Packages are found from the source, so a new fuzz target is run
 # without editing this script.
