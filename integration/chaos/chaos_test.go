@@ -2,9 +2,11 @@ package chaos_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,14 +33,16 @@ func TestChaos(t *testing.T) {
 	// gossip of a race-enabled fleet times out and flaps, which is not the
 	// fault a scenario stages. The runner and its checks still run under
 	// -race; the daemons' races are the other integration tests' job.
-	bin, err := netlabtest.BuildWarmfleet(ctx, binDir, false)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The lab binary runs what the product has no hook for: a daemon with
-	// a skewed clock, the simulated inference engines.
-	labBin, err := netlabtest.BuildLab(ctx, binDir, false)
-	if err != nil {
+	// a skewed clock, the simulated inference engines. The two builds share
+	// most packages, so they run side by side.
+	var bin, labBin string
+	var labErr error
+	var built sync.WaitGroup
+	built.Go(func() { labBin, labErr = netlabtest.BuildLab(ctx, binDir, false) })
+	bin, err := netlabtest.BuildWarmfleet(ctx, binDir, false)
+	built.Wait()
+	if err = errors.Join(err, labErr); err != nil {
 		t.Fatal(err)
 	}
 	versitygw := testenv.Bin(t, "versitygw")
