@@ -483,7 +483,7 @@ func (r *rowsRig) storm(ctx context.Context, n int) (float64, error) {
 				return
 			}
 			conns[i] = c
-			_ = c.SetDeadline(time.Now().Add(time.Minute))
+			_ = c.SetWriteDeadline(time.Now().Add(time.Minute))
 			if _, err := io.WriteString(c, req); err != nil {
 				errs[i] = err
 				return
@@ -491,7 +491,7 @@ func (r *rowsRig) storm(ctx context.Context, n int) (float64, error) {
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := firstOf(errs); err != nil {
 		return 0, err
 	}
 	peak, err := r.metric(ctx, "go_goroutines")
@@ -502,6 +502,9 @@ func (r *rowsRig) storm(ctx context.Context, n int) (float64, error) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
+			// The clock starts when this connection's answer is read: the
+			// last of n dials may come long after the first.
+			_ = c.SetReadDeadline(time.Now().Add(time.Minute))
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
 				errs[i] = err
@@ -513,7 +516,7 @@ func (r *rowsRig) storm(ctx context.Context, n int) (float64, error) {
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := firstOf(errs); err != nil {
 		return peak, err
 	}
 	counts := map[int]int{}
@@ -527,4 +530,21 @@ func (r *rowsRig) storm(ctx context.Context, n int) (float64, error) {
 	}
 	r.f.Log.Info("chaos: connection storm", "conns", n, "statuses", fmt.Sprint(counts), "goroutines_peak", peak)
 	return peak, nil
+}
+
+// firstOf returns the first error of errs with how many there were, not
+// thousands of lines.
+func firstOf(errs []error) error {
+	n := 0
+	var first error
+	for _, err := range errs {
+		if err != nil {
+			n++
+			first = cmpOr(first, err)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d of %d connections failed, the first: %w", n, len(errs), first)
 }
