@@ -102,7 +102,7 @@ func Scenarios() []Scenario {
 				"every backend slot held by a stream and three times as many requests more; one engine SIGKILLed mid-stream; then two storms of 2000 concurrent connections (10k with --long)",
 			Expect: "400/413 for bad bodies and 408 for every slow one within the body timeout while good requests are served; 429 (never a 5xx or a hang) past the limits; " +
 				"the dead engine's streams cut without [DONE], the other's finish, the survivor takes the traffic; every storm answer a 200 or 429, " +
-				"the router's goroutines back within " + fmt.Sprint(rowsGoroutineSlack) + " of idle after each storm and its memory within 64 MiB between storms",
+				"the router's goroutines back within " + fmt.Sprint(rowsGoroutineSlack) + " of idle after each storm and its memory within 64 KiB per connection of what it was before",
 			Lab:     netlab.Options{Hosts: 4, Link: 1000 * netlab.Mbit},
 			NoFiles: true,
 			Run:     routerRows,
