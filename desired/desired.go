@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warmfleet/warmfleet/spec"
@@ -33,7 +34,16 @@ type Options struct {
 	// MaxClockDrift bounds how far ahead of our wall clock a peer's timestamp
 	// may pull our clock. Default 1m.
 	MaxClockDrift time.Duration
-	Logger        *slog.Logger
+	// MaxFuture bounds how far ahead of our wall clock a peer's record may
+	// be stamped and still be merged; a record further ahead is refused
+	// and counted (RefusedFuture), and merged by anti-entropy once our
+	// clock is within the bound. Without it, one node whose clock says
+	// year 9999 would stamp records no later write could beat without
+	// moving its own clock there, and every node editing such a key would
+	// carry that clock to its other keys. It must be far above the skew
+	// of healthy clocks (minutes) and at least MaxClockDrift. Default 1h.
+	MaxFuture time.Duration
+	Logger    *slog.Logger
 }
 
 // State is the fleet-wide set of cache specs: a last-writer-wins map
@@ -55,11 +65,14 @@ type Options struct {
 // only unsynced peers for StaleGrace: rare enough to accept, and the
 // reason TombstoneTTL defaults to days.
 type State struct {
-	store   Store
-	clock   *hlc
-	now     func() time.Time
-	ttl     time.Duration
-	grace   time.Duration
+	store  Store
+	clock  *hlc
+	now    func() time.Time
+	ttl    time.Duration
+	grace  time.Duration
+	future time.Duration
+	// refused counts peer records refused for a timestamp beyond future.
+	refused atomic.Uint64
 	log     *slog.Logger
 	changed chan struct{}
 
@@ -96,6 +109,12 @@ func New(ctx context.Context, store Store, opt Options) (*State, error) {
 	if opt.MaxClockDrift <= 0 {
 		opt.MaxClockDrift = time.Minute
 	}
+	if opt.MaxFuture <= 0 {
+		opt.MaxFuture = time.Hour
+	}
+	if opt.MaxFuture < opt.MaxClockDrift {
+		return nil, fmt.Errorf("desired state: max future %v is below the max clock drift %v", opt.MaxFuture, opt.MaxClockDrift)
+	}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -104,6 +123,7 @@ func New(ctx context.Context, store Store, opt Options) (*State, error) {
 		clock:   newHLC(opt.NodeName, opt.Now, opt.MaxClockDrift),
 		now:     opt.Now,
 		ttl:     opt.TombstoneTTL,
+		future:  opt.MaxFuture,
 		grace:   opt.StaleGrace,
 		log:     opt.Logger,
 		changed: make(chan struct{}, 1),
@@ -284,12 +304,25 @@ func (d *State) Merge(ctx context.Context, in []Record) (applied []Record, bad i
 	return applied, bad, nil
 }
 
+// RefusedFuture returns how many peer records were refused so far because
+// their timestamp was further ahead of this node's clock than MaxFuture:
+// one of the two clocks is wrong by that much.
+func (d *State) RefusedFuture() uint64 { return d.refused.Load() }
+
 // mergeLocked decides which incoming records win, without applying them.
 func (d *State) mergeLocked(in []Record) (applied []Record, bad int) {
 	pending := map[string]int{}
+	limit := d.now().Add(d.future).UnixMilli()
 	for _, r := range in {
 		if err := r.validate(); err != nil {
 			bad++
+			continue
+		}
+		if r.TS.Wall > limit {
+			if d.refused.Add(1) == 1 {
+				d.log.Warn("desired state: refusing a record stamped too far in the future (a clock is wrong); counting the next ones silently",
+					"key", r.Key, "writer", r.TS.Node, "stamp", r.TS.Time(), "max_future", d.future)
+			}
 			continue
 		}
 		d.clock.observe(r.TS)

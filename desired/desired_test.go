@@ -108,8 +108,9 @@ func TestDesiredLocalWriteBeatsFutureRecord(t *testing.T) {
 	clk := testclock.New()
 	d := newDesired(t, testbolt.OpenTemp(t), "a", clk.Now)
 	s := modelSpec("m")
-	s.Revision = "far-future"
-	future := Record{Key: s.Key(), TS: Timestamp{Wall: clk.Now().Add(24 * time.Hour).UnixMilli(), Node: "broken"}, Spec: &s}
+	s.Revision = "future"
+	// Ahead of our clock by more than the drift bound, within MaxFuture.
+	future := Record{Key: s.Key(), TS: Timestamp{Wall: clk.Now().Add(40 * time.Minute).UnixMilli(), Node: "ahead"}, Spec: &s}
 	if _, _, err := d.Merge(ctx, []Record{future}); err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func TestDesiredLocalWriteBeatsFutureRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, ok := d.Get(s.Key()); ok {
-		t.Fatal("a local delete lost against a record from a clock a day ahead")
+		t.Fatal("a local delete lost against a record from a clock 40 minutes ahead")
 	}
 }
 
@@ -489,4 +490,80 @@ func TestWriteKeepsFieldsAnOlderNodeDrops(t *testing.T) {
 			t.Errorf("order %d: holds %+v, want the full write", i, got)
 		}
 	}
+}
+
+// Clocks minutes apart (+5 min, -7 min) keep last-writer-wins sane: an
+// edit made later on the node whose clock is behind still wins everywhere,
+// no entry is lost, and no node's clock goes backwards.
+func TestDesiredSkewedClocks(t *testing.T) {
+	ctx := context.Background()
+	base := testclock.New()
+	skews := []time.Duration{0, 5 * time.Minute, -7 * time.Minute}
+	var nodes []*State
+	for i, skew := range skews {
+		nodes = append(nodes, newDesired(t, testbolt.OpenTemp(t), string(rune('a'+i)), func() time.Time { return base.Now().Add(skew) }))
+	}
+	exchange := func() {
+		t.Helper()
+		for _, from := range nodes {
+			st, err := from.Snapshot(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, to := range nodes {
+				if _, _, err := to.MergeFull(ctx, st); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	last := make([]Timestamp, len(nodes))
+	write := func(i int, name, rev string) {
+		t.Helper()
+		s := modelSpec(name)
+		s.Revision = rev
+		if err := nodes[i].Put(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		base.Advance(time.Second)
+		r := recordOf(t, nodes[i], s.Key())
+		if r.TS.Compare(last[i]) <= 0 {
+			t.Fatalf("node %d stamped %+v after %+v: its clock went backwards", i, r.TS, last[i])
+		}
+		last[i] = r.TS
+	}
+	// Each node adds a model of its own; the one ahead edits a shared one,
+	// then the one behind edits it later in real time.
+	for i := range nodes {
+		write(i, "own-"+string(rune('a'+i)), "1")
+	}
+	write(1, "shared", "ahead")
+	exchange()
+	write(2, "shared", "behind-later")
+	exchange()
+	write(0, "own-a", "2")
+	exchange()
+	for i, d := range nodes {
+		got, ok := d.Get("model/shared")
+		if !ok || got.Revision != "behind-later" {
+			t.Errorf("node %d: shared is %q (live %v), want the later edit from the node behind", i, got.Revision, ok)
+		}
+		if n := len(d.List()); n != 4 {
+			t.Errorf("node %d holds %d specs, want 4: %v", i, n, keys(d.List()))
+		}
+		if d.RefusedFuture() != 0 {
+			t.Errorf("node %d refused %d records from clocks minutes apart", i, d.RefusedFuture())
+		}
+	}
+}
+
+func recordOf(t *testing.T, d *State, key string) Record {
+	t.Helper()
+	for _, r := range d.Records() {
+		if r.Key == key {
+			return r
+		}
+	}
+	t.Fatalf("no record %q", key)
+	return Record{}
 }

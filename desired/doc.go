@@ -6,6 +6,13 @@
 // (see State). The map persists through a Store; BoltStore keeps it in a
 // bucket of the daemon's bbolt database.
 //
+// Clocks need not agree: a peer's timestamp moves this node's clock forward
+// by at most MaxClockDrift, and a local write to a key always stamps a time
+// later than the record it replaces, so an edit made later on a node whose
+// clock is behind still wins. A record stamped more than MaxFuture ahead of
+// this node's clock is refused and counted (RefusedFuture): merging it
+// would carry that clock into every later write here.
+//
 // It works on its own: a daemon without gossip keeps its specs here. The
 // gossip package carries it between nodes: it installs a hook for local
 // writes (SetOnLocal) to broadcast them, merges peers' records (Merge) and

@@ -23,7 +23,7 @@ type nodeMetrics struct {
 	// node behind: each one is a rumor this node missed.
 	digestPulls prometheus.Counter
 
-	members, lag, behind, bytesSent, bytesRecv, packetDrops *prometheus.Desc
+	members, lag, behind, bytesSent, bytesRecv, packetDrops, future *prometheus.Desc
 }
 
 // dropReasons and receivedTypes are every label value of the dropped and
@@ -65,6 +65,8 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 			"Gossip bytes received on the wire, by transport (packet or stream).", []string{"transport"}, nil),
 		packetDrops: prometheus.NewDesc("warmfleet_gossip_packets_overflow_total",
 			"Inbound packets dropped because the receive buffer was full.", nil, nil),
+		future: prometheus.NewDesc("warmfleet_gossip_desired_refused_future_total",
+			"Desired-state records from peers refused because they were stamped too far ahead of this node's clock (one of the two clocks is wrong); merged once the clock is within the bound.", nil, nil),
 	}
 	for _, r := range dropReasons {
 		m.dropped.WithLabelValues(r)
@@ -82,7 +84,7 @@ func (m *nodeMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.dropped.Describe(ch)
 	m.received.Describe(ch)
 	m.digestPulls.Describe(ch)
-	for _, d := range []*prometheus.Desc{m.members, m.lag, m.behind, m.bytesSent, m.bytesRecv, m.packetDrops} {
+	for _, d := range []*prometheus.Desc{m.members, m.lag, m.behind, m.bytesSent, m.bytesRecv, m.packetDrops, m.future} {
 		ch <- d
 	}
 }
@@ -108,4 +110,9 @@ func (m *nodeMetrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.bytesRecv, prometheus.CounterValue, float64(t.packetRecv.Load()), "packet")
 	ch <- prometheus.MustNewConstMetric(m.bytesRecv, prometheus.CounterValue, float64(t.streamRecv.Load()), "stream")
 	ch <- prometheus.MustNewConstMetric(m.packetDrops, prometheus.CounterValue, float64(t.packetDrops.Load()))
+	var refused uint64
+	if m.n.desired != nil {
+		refused = m.n.desired.RefusedFuture()
+	}
+	ch <- prometheus.MustNewConstMetric(m.future, prometheus.CounterValue, float64(refused))
 }

@@ -30,7 +30,7 @@ func (f *fetch) peerLoop(ctx context.Context, wg *sync.WaitGroup) {
 				f.conns[addr] = nil // reserved while dialing
 			}
 			f.mu.Unlock()
-			if skip || f.n.Banned(addr) {
+			if skip || f.n.addrBanned(addr) {
 				if !skip {
 					f.dropAddr(addr, 0)
 				}
@@ -117,7 +117,7 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 		backoff = time.Hour // our own address
 		return
 	}
-	if f.n.Banned(id) {
+	if f.n.peerBanned(c.RemoteAddr(), id) {
 		backoff = f.n.cfg.BanDuration
 		return
 	}
@@ -137,7 +137,7 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 	has, err := f.learnBitfield(fr.payload)
 	if err != nil {
 		f.n.log.Warn("p2p: bad bitfield, banning peer", "peer", id, "err", err)
-		f.n.Ban(id)
+		f.n.banPeer(c.RemoteAddr(), id)
 		backoff = f.n.cfg.BanDuration
 		return
 	}
@@ -205,7 +205,7 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 	} else {
 		f.n.log.Debug("p2p: peer connection ended", "peer", id, "err", err)
 	}
-	if f.n.Banned(id) {
+	if f.n.peerBanned(c.RemoteAddr(), id) {
 		backoff = f.n.cfg.BanDuration
 	}
 }
@@ -325,7 +325,7 @@ func (pc *peerConn) readLoop(ctx context.Context) error {
 			}
 			if err := f.s.learn(i, fr.payload[4:]); err != nil {
 				f.n.log.Warn("p2p: peer announced a conflicting piece hash, banning it", "peer", pc.id, "shard", f.s.m.ShardID, "piece", i)
-				f.n.Ban(pc.id)
+				f.n.banPeer(pc.c.RemoteAddr(), pc.id)
 				return err
 			}
 			f.mu.Lock()
@@ -559,7 +559,7 @@ func (pc *peerConn) settle(i int, ok bool, crc *uint64) {
 		f.failed.Add(1)
 		f.n.c.failed.Add(1)
 		f.n.log.Warn("p2p: peer sent a bad piece, banning it", "peer", pc.id, "addr", pc.addr, "shard", f.s.m.ShardID, "piece", i)
-		f.n.Ban(pc.id)
+		f.n.banPeer(pc.c.RemoteAddr(), pc.id)
 		pc.c.Close()
 		f.release(i)
 	}

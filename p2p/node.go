@@ -17,7 +17,8 @@ import (
 
 // Config configures a Node. Zero values get the defaults noted.
 type Config struct {
-	// NodeID names this node to its peers (1-255 bytes); bans are by node ID.
+	// NodeID names this node to its peers (1-255 bytes). Bans are by host
+	// address, which a peer cannot rename (see banKey).
 	NodeID string
 	// ClusterKey is the 32-byte secret shared by every fleet member.
 	ClusterKey []byte
@@ -115,7 +116,7 @@ type Node struct {
 	mu                    sync.Mutex
 	shards                map[string]*Shard    // by ShardID: the one served
 	twins                 map[string][]*Shard  // by ShardID: more files of the same shard
-	bans                  map[string]time.Time // node id or address -> until
+	bans                  map[string]time.Time // ban key (banKey) -> until
 	serveWG               sync.WaitGroup
 }
 
@@ -212,7 +213,8 @@ func (n *Node) Stats() Stats {
 	}
 }
 
-// Ban refuses a peer (by node ID or address) until the ban expires.
+// Ban refuses a peer by the key of its ban (banKey: its host address, or
+// its node ID on loopback) until the ban expires.
 func (n *Node) Ban(who string) {
 	n.mu.Lock()
 	n.bans[who] = n.cfg.Now().Add(n.cfg.BanDuration)
@@ -220,7 +222,7 @@ func (n *Node) Ban(who string) {
 	n.c.banned.Add(1)
 }
 
-// Banned reports whether a node ID or address is currently refused.
+// Banned reports whether a ban key (banKey) is currently refused.
 func (n *Node) Banned(who string) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -342,8 +344,8 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 		n.failedLog.Log("remote", raw.RemoteAddr(), "err", err)
 		return
 	}
-	if n.Banned(peerID) {
-		n.log.Info("p2p: refused banned peer", "peer", peerID)
+	if n.peerBanned(raw.RemoteAddr(), peerID) {
+		n.log.Info("p2p: refused banned peer", "peer", peerID, "remote", raw.RemoteAddr())
 		return
 	}
 	select {

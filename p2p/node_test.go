@@ -1,6 +1,8 @@
 package p2p
 
 import (
+	"net"
+	"net/netip"
 	"testing"
 	"time"
 )
@@ -37,5 +39,43 @@ func TestNewNodeRejectsBadConfig(t *testing.T) {
 		if _, err := NewNode(c); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// A ban is kept under the peer's host address: the banned member coming
+// back from another port under another name is still refused, and a member
+// claiming the banned one's name from another host is not (it cannot get an
+// honest member banned by naming it). On loopback, where every node shares
+// the address, the node ID is the key.
+func TestBanKeyedByHost(t *testing.T) {
+	n, err := NewNode(Config{NodeID: "n", ClusterKey: testKey, BanDuration: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcp := func(s string) net.Addr { return net.TCPAddrFromAddrPort(netip.MustParseAddrPort(s)) }
+	n.banPeer(tcp("10.1.2.3:7947"), "bad")
+	for _, c := range []struct {
+		remote, id string
+		want       bool
+	}{
+		{"10.1.2.3:7947", "bad", true},
+		{"10.1.2.3:40001", "bad-renamed", true},
+		{"[::ffff:10.1.2.3]:7950", "other", true},
+		{"10.1.2.4:7947", "bad", false},
+		{"127.0.0.1:7947", "good", false},
+	} {
+		if got := n.peerBanned(tcp(c.remote), c.id); got != c.want {
+			t.Errorf("peerBanned(%s, %q) = %v, want %v", c.remote, c.id, got, c.want)
+		}
+	}
+	if !n.addrBanned("10.1.2.3:7999") || n.addrBanned("10.1.2.4:7947") || n.addrBanned("node-a:7947") {
+		t.Error("addrBanned: want the banned host refused before dialing, others (and names) not")
+	}
+	n.banPeer(tcp("127.0.0.1:5000"), "lb-bad")
+	if !n.peerBanned(tcp("127.0.0.1:6000"), "lb-bad") || n.peerBanned(tcp("127.0.0.1:5000"), "lb-good") || n.addrBanned("127.0.0.1:5000") {
+		t.Error("on loopback the ban must follow the node ID, not the shared address")
+	}
+	if got := n.Stats().PeersBanned; got != 2 {
+		t.Errorf("PeersBanned = %d, want 2", got)
 	}
 }

@@ -23,8 +23,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,6 +42,9 @@ type Scenario struct {
 	// Lab is the lab the scenario runs in; Dir and Logger come from
 	// Options.
 	Lab netlab.Options
+	// NoFiles marks a scenario that caches nothing (the router's): the
+	// shared checks have no file to verify.
+	NoFiles bool
 	// KnownBug, if set, describes a bug of the daemon this scenario shows
 	// today: the test skips the scenario, naming the bug, until it is
 	// fixed; the bench runs it and reports it failed.
@@ -54,6 +59,10 @@ type Options struct {
 	// Bin is the binary whose `daemon` command the hosts run (warmfleet, or
 	// warmfleet-lab, which has the same commands).
 	Bin string
+	// LabBin is the warmfleet-lab binary, which scenarios need for its
+	// test hooks (a daemon with a skewed clock) and its simulated
+	// inference engines (llmsim); such scenarios fail without it.
+	LabBin string
 	// Versitygw is the S3 server binary.
 	Versitygw string
 	// Dir holds each scenario's lab (a subdirectory per scenario); empty:
@@ -63,6 +72,9 @@ type Options struct {
 	Timeout time.Duration
 	// Logger gets progress; default discards.
 	Logger *slog.Logger
+	// Long runs the long variants: 10k connections for the router, a
+	// minute of flapping (the test suite runs the short ones).
+	Long bool
 }
 
 // Result is what bench chaos prints.
@@ -93,6 +105,9 @@ type ScenarioResult struct {
 	// knows; it must be 0.
 	LostEntries int     `json:"lost_entries"`
 	Seconds     float64 `json:"seconds"`
+	// Figures are the scenario's own measurements (bans, refusals,
+	// goroutines before and after...), by name.
+	Figures map[string]float64 `json:"figures,omitempty"`
 	// Error says why the scenario failed.
 	Error string `json:"error,omitempty"`
 }
@@ -110,6 +125,13 @@ func (r Result) WriteTable(w io.Writer) error {
 	fmt.Fprintf(&b, "%-20s %-6s %14s %13s %12s %8s\n", "scenario", "passed", "files_verified", "corrupt_ready", "lost_entries", "seconds")
 	for _, s := range r.Scenarios {
 		fmt.Fprintf(&b, "%-20s %-6v %14d %13d %12d %8.1f\n", s.Name, s.Passed, s.FilesVerified, s.CorruptReady, s.LostEntries, s.Seconds)
+		if len(s.Figures) > 0 {
+			var figs []string
+			for _, k := range slices.Sorted(maps.Keys(s.Figures)) {
+				figs = append(figs, fmt.Sprintf("%s=%.4g", k, s.Figures[k]))
+			}
+			fmt.Fprintf(&b, "  figures: %s\n", strings.Join(figs, " "))
+		}
 		if s.Error != "" {
 			fmt.Fprintf(&b, "  error: %s\n", s.Error)
 		}
@@ -207,7 +229,7 @@ func runScenario(ctx context.Context, opts Options, sc Scenario, res *ScenarioRe
 		return errors.Join(fmt.Errorf("chaos: %w", err), lab.Close())
 	}
 	defer os.RemoveAll(keyDir)
-	f := &Fleet{Lab: lab, Bin: opts.Bin, Log: log, Key: filepath.Join(keyDir, "cluster.key"), desired: map[string][]netlab.Model{}}
+	f := &Fleet{Lab: lab, Bin: opts.Bin, LabBin: opts.LabBin, Long: opts.Long, Log: log, figures: map[string]float64{}, Key: filepath.Join(keyDir, "cluster.key"), desired: map[string][]netlab.Model{}}
 	if err := netlab.WriteClusterKey(f.Key); err != nil {
 		return errors.Join(err, lab.Close())
 	}
@@ -223,5 +245,8 @@ func runScenario(ctx context.Context, opts Options, sc Scenario, res *ScenarioRe
 	cctx, ccancel := context.WithTimeout(ctx, time.Minute)
 	defer ccancel()
 	checkErr := f.checkReady(cctx, res)
+	if len(f.figures) > 0 {
+		res.Figures = f.figures
+	}
 	return errors.Join(runErr, checkErr, f.closeAndCheck())
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
 )
@@ -22,7 +23,14 @@ type Fleet struct {
 	// Bin is the daemon binary; Key the cluster key file every member
 	// shares.
 	Bin, Key string
-	Log      *slog.Logger
+	// LabBin is the warmfleet-lab binary, for daemons that need its test
+	// hooks (StartSkewed); empty when the run has none.
+	LabBin string
+	Log    *slog.Logger
+	// Long asks for the long variant of the scenario (Options.Long).
+	Long bool
+
+	figures map[string]float64
 
 	daemons []*netlab.Daemon
 	// outsiders are daemons that are not members (another cluster key):
@@ -33,14 +41,36 @@ type Fleet struct {
 	desired map[string][]netlab.Model
 }
 
+// Figure records one of the scenario's figures for the report.
+func (f *Fleet) Figure(name string, v float64) { f.figures[name] = v }
+
 // seedHost is the fleet's gossip seed: the first host.
 func (f *Fleet) seedHost() *netlab.Host { return f.Lab.Hosts()[0] }
 
 // Start runs a swarm daemon on h joining the fleet; p2p replaces the
 // default --p2p flag when given, extra flags follow.
 func (f *Fleet) Start(ctx context.Context, h *netlab.Host, p2p []string, extra ...string) (*netlab.Daemon, error) {
-	args := append(netlab.SwarmArgs(h, f.seedHost(), f.Key, p2p...), extra...)
-	d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: f.Bin, Env: f.Lab.S3().Env(), Args: args})
+	return f.start(ctx, h, netlab.DaemonSpec{Bin: f.Bin, Env: f.Lab.S3().Env(), Args: append(netlab.SwarmArgs(h, f.seedHost(), f.Key, p2p...), extra...)})
+}
+
+// clockSkewEnv is the lab binary's hook that skews its daemon's wall clock
+// (internal/lab.ClockSkewEnv; the lab imports this package, so the name is
+// repeated here).
+const clockSkewEnv = "WARMFLEET_LAB_CLOCK_SKEW"
+
+// StartSkewed runs the lab binary's swarm daemon on h joining the fleet,
+// with its wall clock skew off the host's: network namespaces share one
+// clock, so the skew is made inside the process.
+func (f *Fleet) StartSkewed(ctx context.Context, h *netlab.Host, skew time.Duration) (*netlab.Daemon, error) {
+	if f.LabBin == "" {
+		return nil, errors.New("no warmfleet-lab binary (Options.LabBin): only its daemon can run with a skewed clock")
+	}
+	env := append(f.Lab.S3().Env(), clockSkewEnv+"="+skew.String())
+	return f.start(ctx, h, netlab.DaemonSpec{Bin: f.LabBin, Env: env, Args: netlab.SwarmArgs(h, f.seedHost(), f.Key)})
+}
+
+func (f *Fleet) start(ctx context.Context, h *netlab.Host, spec netlab.DaemonSpec) (*netlab.Daemon, error) {
+	d, err := h.StartDaemon(ctx, spec)
 	if err != nil {
 		return nil, err
 	}

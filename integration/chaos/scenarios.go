@@ -89,9 +89,28 @@ func Scenarios() []Scenario {
 			Run:    partitionHeal,
 		},
 		{
+			Name:  "clock-skew",
+			Fault: "the nodes' wall clocks are off by 0, +5 min and -7 min, and a fourth node's by +3 h (a broken clock)",
+			Expect: "the fleet warms; an edit made later on the node 7 minutes behind wins over the one from the node 5 minutes ahead on every node; " +
+				"the broken clock's write is refused by the healthy nodes and counted (warmfleet_gossip_desired_refused_future_total), nothing else is lost",
+			Lab: netlab.Options{Hosts: 4, Link: 200 * netlab.Mbit, S3: true},
+			Run: clockSkew,
+		},
+		{
+			Name: "router-rows",
+			Fault: "the product's router in front of two llmsim engines gets malformed, oversize and chunked-oversize bodies; slowloris bodies on twice its slow-body slots; " +
+				"every backend slot held by a stream and three times as many requests more; one engine SIGKILLed mid-stream; then two storms of 2000 concurrent connections (10k with --long)",
+			Expect: "400/413 for bad bodies and 408 for every slow one within the body timeout while good requests are served; 429 (never a 5xx or a hang) past the limits; " +
+				"the dead engine's streams cut without [DONE], the other's finish, the survivor takes the traffic; every storm answer a 200 or 429, " +
+				"the router's goroutines back within " + fmt.Sprint(rowsGoroutineSlack) + " of idle after each storm and its memory within 64 KiB per connection of what it was before",
+			Lab:     netlab.Options{Hosts: 4, Link: 1000 * netlab.Mbit},
+			NoFiles: true,
+			Run:     routerRows,
+		},
+		{
 			Name:   "flapping-member",
-			Fault:  "one node's link goes down and up every 2 s for 20 s while a cold fleet of three warms a model",
-			Expect: "the fleet finishes verified without thrash: S3 is read about once (<= 1.25x the model), not once per flap",
+			Fault:  "one node's link goes down and up every 2 s for 20 s (every 4 s for a minute with --long) while a cold fleet of three warms a model",
+			Expect: "the fleet finishes verified without thrash: S3 is read about once (<= 1.25x the model), not once per flap, and no node pulls the model twice (S3 and peer bytes <= 1.25x each)",
 			Lab:    netlab.Options{Hosts: 3, Link: 200 * netlab.Mbit, S3Link: 40 * netlab.Mbit, S3: true},
 			Run:    flappingMember,
 		},
@@ -103,11 +122,12 @@ func Scenarios() []Scenario {
 			Run:    s3Storm,
 		},
 		{
-			Name:   "corrupting-peer",
-			Fault:  "a warm member serves corrupt piece bytes (a proxy in front of its peer port flips bits past the handshake)",
-			Expect: "a joining node detects the bad pieces, bans that member and fills verified from the honest one, reading nothing from S3",
-			Lab:    netlab.Options{Hosts: 3, Link: 400 * netlab.Mbit, S3: true},
-			Run:    corruptingPeer,
+			Name:  "corrupting-peer",
+			Fault: "a warm member serves corrupt piece bytes (a proxy in front of its peer port flips bits past the handshake), then comes back under another node name and ports",
+			Expect: "a joining node detects the bad pieces, bans that member and fills verified from the honest one, reading nothing from S3; " +
+				"the banned member, back under another node name and other ports, still gets no piece taken from it (the ban follows its host)",
+			Lab: netlab.Options{Hosts: 3, Link: 400 * netlab.Mbit, S3: true},
+			Run: corruptingPeer,
 		},
 		{
 			Name:   "disk-full",
@@ -356,16 +376,8 @@ func corruptingPeer(ctx context.Context, f *Fleet) error {
 	if err := f.WaitReady(ctx, "corrupt", model, badD, honest); err != nil {
 		return err
 	}
-	// From now on every 256 KiB-th byte the bad member sends past its
-	// first 64 KiB is flipped: handshakes and bitfields pass, piece bytes do
-	// not.
-	proxy.SetMangle(func(off int64, p []byte) {
-		for i := range p {
-			if o := off + int64(i); o >= 64<<10 && o%(256<<10) == 0 {
-				p[i] ^= 0x01
-			}
-		}
-	})
+	// From now on the bad member's piece bytes are corrupt.
+	proxy.SetMangle(flipBits)
 	joiner, err := f.Start(ctx, hosts[2], nil)
 	if err != nil {
 		return err
@@ -381,13 +393,76 @@ func corruptingPeer(ctx context.Context, f *Fleet) error {
 	}
 	banned, failed, s3 := v[0], v[1], v[2]
 	f.Log.Info("chaos: joiner figures", "banned", banned, "failed", failed, "s3", s3)
+	f.Figure("bans", banned)
+	f.Figure("bad_pieces", failed)
 	if failed < 1 || banned < 1 {
 		return fmt.Errorf("corrupt pieces went unnoticed: %v failed, %v bans", failed, banned)
 	}
 	if s3 != 0 {
 		return fmt.Errorf("joiner read %v bytes from S3; the honest member holds everything", s3)
 	}
+	return comesBackRenamed(ctx, f, badD, honest, joiner, failed)
+}
+
+// comesBackRenamed restarts the banned member under another node name, on
+// other gossip and peer ports, still corrupting, and has it warm a second
+// model with the honest member while the joiner is cut off; then the joiner
+// fills that model and must not take one piece from it: the ban follows
+// its host, not the name it gives.
+func comesBackRenamed(ctx context.Context, f *Fleet, badD, honest, joiner *netlab.Daemon, failedBefore float64) error {
+	model, err := f.Seed(ctx, "corrupt2/", 2, 8<<20, 14)
+	if err != nil {
+		return err
+	}
+	bad := badD.Host()
+	if err := badD.Stop(10 * time.Second); err != nil {
+		return err
+	}
+	proxy, err := bad.Proxy(bad.Addr(7957), bad.Addr(7958))
+	if err != nil {
+		return err
+	}
+	defer proxy.Close()
+	proxy.SetMangle(flipBits)
+	link := joiner.Host().Link()
+	if err := link.Cut(ctx); err != nil {
+		return err
+	}
+	renamed, err := f.Start(ctx, bad, []string{"--p2p", bad.Addr(7958), "--p2p-advertise", bad.Addr(7957)},
+		"--node-name", bad.Name+"-renamed", "--gossip", bad.Addr(7956), "--join", honest.Host().Addr(7946))
+	if err != nil {
+		return errors.Join(err, link.Restore(ctx))
+	}
+	if err := f.Add(ctx, honest, "corrupt2", model); err != nil {
+		return errors.Join(err, link.Restore(ctx))
+	}
+	err = f.WaitReady(ctx, "corrupt2", model, honest, renamed)
+	if rerr := link.Restore(ctx); err != nil || rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	f.Log.Info("chaos: the banned member is back under a new name and ports", "name", bad.Name+"-renamed")
+	if err := joiner.WaitReady(ctx, "corrupt2", model); err != nil {
+		return err
+	}
+	failed, err := joiner.MetricValue(ctx, metricFailed)
+	if err != nil {
+		return err
+	}
+	f.Figure("bad_pieces_after_rename", failed-failedBefore)
+	if failed != failedBefore {
+		return fmt.Errorf("the joiner took %v bad pieces from the banned member back under a new name and port", failed-failedBefore)
+	}
 	return nil
+}
+
+// flipBits flips every 256 KiB-th byte a member sends past its first 64
+// KiB: handshakes and bitfields pass, piece bytes do not.
+func flipBits(off int64, p []byte) {
+	for i := range p {
+		if o := off + int64(i); o >= 64<<10 && o%(256<<10) == 0 {
+			p[i] ^= 0x01
+		}
+	}
 }
 
 // noSpace is the daemon's report of a cache that does not fit, with its
@@ -850,11 +925,16 @@ func flappingMember(ctx context.Context, f *Fleet) error {
 		return err
 	}
 	link := f.Lab.Hosts()[2].Link()
-	// The fault's schedule: ten down-and-up cycles of 2 s.
-	tick := time.NewTicker(time.Second)
+	// The fault's schedule: ten down-and-up cycles of 2 s; the long
+	// variant, fifteen of 4 s (a minute).
+	half, cycles := time.Second, 10
+	if f.Long {
+		half, cycles = 2*time.Second, 15
+	}
+	tick := time.NewTicker(half)
 	defer tick.Stop()
 	flaps := 0
-	for down := true; flaps < 10; down = !down {
+	for down := true; flaps < cycles; down = !down {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -876,9 +956,30 @@ func flappingMember(ctx context.Context, f *Fleet) error {
 	if err != nil {
 		return err
 	}
-	f.Log.Info("chaos: flapping figures", "flaps", flaps, "s3_ratio", s3/float64(model.Size()))
-	if size := float64(model.Size()); s3 > 1.25*size {
+	size := float64(model.Size())
+	f.Log.Info("chaos: flapping figures", "flaps", flaps, "s3_ratio", s3/size)
+	f.Figure("flaps", float64(flaps))
+	f.Figure("s3_ratio", s3/size)
+	if s3 > 1.25*size {
 		return fmt.Errorf("the fleet read %.2fx the model from S3 with a flapping member, want about 1x: pulls repeated", s3/size)
 	}
-	return nil
+	// No node pulls the model twice: what each read from S3 and peers
+	// together stays about one model.
+	var errs []error
+	for _, d := range ds {
+		got, err := f.Sum(ctx, metricS3, d)
+		if err == nil {
+			var in float64
+			in, err = d.MetricValue(ctx, metricPeerIn)
+			got += in
+		}
+		if err != nil {
+			return err
+		}
+		f.Figure("pulled_ratio_"+d.Host().Name, got/size)
+		if got > 1.25*size {
+			errs = append(errs, fmt.Errorf("%s pulled %.2fx the model (S3 and peers) with a flapping member: pulls repeated", d.Host().Name, got/size))
+		}
+	}
+	return errors.Join(errs...)
 }

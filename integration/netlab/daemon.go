@@ -155,6 +155,8 @@ type CacheStatus struct {
 	Error      string `json:"error"`
 	// Commit is the Hub commit an hf:// cache was read at.
 	Commit string `json:"commit"`
+	// UpdatedAt is the daemon's clock at the cache's last change.
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // CacheAdd runs `warmfleet cache add NAME --source SOURCE --wait -o json`

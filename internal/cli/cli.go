@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -29,6 +30,11 @@ type Env struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	Getenv func(string) string
+	// Clock is the wall clock the daemon stamps desired-state writes and
+	// inventory versions with; nil is time.Now. No flag reaches it and the
+	// product (StdEnv) leaves it nil: the lab sets it to run a daemon whose
+	// clock is skewed (internal/lab, WARMFLEET_LAB_CLOCK_SKEW).
+	Clock func() time.Time
 }
 
 // StdEnv returns the process's own standard streams and environment.

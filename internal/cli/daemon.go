@@ -71,6 +71,8 @@ type daemonFlags struct {
 	discoverEvery   time.Duration
 	// kubeNode is NODE_NAME from the environment: the Node to label.
 	kubeNode string
+	// clock is Env.Clock: nil but in the lab.
+	clock func() time.Time
 	// kubeConnect reaches the Kubernetes API; nil means in-cluster (kube.CoreV1).
 	kubeConnect kubeConnector
 	// labelPoll is how often the node labels read the caches; 0 means nodeLabelPoll.
@@ -238,6 +240,7 @@ func (d *daemonCommandFlags) serve(ctx context.Context, e *Env, fs *flagSet, ori
 	}
 
 	f.kubeNode = e.Getenv("NODE_NAME")
+	f.clock = e.Clock
 	if mod != nil {
 		mod(f)
 	}
@@ -301,7 +304,7 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	base, err := daemon.Open(daemon.Config{
 		NodeName: f.nodeName, DataDir: f.dataDir, Labels: labels, PartSize: int64(f.partSize),
 		FileConcurrency: f.fileConcurrency, ReserveBytes: int64(f.reserve), ReserveFraction: f.reserveFraction,
-		ResyncInterval: f.resync, OldRevisionGrace: f.oldGrace, Version: Version(), Logger: log,
+		ResyncInterval: f.resync, OldRevisionGrace: f.oldGrace, Version: Version(), Logger: log, Clock: f.clock,
 	})
 	if err != nil {
 		return ps.fail(err)
@@ -497,7 +500,7 @@ func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	return gossip.Start(ctx, gossip.Config{
 		NodeName: f.nodeName, BindAddr: f.gossipAddr, AdvertiseAddr: f.advertise, Join: f.join,
 		Keyring: keys, KeyFile: f.clusterKeyFile, Insecure: f.insecureGossip, Labels: labels, Role: gossip.RoleNode, Meta: meta,
-		Desired: base.Desired(), Logger: log.With("component", "gossip"), Registerer: base.Registry(),
+		Desired: base.Desired(), Logger: log.With("component", "gossip"), Registerer: base.Registry(), Now: f.clock,
 	})
 }
 

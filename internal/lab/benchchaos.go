@@ -24,6 +24,7 @@ func runBenchChaos(ctx context.Context, e *cli.Env, args []string) error {
 	versitygw := fs.String("versitygw", "", "versitygw binary for the S3 host (default: ./bin/versitygw, else PATH)")
 	dir := fs.String("dir", "", "keep each scenario's data and daemon logs here (default: temporary directories, removed)")
 	verbose := fs.Bool("v", false, "log progress to stderr")
+	long := fs.Bool("long", false, "run the long variants: 10k concurrent connections on the router, a minute of flapping")
 	if err := cli.ParseFlags(fs, e, args); err != nil {
 		return err
 	}
@@ -50,7 +51,7 @@ func runBenchChaos(ctx context.Context, e *cli.Env, args []string) error {
 		level = slog.LevelInfo
 	}
 	res, err := chaos.Run(ctx, chaos.Options{
-		Bin: bin, Versitygw: *versitygw, Dir: *dir, Timeout: *timeout,
+		Bin: bin, LabBin: bin, Versitygw: *versitygw, Dir: *dir, Timeout: *timeout, Long: *long,
 		Logger: slog.New(slog.NewTextHandler(e.Stderr, &slog.HandlerOptions{Level: level})),
 	}, scs)
 	if err != nil {

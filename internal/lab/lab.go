@@ -7,18 +7,49 @@
 // S3 server, synthetic models, network namespaces), kept out of the
 // product binary, cmd/warmfleet: the product must never import this
 // package, and cmd/warmfleet's dependency test checks it does not.
+//
+// One hook exists only here: WARMFLEET_LAB_CLOCK_SKEW (a Go duration such
+// as 5m or -7m) runs this binary's daemon with its wall clock that far off
+// (the clock it stamps desired-state writes and inventory versions with),
+// as the chaos suite's clock-skew scenario needs: network namespaces share
+// the host's clock, so the skew cannot be made outside the process. The
+// product binary has no such setting.
 package lab
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"github.com/warmfleet/warmfleet/internal/cli"
 )
 
+// ClockSkewEnv names the environment variable that skews the daemon's
+// wall clock in this binary (see the package doc).
+const ClockSkewEnv = "WARMFLEET_LAB_CLOCK_SKEW"
+
 // Run runs the lab command named by args[0], or a product command, and
 // returns the process exit code.
 func Run(ctx context.Context, args []string, e *cli.Env) int {
+	if err := skewClock(e); err != nil {
+		fmt.Fprintf(e.Stderr, "warmfleet-lab: %v\n", err)
+		return 2
+	}
 	return cli.Dispatch(ctx, "warmfleet-lab", commands(), args, e)
+}
+
+// skewClock sets e.Clock from ClockSkewEnv, if set.
+func skewClock(e *cli.Env) error {
+	v := e.Getenv(ClockSkewEnv)
+	if v == "" {
+		return nil
+	}
+	skew, err := time.ParseDuration(v)
+	if err != nil {
+		return fmt.Errorf("%s=%q: %w", ClockSkewEnv, v, err)
+	}
+	e.Clock = func() time.Time { return time.Now().Add(skew) }
+	return nil
 }
 
 func commands() []cli.Command {
