@@ -102,6 +102,7 @@ type Daemon struct {
 	*Base
 	log     *slog.Logger
 	clock   func() time.Time
+	started time.Time // when New ran: a resume waits for the fleet to settle after it
 	origins origin.Mux
 	kick    chan struct{}
 	// fleet is nil for a daemon without gossip.
@@ -247,7 +248,7 @@ type Deps struct {
 // closes it); on an error b stays open.
 func New(b *Base, origins origin.Mux, deps Deps) (*Daemon, error) {
 	d := &Daemon{
-		Base: b, log: b.cfg.Logger, clock: b.cfg.Clock, origins: origins, fleet: deps.Fleet,
+		Base: b, log: b.cfg.Logger, clock: b.cfg.Clock, started: b.cfg.Clock(), origins: origins, fleet: deps.Fleet,
 		kick: make(chan struct{}, 1), fetches: map[string]*fetch{}, evictSem: make(chan struct{}, 1),
 		held: map[string]cacheRecord{}, claimed: map[string]spec.Spec{},
 	}

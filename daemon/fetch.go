@@ -262,6 +262,7 @@ func (f *fetch) cache(ctx context.Context) (string, error) {
 
 	g, gctx := errgroup.WithContext(ctx)
 	fetchFile := f.fetchFile
+	f.awaitFleet(ctx, allocated > 0)
 	viaSwarm, err := f.useSwarm(revision)
 	if err != nil {
 		return "", err

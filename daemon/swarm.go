@@ -138,6 +138,49 @@ func (f *fetch) swarmPeers() (names []string, addrs map[string]string) {
 	return names, addrs
 }
 
+// resumeSettle is how long after its start a node that resumes a download
+// waits to see another member before it decides how to fetch: two of
+// gossip's rejoin rounds.
+const resumeSettle = 10 * time.Second
+
+// settleWait says how long a fetch should still wait for the fleet before
+// choosing between the swarm and a direct download: only a node that
+// resumes a download, sees no other member, and started less than settle
+// ago waits. A whole fleet restarting at once (a power cut, a rollout)
+// starts together, and most nodes' first join fails while the node they
+// join is not up yet: deciding alone, each would read from S3 everything
+// its peers could give it, or that its own verified pieces already hold.
+func settleWait(resuming, alone bool, started, now time.Time, settle time.Duration) time.Duration {
+	if !resuming || !alone {
+		return 0
+	}
+	return max(started.Add(settle).Sub(now), 0)
+}
+
+// awaitFleet waits, as settleWait says, for another target member to
+// appear; it polls, since the fleet's change channel has one consumer.
+func (f *fetch) awaitFleet(ctx context.Context, resuming bool) {
+	if f.d.swarm == nil || f.d.fleet == nil {
+		return
+	}
+	const poll = 250 * time.Millisecond
+	for {
+		names, _ := f.swarmPeers()
+		alone := len(names) == 0 || len(names) == 1 && names[0] == f.d.fleet.LocalName()
+		wait := settleWait(resuming, alone, f.d.started, f.d.now(), resumeSettle)
+		if wait <= 0 {
+			return
+		}
+		t := time.NewTimer(min(wait, poll))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // useSwarm reports whether this fetch of revision should go through the
 // swarm: there is one, and another target node can take part, or an
 // earlier run of this node began the revision through it. A restarted node

@@ -84,3 +84,26 @@ func TestDeleteManifestsKeepsThoseAnotherModelUses(t *testing.T) {
 		t.Fatalf("manifest of a revision no model uses: %v, %v; want it gone", got, err)
 	}
 }
+
+// TestSettleWait: only a node that resumes a download and sees no other
+// member waits, and only until settle has passed since it started.
+func TestSettleWait(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	const settle = 10 * time.Second
+	for _, tc := range []struct {
+		name            string
+		resuming, alone bool
+		now             time.Time
+		want            time.Duration
+	}{
+		{"a new download does not wait", false, true, t0, 0},
+		{"a member in sight", true, false, t0, 0},
+		{"resuming alone at start", true, true, t0, settle},
+		{"resuming alone 4s in", true, true, t0.Add(4 * time.Second), 6 * time.Second},
+		{"resuming alone after settle", true, true, t0.Add(time.Minute), 0},
+	} {
+		if got := settleWait(tc.resuming, tc.alone, t0, tc.now, settle); got != tc.want {
+			t.Errorf("%s: wait %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
