@@ -100,7 +100,7 @@ func clocksSkewed(ctx context.Context, ds []*netlab.Daemon) error {
 			return err
 		}
 		// The status changed in the last minute or two of real time.
-		if off := st.UpdatedAt.Sub(time.Now()); off > skews[i] || off < skews[i]-3*time.Minute {
+		if off := time.Until(st.UpdatedAt); off > skews[i] || off < skews[i]-3*time.Minute {
 			errs = append(errs, fmt.Errorf("%s's clock is %v off (last change at %v), want about %v", d.Host().Name, off.Round(time.Second), st.UpdatedAt, skews[i]))
 		}
 	}

@@ -53,7 +53,7 @@ func TestHubOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeAll()
+	defer func() { _ = closeAll() }()
 	for _, src := range []string{"s3://b/p/", "hf://org/m", "magnet:?xt=urn:btih:" + strings.Repeat("0", 40), "torrent+https://example.com/m.torrent"} {
 		if _, err := mux.For(src); err != nil {
 			t.Errorf("no origin for %s: %v", src, err)

@@ -26,7 +26,9 @@ func TestExportFetchedBackThroughWebSeed(t *testing.T) {
 	order := []string{"model-00001.safetensors", "config.json", "sub/tok.json"} // the revision's order, not sorted
 	var want []byte
 	for _, p := range order {
-		os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755)
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile(filepath.Join(dir, p), files[p], 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -63,7 +65,9 @@ func TestExportFetchedBackThroughWebSeed(t *testing.T) {
 
 func TestExportRejects(t *testing.T) {
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "a"), []byte("x"), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "a"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for what, c := range map[string]struct {
 		paths []string
 		opts  ExportOptions

@@ -176,7 +176,7 @@ func TestTorrentFileSources(t *testing.T) {
 			http.NotFound(w, r)
 			return
 		}
-		w.Write(body)
+		_, _ = w.Write(body)
 	}))
 	defer srv.Close()
 	o, _ := newOrigin(t, Options{Peers: []string{seeder.Addr()}})
@@ -204,7 +204,9 @@ func TestTorrentFileSources(t *testing.T) {
 		}
 	}
 	notTorrent := filepath.Join(t.TempDir(), "x.torrent")
-	os.WriteFile(notTorrent, []byte("<html>not found</html>"), 0o644)
+	if err := os.WriteFile(notTorrent, []byte("<html>not found</html>"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := o.List(t.Context(), "torrent+file://"+notTorrent); err == nil || !strings.Contains(err.Error(), "not a .torrent file") {
 		t.Errorf("List of an HTML page: %v", err)
 	}

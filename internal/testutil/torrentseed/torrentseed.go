@@ -137,7 +137,7 @@ func (s *Seeder) Add(t testing.TB, name string, files []File, pieceLength int64)
 			t.Fatal(err)
 		}
 	}
-	var pc storage.PieceCompletion = storage.NewMapPieceCompletion()
+	pc := storage.NewMapPieceCompletion()
 	if s.corrupt {
 		pc = allComplete{}
 	}
