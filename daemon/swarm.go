@@ -165,9 +165,7 @@ func (f *fetch) awaitFleet(ctx context.Context, resuming bool) {
 	}
 	const poll = 250 * time.Millisecond
 	for {
-		names, _ := f.swarmPeers()
-		alone := len(names) == 0 || len(names) == 1 && names[0] == f.d.fleet.LocalName()
-		wait := settleWait(resuming, alone, f.d.started, f.d.now(), resumeSettle)
+		wait := settleWait(resuming, !f.othersInSight(), f.d.started, f.d.now(), resumeSettle)
 		if wait <= 0 {
 			return
 		}
@@ -192,11 +190,17 @@ func (f *fetch) useSwarm(revision string) (bool, error) {
 	if f.d.swarm == nil || f.d.fleet == nil {
 		return false, nil
 	}
-	names, _ := f.swarmPeers()
-	if len(names) > 1 || len(names) == 1 && names[0] != f.d.fleet.LocalName() {
+	if f.othersInSight() {
 		return true, nil
 	}
 	return f.d.state.hasManifests(revision)
+}
+
+// othersInSight reports whether another target node of the spec can take
+// part in the swarm.
+func (f *fetch) othersInSight() bool {
+	names, _ := f.swarmPeers()
+	return len(names) > 1 || len(names) == 1 && names[0] != f.d.fleet.LocalName()
 }
 
 // fetchFileSwarm fills one file shard by shard through the swarm, then
