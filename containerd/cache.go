@@ -43,7 +43,9 @@ type Options struct {
 	HostsDir string
 	// DockerConfig is the path of a docker config.json with registry
 	// credentials; empty means none. The file is read at every pull, so
-	// rotated credentials apply without a restart.
+	// rotated credentials apply without a restart. Its credential helpers
+	// ("credHelpers", "credsStore") run as docker-credential-<name> from
+	// PATH, each bounded in time.
 	DockerConfig string
 	// DisableECR turns off fetching Amazon ECR tokens through the AWS
 	// default credential chain for *.dkr.ecr.*.amazonaws.com hosts.
@@ -107,9 +109,11 @@ type Cache struct {
 	hostsDir    string
 	dockerCfg   string
 	ecr         *ecrTokens
-	metrics     *metrics
-	log         *slog.Logger
-	now         func() time.Time
+	// helperTimeout bounds a docker credential helper's run.
+	helperTimeout time.Duration
+	metrics       *metrics
+	log           *slog.Logger
+	now           func() time.Time
 
 	clog *log.Entry // containerd client logs, bridged to log
 
@@ -172,17 +176,18 @@ func New(c *client.Client, opts Options) (*Cache, error) {
 		return nil, err
 	}
 	ca := &Cache{
-		client:      c,
-		ns:          opts.Namespace,
-		snapshotter: opts.Snapshotter,
-		platform:    platform,
-		hostsDir:    opts.HostsDir,
-		dockerCfg:   opts.DockerConfig,
-		metrics:     m,
-		log:         opts.Logger.With("component", "imagecache", "namespace", opts.Namespace),
-		now:         opts.Now,
-		pulls:       map[string]*pullState{},
-		failures:    map[string]*failure{},
+		client:        c,
+		ns:            opts.Namespace,
+		snapshotter:   opts.Snapshotter,
+		platform:      platform,
+		hostsDir:      opts.HostsDir,
+		dockerCfg:     opts.DockerConfig,
+		helperTimeout: helperTimeout,
+		metrics:       m,
+		log:           opts.Logger.With("component", "imagecache", "namespace", opts.Namespace),
+		now:           opts.Now,
+		pulls:         map[string]*pullState{},
+		failures:      map[string]*failure{},
 	}
 	ca.clog = containerdLogger(ca.log)
 	if !opts.DisableECR {

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func TestDockerConfigLookup(t *testing.T) {
+func TestDockerConfigEntryAndHelper(t *testing.T) {
 	cfg, err := LoadDockerConfig(filepath.Join("testdata", "docker-config.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -17,47 +17,62 @@ func TestDockerConfigLookup(t *testing.T) {
 		cred   Credential
 		found  bool
 		helper string
-		err    string
 	}{
-		// containerd's authorizer asks for Docker Hub as registry-1.docker.io.
-		{host: "registry-1.docker.io", cred: Credential{"hub-user", "hub-pass"}, found: true},
-		{host: "docker.io", cred: Credential{"hub-user", "hub-pass"}, found: true},
-		{host: "GHCR.io", cred: Credential{"gh-user", "gh-token"}, found: true},
+		// containerd's authorizer asks for Docker Hub as registry-1.docker.io;
+		// the CLI files it under its index URL, for entries and helpers alike.
+		{host: "registry-1.docker.io", cred: Credential{"hub-user", "hub-pass"}, found: true, helper: "hub"},
+		{host: "docker.io", cred: Credential{"hub-user", "hub-pass"}, found: true, helper: "hub"},
+		{host: "ghcr.io", cred: Credential{"gh-user", "gh-token"}, found: true},
 		// The password may itself contain ':'.
 		{host: "127.0.0.1:5000", cred: Credential{"local", "pa:ss"}, found: true},
 		{host: "127.0.0.1:5001"},
+		// A key written as a URL with a path matches its host.
 		{host: "registry.example.com", cred: Credential{Secret: "refresh-me"}, found: true},
-		{host: "broken.example.com", err: "not base64"},
-		{host: "nocolon.example.com", err: "user:password"},
-		{host: "empty.example.com", err: "neither"},
+		{host: "empty.example.com"},
 		{host: "123456789012.dkr.ecr.eu-west-1.amazonaws.com", helper: "ecr-login"},
 		{host: "gcr.io", helper: "gcloud"},
 		{host: "quay.io"},
 	} {
 		t.Run(tc.host, func(t *testing.T) {
-			cred, found, helper, err := cfg.Lookup(tc.host)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("err = %v, want one mentioning %q", err, tc.err)
-				}
-				return
+			cred, found := cfg.Entry(tc.host)
+			if cred != tc.cred || found != tc.found {
+				t.Errorf("Entry = %+v, %v; want %+v, %v", cred, found, tc.cred, tc.found)
 			}
-			if err != nil || cred != tc.cred || found != tc.found || helper != tc.helper {
-				t.Fatalf("Lookup = %+v, %v, %q, %v; want %+v, %v, %q", cred, found, helper, err, tc.cred, tc.found, tc.helper)
+			if h := cfg.Helper(tc.host); h != tc.helper {
+				t.Errorf("Helper = %q, want %q", h, tc.helper)
 			}
 		})
 	}
 }
 
-func TestDockerConfigExactKeyWins(t *testing.T) {
-	cfg, err := ParseDockerConfig([]byte(`{"auths":{
-		"https://index.docker.io/v1/": {"username": "legacy", "password": "x"},
-		"docker.io": {"username": "exact", "password": "y"}}}`))
+func TestDockerConfigCredsStoreIsTheDefaultHelper(t *testing.T) {
+	cfg, err := ParseDockerConfig([]byte(`{"credsStore": "pass", "credHelpers": {"gcr.io": "gcloud"}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cred, _, _, _ := cfg.Lookup("registry-1.docker.io"); cred.Username != "exact" {
-		t.Fatalf("got %q, want the entry keyed exactly docker.io", cred.Username)
+	if h := cfg.Helper("quay.io"); h != "pass" {
+		t.Errorf("Helper(quay.io) = %q, want the credsStore", h)
+	}
+	if h := cfg.Helper("gcr.io"); h != "gcloud" {
+		t.Errorf("Helper(gcr.io) = %q, want its credHelpers entry over the credsStore", h)
+	}
+}
+
+func TestParseDockerConfigErrors(t *testing.T) {
+	for _, tc := range []struct{ name, data, err string }{
+		{"malformed JSON", `{"auths": [`, "parse"},
+		{"auth not base64", `{"auths": {"r.example.com": {"auth": "***"}}}`, "illegal base64"},
+		{"auth without colon", `{"auths": {"r.example.com": {"auth": "bm9jb2xvbg=="}}}`, "invalid auth"},
+		{"wrong type", `{"credHelpers": ["x"]}`, "parse"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := ParseDockerConfig([]byte(tc.data)); err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("err = %v, want one mentioning %q", err, tc.err)
+			}
+		})
+	}
+	if cfg, err := ParseDockerConfig(nil); err != nil || cfg.Helper("x") != "" {
+		t.Fatalf("empty content: %v, %v; want an empty config", cfg, err)
 	}
 }
 
@@ -85,21 +100,18 @@ func TestLoadDockerConfigErrors(t *testing.T) {
 	}
 }
 
-func TestNormalizeRegistryHost(t *testing.T) {
+func TestConfigKey(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
-		{"https://index.docker.io/v1/", "docker.io"},
-		{"index.docker.io", "docker.io"},
-		{"registry-1.docker.io", "docker.io"},
+		{"registry-1.docker.io", dockerHubKey},
+		{"docker.io", dockerHubKey},
+		{"Index.Docker.io", dockerHubKey},
+		{"registry.hub.docker.com", dockerHubKey},
 		{"registry-1.docker.io:443", "registry-1.docker.io:443"},
-		{"HTTP://Reg.Example.com:5000/x", "reg.example.com:5000"},
-		{"[::1]:5000", "[::1]:5000"},
-		{"", ""},
-		{"https://", ""},
-		{"user@host", ""},
-		{"a b", ""},
+		{"127.0.0.1:5000", "127.0.0.1:5000"},
+		{"ghcr.io", "ghcr.io"},
 	} {
-		if got := normalizeRegistryHost(tc.in); got != tc.want {
-			t.Errorf("normalizeRegistryHost(%q) = %q, want %q", tc.in, got, tc.want)
+		if got := configKey(tc.in); got != tc.want {
+			t.Errorf("configKey(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }
@@ -109,21 +121,15 @@ func FuzzParseDockerConfig(f *testing.F) {
 		f.Add(seed, "registry-1.docker.io")
 	}
 	f.Add([]byte(`{"auths":{"h":{"auth":"YTpi"}}}`), "h")
-	f.Add([]byte(`{"auths":null,"credHelpers":{"":""}}`), "")
+	f.Add([]byte(`{"auths":null,"credHelpers":{"":""},"credsStore":"x"}`), "")
 	f.Add([]byte(`[]`), "x")
 	f.Fuzz(func(t *testing.T, data []byte, host string) {
 		cfg, err := ParseDockerConfig(data)
 		if err != nil {
 			return
 		}
-		cred, found, helper, err := cfg.Lookup(host)
-		if err != nil && (found || cred != (Credential{})) {
-			t.Fatalf("error %v with a credential %+v", err, cred)
-		}
-		if found && helper != "" {
-			t.Fatal("found a credential and a helper")
-		}
-		if found && cred.Username == "" && cred.Secret == "" {
+		cfg.Helper(host)
+		if cred, found := cfg.Entry(host); found && cred.Username == "" && cred.Secret == "" {
 			t.Fatal("found an empty credential")
 		}
 	})

@@ -606,3 +606,54 @@ wait:
 		t.Errorf("canceled failures %v, want 1", got)
 	}
 }
+
+// TestCredentialHelperPull pulls from a registry that requires a password
+// with the password coming from a docker credential helper executable, as
+// config.json's "credHelpers" and "credsStore" name it.
+func TestCredentialHelperPull(t *testing.T) {
+	reg := testenv.StartRegistryWithAuth(t, "puller", "right-password")
+	helpers := installHelpers(t, map[string]string{
+		"wftest":  `printf '{"ServerURL":"%s","Username":"puller","Secret":"right-password"}\n' "$url"`,
+		"garbage": testHelpers["garbage"],
+	})
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	write := func(format string) {
+		t.Helper()
+		if err := os.WriteFile(cfg, fmt.Appendf(nil, format, reg.Addr), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := newEnv(t, reg, Options{Namespace: testNS, DockerConfig: cfg})
+	ref, dgst := e.push(t, "warmfleet/private", "v1", 9)
+	stored, storedDgst := e.push(t, "warmfleet/stored", "v1", 10)
+
+	for _, tc := range []struct{ config, err string }{
+		{`{"credHelpers": {%q: "absent"}}`, `credential helper docker-credential-absent: exec: "docker-credential-absent": executable file not found in $PATH`},
+		{`{"credHelpers": {%q: "garbage"}}`, "credential helper docker-credential-garbage: get " + reg.Addr + ": invalid character"},
+	} {
+		write(tc.config)
+		if _, err := e.cache.Ensure(t.Context(), ref, "a"); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Fatalf("config %s: err = %v, want %q", tc.config, err, tc.err)
+		}
+	}
+	if e.imageExists(t, ref) {
+		t.Fatal("image pulled without credentials")
+	}
+
+	write(`{"credHelpers": {%q: "wftest"}}`)
+	if st := mustEnsure(t, e.cache, ref, "a"); st.Digest != dgst {
+		t.Fatalf("pull with credHelpers: %+v", st)
+	}
+	asked := helperAsked(t, helpers, "wftest")
+	if len(asked) == 0 || asked[0] != reg.Addr {
+		t.Fatalf("helper asked about %q, want %s", asked, reg.Addr)
+	}
+
+	write(`{"credsStore": "wftest", "credHelpers": {"other.example.com": "absent"}, "auths": {%q: {"auth": "cHVsbGVyOndyb25n"}}}`)
+	if st := mustEnsure(t, e.cache, stored, "a"); st.Digest != storedDgst {
+		t.Fatalf("pull with credsStore: %+v", st)
+	}
+	if more := helperAsked(t, helpers, "wftest"); len(more) <= len(asked) || more[len(more)-1] != reg.Addr {
+		t.Fatalf("credsStore not asked: helper asked about %q before, %q after", asked, more)
+	}
+}

@@ -216,24 +216,36 @@ func (c *Cache) releaseHold(ctx context.Context, l leases.Lease, collect bool) {
 	}
 }
 
-// credentials answers the registry authorizer: docker config.json first
-// (an explicit entry wins), then ECR tokens for ECR hosts.
+// credentials answers the registry authorizer as the docker CLI would
+// from config.json: the host's credential helper ("credHelpers", else
+// "credsStore") when one is set, else its "auths" entry; then, for an ECR
+// host nothing answered for, a token from ECR. The "ecr-login" helper is
+// served by the built-in ECR client, which needs no helper executable.
 func (c *Cache) credentials(ctx context.Context, host string) (Credential, error) {
+	_, _, isECR := ParseECRHost(host)
 	if c.dockerCfg != "" {
 		cfg, err := LoadDockerConfig(c.dockerCfg)
 		if err != nil {
-			return Credential{}, err
+			return Credential{}, fmt.Errorf("credentials for %s: %w", host, err)
 		}
-		cred, found, helper, err := cfg.Lookup(host)
-		if err != nil || found {
-			return cred, err
-		}
-		_, _, isECR := ParseECRHost(host)
-		if helper != "" && !(isECR && helper == "ecr-login" && c.ecr != nil) {
-			return Credential{}, fmt.Errorf("credentials for %s: docker credential helper %q is not supported; put the credentials under \"auths\" in %s", host, helper, c.dockerCfg)
+		switch helper := cfg.Helper(host); {
+		case helper == "ecr-login" && isECR && c.ecr != nil:
+			return c.ecr.credential(ctx, host)
+		case helper != "":
+			cred, found, err := runCredentialHelper(ctx, helper, host, c.helperTimeout)
+			if err != nil {
+				return Credential{}, fmt.Errorf("credentials for %s (docker config %s): %w", host, c.dockerCfg, err)
+			}
+			if found {
+				return cred, nil
+			}
+		default:
+			if cred, found := cfg.Entry(host); found {
+				return cred, nil
+			}
 		}
 	}
-	if _, _, ok := ParseECRHost(host); ok && c.ecr != nil {
+	if isECR && c.ecr != nil {
 		return c.ecr.credential(ctx, host)
 	}
 	return Credential{}, nil
