@@ -22,7 +22,7 @@ import (
 	"github.com/warmfleet/warmfleet/p2p"
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
-	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
+	"github.com/warmfleet/warmfleet/integration/netlab/s3fault"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
@@ -139,8 +139,8 @@ func Scenarios() []Scenario {
 	}
 }
 
-// faultFront puts testenv's S3 fault proxy in front of the lab's S3 server.
-func faultFront(target string) (http.Handler, error) { return testenv.NewFaultProxy(target) }
+// faultFront puts the S3 fault proxy in front of the lab's S3 server.
+func faultFront(target string) (http.Handler, error) { return s3fault.New(target) }
 
 func originKilled(ctx context.Context, f *Fleet) error {
 	model, ds, err := f.Cold(ctx, "fault", 3, 3, 48<<20, 12)
@@ -318,7 +318,7 @@ func fleetRestart(ctx context.Context, f *Fleet) error {
 }
 
 func s3Storm(ctx context.Context, f *Fleet) error {
-	faults, ok := f.Lab.S3().Front.(*testenv.FaultProxy)
+	faults, ok := f.Lab.S3().Front.(*s3fault.Proxy)
 	if !ok {
 		return fmt.Errorf("lab's S3 front is %T, want the fault proxy", f.Lab.S3().Front)
 	}

@@ -51,7 +51,7 @@ type Options struct {
 	// per-packet cost of the emulated links on a small machine.
 	MTU int
 	// S3Front, if set, wraps the S3 server in a handler (such as
-	// testenv.FaultProxy, to make S3 throttle or reset connections) that
+	// s3fault.Proxy, to make S3 throttle or reset connections) that
 	// hosts reach instead of the server; target is the server's URL as the
 	// handler must call it. The handler is S3Host.Front.
 	S3Front func(target string) (http.Handler, error)

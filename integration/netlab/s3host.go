@@ -100,7 +100,7 @@ func (s *S3Host) backendAddr() string {
 }
 
 // startFront serves the front handler on the S3 host's address. Such a
-// handler (testenv.FaultProxy, say) dials its target from the harness's own
+// handler (s3fault.Proxy, say) dials its target from the harness's own
 // namespace, so the target is a loopback relay of ours that reaches
 // versitygw from inside the S3 namespace.
 func (s *S3Host) startFront(l *Lab, front func(string) (http.Handler, error)) error {

@@ -19,10 +19,7 @@ const module = "github.com/warmfleet/warmfleet"
 // pending are the leaks known when this test was written, with why they
 // are still there. The test fails when one is fixed and still listed, so the
 // list only shrinks.
-var pending = map[string]string{
-	// A test harness handing tests the fault proxy of the test support.
-	"integration/netlab/netlabtest.Faults: internal/testutil/testenv.FaultProxy": "test harness",
-}
+var pending = map[string]string{}
 
 // TestPublicAPIsExposeNoInternalType type-checks every public package from
 // its compiled export data and walks each exported identifier's type.

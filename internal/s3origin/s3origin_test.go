@@ -20,6 +20,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/credentials"
 
+	"github.com/warmfleet/warmfleet/integration/netlab/s3fault"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/spec"
 )
@@ -379,7 +380,7 @@ func TestDownloadRetriesThroughFaults(t *testing.T) {
 	s.CreateBucket(t, bucket)
 	data := randomBytes(6, 5<<20+17)
 	s.PutObject(t, bucket, "m/w.bin", bytes.NewReader(data), int64(len(data)))
-	proxy := testenv.StartFaultProxy(t, s.Endpoint)
+	proxy := s3fault.Start(t, s.Endpoint)
 	c := newOrigin(t, s, proxy.URL(), Options{Concurrency: 3})
 	o := listOne(t, c.Client, "m/w.bin")
 	f := tempFile(t)
@@ -416,7 +417,7 @@ func TestDownloadGivesUpOnPersistentThrottling(t *testing.T) {
 	s := testenv.StartS3(t)
 	s.CreateBucket(t, bucket)
 	s.PutObject(t, bucket, "m/w.bin", strings.NewReader("payload"), 7)
-	proxy := testenv.StartFaultProxy(t, s.Endpoint)
+	proxy := s3fault.Start(t, s.Endpoint)
 	c := newOrigin(t, s, proxy.URL(), Options{MaxAttempts: 3})
 	o := listOne(t, c.Client, "m/w.bin")
 	proxy.SlowDownGETs(1000)
@@ -497,7 +498,7 @@ func TestOpenRangeStreamsThroughResets(t *testing.T) {
 	s.CreateBucket(t, "rng")
 	data := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
 	s.PutObject(t, "rng", "m/f", bytes.NewReader(data), int64(len(data)))
-	proxy := testenv.StartFaultProxy(t, s.Endpoint)
+	proxy := s3fault.Start(t, s.Endpoint)
 	proxy.ResetAfter(100_000, 1)
 	c, err := New(t.Context(), Options{Endpoint: proxy.URL(), Region: s.Region, RetryBackoff: time.Millisecond,
 		Credentials: credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, "")})

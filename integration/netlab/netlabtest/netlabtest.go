@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
+	"github.com/warmfleet/warmfleet/integration/netlab/s3fault"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
@@ -74,20 +75,20 @@ func LogTails(tb testing.TB, dir string, lines int) {
 	})
 }
 
-// FaultFront is an netlab.Options.S3Front that puts testenv's FaultProxy in
+// FaultFront is a netlab.Options.S3Front that puts an s3fault.Proxy in
 // front of the lab's S3 server; Faults returns it.
-func FaultFront(target string) (http.Handler, error) { return testenv.NewFaultProxy(target) }
+func FaultFront(target string) (http.Handler, error) { return s3fault.New(target) }
 
 // Faults returns the lab's S3 fault proxy (the lab was built with
 // S3Front: FaultFront) or fails the test.
-func Faults(tb testing.TB, lab *netlab.Lab) *testenv.FaultProxy {
+func Faults(tb testing.TB, lab *netlab.Lab) *s3fault.Proxy {
 	tb.Helper()
 	if lab.S3() == nil {
 		tb.Fatal("lab has no S3 host")
 	}
-	fp, ok := lab.S3().Front.(*testenv.FaultProxy)
+	fp, ok := lab.S3().Front.(*s3fault.Proxy)
 	if !ok {
-		tb.Fatalf("lab's S3 front is %T, want *testenv.FaultProxy (build the lab with S3Front: netlabtest.FaultFront)", lab.S3().Front)
+		tb.Fatalf("lab's S3 front is %T, want *s3fault.Proxy (build the lab with S3Front: netlabtest.FaultFront)", lab.S3().Front)
 	}
 	return fp
 }

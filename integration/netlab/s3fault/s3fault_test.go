@@ -1,4 +1,4 @@
-package testenv
+package s3fault
 
 import (
 	"bytes"
@@ -10,15 +10,17 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
-func TestFaultProxy(t *testing.T) {
-	s := StartS3(t)
+func TestProxy(t *testing.T) {
+	s := testenv.StartS3(t)
 	s.CreateBucket(t, "faults")
 	data := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB
 	s.PutObject(t, "faults", "obj", bytes.NewReader(data), int64(len(data)))
 
-	p := StartFaultProxy(t, s.Endpoint)
+	p := Start(t, s.Endpoint)
 	viaProxy := *s
 	viaProxy.Endpoint = p.URL()
 	// One attempt per call, so every injected fault reaches the test.
@@ -117,10 +119,10 @@ func TestFaultProxy(t *testing.T) {
 	})
 }
 
-func TestNewFaultProxyRejectsBadTarget(t *testing.T) {
+func TestNewRejectsBadTarget(t *testing.T) {
 	for _, target := range []string{"", "127.0.0.1:9000", "ftp://x", "http://"} {
-		if _, err := NewFaultProxy(target); err == nil {
-			t.Errorf("NewFaultProxy(%q) succeeded", target)
+		if _, err := New(target); err == nil {
+			t.Errorf("New(%q) succeeded", target)
 		}
 	}
 }

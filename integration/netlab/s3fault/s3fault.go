@@ -1,4 +1,11 @@
-package testenv
+// Package s3fault is a reverse proxy to put in front of an S3 server in
+// tests and labs: it injects the faults real S3 shows under load
+// (throttling with 503 SlowDown, connections reset in the middle of a body)
+// on demand, counts what it saw and logs what clients asked for. Unit tests
+// serve it on loopback (Start); a netlab lab serves it on its S3 host
+// (netlabtest.FaultFront). It is test support: the product must not import
+// it (cmd/warmfleet/deps_test.go forbids integration/...).
+package s3fault
 
 import (
 	"context"
@@ -19,7 +26,7 @@ import (
 	"time"
 )
 
-// FaultProxy is a reverse proxy in front of an S3 server that injects the
+// Proxy is a reverse proxy in front of an S3 server that injects the
 // faults real S3 shows under load: throttling (503 SlowDown) and connections
 // that break in the middle of a body. Faults are armed at run time and each
 // one is used up when it fires, so a test can say "the next 3 requests are
@@ -27,7 +34,7 @@ import (
 //
 // The proxy keeps the client's Host header, so SigV4 signatures made for the
 // proxy's address stay valid at the server.
-type FaultProxy struct {
+type Proxy struct {
 	rp *httputil.ReverseProxy
 
 	slowDownLeft atomic.Int64
@@ -47,15 +54,15 @@ type FaultProxy struct {
 	serveDone  chan struct{}
 }
 
-// NewFaultProxy returns the proxy as an http.Handler forwarding to target
-// (http://host:port); serve it on any listener. ListenFaultProxy also
+// New returns the proxy as an http.Handler forwarding to target
+// (http://host:port); serve it on any listener. Listen also
 // listens.
-func NewFaultProxy(target string) (*FaultProxy, error) {
+func New(target string) (*Proxy, error) {
 	u, err := url.Parse(target)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("fault proxy target %q: want http://host:port", target)
 	}
-	p := &FaultProxy{}
+	p := &Proxy{}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(u)
@@ -73,10 +80,10 @@ func NewFaultProxy(target string) (*FaultProxy, error) {
 	return p, nil
 }
 
-// ListenFaultProxy serves a FaultProxy for target on addr ("127.0.0.1:0"
+// Listen serves a Proxy for target on addr ("127.0.0.1:0"
 // picks a free loopback port). Close stops it.
-func ListenFaultProxy(addr, target string) (*FaultProxy, error) {
-	p, err := NewFaultProxy(target)
+func Listen(addr, target string) (*Proxy, error) {
+	p, err := New(target)
 	if err != nil {
 		return nil, err
 	}
@@ -94,11 +101,11 @@ func ListenFaultProxy(addr, target string) (*FaultProxy, error) {
 	return p, nil
 }
 
-// StartFaultProxy is ListenFaultProxy on loopback for a test, closed at
+// Start is Listen on loopback for a test, closed at
 // cleanup.
-func StartFaultProxy(tb testing.TB, target string) *FaultProxy {
+func Start(tb testing.TB, target string) *Proxy {
 	tb.Helper()
-	p, err := ListenFaultProxy("127.0.0.1:0", target)
+	p, err := Listen("127.0.0.1:0", target)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -107,13 +114,13 @@ func StartFaultProxy(tb testing.TB, target string) *FaultProxy {
 }
 
 // Addr is the listening host:port (empty for a bare handler).
-func (p *FaultProxy) Addr() string { return p.listenAddr }
+func (p *Proxy) Addr() string { return p.listenAddr }
 
 // URL is the endpoint clients use, for example http://127.0.0.1:41235.
-func (p *FaultProxy) URL() string { return "http://" + p.listenAddr }
+func (p *Proxy) URL() string { return "http://" + p.listenAddr }
 
 // Close stops a listening proxy and its connections.
-func (p *FaultProxy) Close() error {
+func (p *Proxy) Close() error {
 	if p.srv == nil {
 		return nil
 	}
@@ -128,30 +135,30 @@ func (p *FaultProxy) Close() error {
 }
 
 // SlowDown makes the next n requests fail with 503 SlowDown.
-func (p *FaultProxy) SlowDown(n int) { p.slowDownLeft.Store(int64(n)) }
+func (p *Proxy) SlowDown(n int) { p.slowDownLeft.Store(int64(n)) }
 
 // SlowDownGETs makes the next n GET requests fail with 503 SlowDown and
 // lets other requests (HEAD, LIST is a GET too) through. Use it to throttle
 // downloads after their HEAD.
-func (p *FaultProxy) SlowDownGETs(n int) { p.slowGETsLeft.Store(int64(n)) }
+func (p *Proxy) SlowDownGETs(n int) { p.slowGETsLeft.Store(int64(n)) }
 
 // ResetAfter makes the next n successful GET responses (200 or 206) break
 // with a TCP reset after k body bytes. A response of at most k bytes is
 // passed through and does not use up a fault.
-func (p *FaultProxy) ResetAfter(k int64, n int) {
+func (p *Proxy) ResetAfter(k int64, n int) {
 	p.resetAfter.Store(k)
 	p.resetLeft.Store(int64(n))
 }
 
 // PassThrough disarms every pending fault.
-func (p *FaultProxy) PassThrough() {
+func (p *Proxy) PassThrough() {
 	p.slowDownLeft.Store(0)
 	p.slowGETsLeft.Store(0)
 	p.resetLeft.Store(0)
 }
 
-// FaultStats counts what the proxy saw and did.
-type FaultStats struct {
+// Stats counts what the proxy saw and did.
+type Stats struct {
 	Requests  int64 // every request, including faulted ones
 	GETs      int64
 	SlowDowns int64 // 503s answered
@@ -163,8 +170,8 @@ type FaultStats struct {
 }
 
 // Stats returns the counters so far.
-func (p *FaultProxy) Stats() FaultStats {
-	return FaultStats{
+func (p *Proxy) Stats() Stats {
+	return Stats{
 		Requests:  p.requests.Load(),
 		GETs:      p.gets.Load(),
 		SlowDowns: p.slowDowns.Load(),
@@ -194,13 +201,13 @@ const maxLog = 10000
 
 // Log returns "METHOD /path Range" for each request so far (the last
 // 10000), for tests that check what a client asked for.
-func (p *FaultProxy) Log() []string {
+func (p *Proxy) Log() []string {
 	p.logMu.Lock()
 	defer p.logMu.Unlock()
 	return slices.Clone(p.log)
 }
 
-func (p *FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := p.requests.Add(1)
 	p.logMu.Lock()
 	if len(p.log) == maxLog {
@@ -238,7 +245,7 @@ var errCut = errors.New("fault proxy: connection reset on purpose")
 // cutAt body bytes have gone out.
 type cutWriter struct {
 	http.ResponseWriter
-	p       *FaultProxy
+	p       *Proxy
 	armed   bool
 	cutAt   int64
 	written int64
