@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"syscall"
 	"time"
 )
 
@@ -24,8 +25,8 @@ import (
 // replays nowhere and a member cannot pass another's handshake through as
 // its own:
 //
-//	C->S  "WFP2P" 3  nonceC[32] keyID[8] keyC[32] len idC len want
-//	S->C  "WFP2P" 3  nonceS[32] keyS[32] len idS  macS[32] sigS[64]
+//	C->S  "WFP2P3"   nonceC[32] keyID[8] keyC[32] len idC len want
+//	S->C  "WFP2P3"   nonceS[32] keyS[32] len idS  macS[32] sigS[64]
 //	C->S  macC[32] sigC[64]
 //	S->C  0x01 (accepted)
 //
@@ -35,10 +36,11 @@ import (
 //
 // want is the node ID the dialer expects at the address (empty: any); the
 // server refuses one meant for another node, and the dialer one that
-// answers under another ID. A side that speaks another version gets "WFP2P"
-// and its own version back before the connection closes, so both ends can
-// say which versions met instead of waiting out a timeout.
-const handshakeVersion = 3
+// answers under another ID. The version is the character after "WFP2P"
+// (version 2 had no identity keys). A side that speaks another version gets
+// "WFP2P" and its own version back before the connection closes, so both
+// ends can say which versions met instead of waiting out a timeout.
+const handshakeVersion = '3'
 
 var handshakeMagic = []byte("WFP2P")
 
@@ -115,10 +117,10 @@ func readVersion(r io.Reader) error {
 		return err
 	}
 	if !bytes.Equal(hdr[:len(handshakeMagic)], handshakeMagic) {
-		return fmt.Errorf("%w: not a warmfleet p2p peer (or one older than handshake version %d)", ErrUnauthenticated, handshakeVersion)
+		return fmt.Errorf("%w: not a warmfleet p2p peer", ErrUnauthenticated)
 	}
 	if v := hdr[len(handshakeMagic)]; v != handshakeVersion {
-		return fmt.Errorf("%w: %w: it speaks version %d, this node %d; run one warmfleet version across the fleet", ErrUnauthenticated, ErrVersion, v, handshakeVersion)
+		return fmt.Errorf("%w: %w: it speaks version %q, this node %q; run one warmfleet version across the fleet", ErrUnauthenticated, ErrVersion, v, handshakeVersion)
 	}
 	return nil
 }
@@ -288,8 +290,8 @@ func (a *auth) client(c net.Conn, deadline time.Time, want string) (net.Conn, pe
 	}
 	ans, err := readAnswer(conn)
 	if err != nil {
-		if errors.Is(err, io.EOF) {
-			err = fmt.Errorf("%w: the peer hung up without answering (a node older than handshake version %d, or one that refused our key or name): %w", ErrUnauthenticated, handshakeVersion, err)
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+			err = fmt.Errorf("%w: the peer hung up without answering (a node older than handshake version %q, or one that refused our key or name): %w", ErrUnauthenticated, handshakeVersion, err)
 		}
 		return nil, peerIdentity{}, fmt.Errorf("p2p: handshake: %w", err)
 	}
