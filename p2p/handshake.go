@@ -311,7 +311,10 @@ func (a *auth) client(c net.Conn, deadline time.Time, want string) (net.Conn, pe
 		return nil, peerIdentity{}, fmt.Errorf("p2p: handshake: %w", err)
 	}
 	ok := make([]byte, 1)
-	if _, err := io.ReadFull(conn, ok); err != nil || ok[0] != 1 {
+	if _, err := io.ReadFull(conn, ok); err != nil {
+		return nil, peerIdentity{}, fmt.Errorf("%w: %s refused us: %w", ErrUnauthenticated, peer, err)
+	}
+	if ok[0] != 1 {
 		return nil, peerIdentity{}, fmt.Errorf("%w: %s refused us", ErrUnauthenticated, peer)
 	}
 	return conn, peer, nil
