@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -114,6 +113,7 @@ func (d *Daemon) useSwarm(s Swarm) error {
 		stat("warmfleet_peers_connected", "Peer connections open.", false, func(s p2p.Stats) float64 { return float64(s.PeersConnected) }, nil),
 		stat("warmfleet_peers_banned_total", "Peers banned for bad data.", true, func(s p2p.Stats) float64 { return float64(s.PeersBanned) }, nil),
 		stat("warmfleet_peer_auth_failures_total", "Peer handshakes that failed authentication (a stranger without the cluster key, or with another), either side.", true, func(s p2p.Stats) float64 { return float64(s.AuthFailures) }, nil),
+		stat("warmfleet_peer_identity_refusals_total", "Peer handshakes refused because the peer proved an identity key other than the one the fleet pinned to its node name, or answered under another name than the one dialed, either side.", true, func(s p2p.Stats) float64 { return float64(s.IdentityRefusals) }, nil),
 		stat("warmfleet_peer_connections_refused_total", "Connections to the peer port closed unheard: the handshake or member budget was full.", true, func(s p2p.Stats) float64 { return float64(s.ConnsRefused) }, nil),
 	} {
 		if err := d.metrics.reg.Register(c); err != nil {
@@ -278,10 +278,11 @@ func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, 
 		Source: func(ctx context.Context, off, n int64) (io.ReadCloser, error) {
 			return f.origin.OpenRange(ctx, obj, off, n)
 		},
-		Peers: p2p.PeerFunc(func() []string {
+		// Named: each dial says which member it means to reach.
+		Peers: p2p.NamedPeerFunc(func() map[string]string {
 			_, addrs := f.swarmPeers()
 			delete(addrs, f.d.fleet.LocalName())
-			return slices.Collect(maps.Values(addrs))
+			return addrs
 		}),
 	}
 	if m, err := f.d.state.manifest(spec.ShardID); err != nil {

@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"bytes"
 	"context"
 	"log"
 	"log/slog"
@@ -51,7 +52,7 @@ func (e *events) NotifyJoin(mn *memberlist.Node) {
 	rejoined := p.state == MemberDead || p.state == MemberLeft
 	p.state, p.departed, p.leaving = MemberAlive, time.Time{}, false
 	p.setAddr(mn)
-	n.setMetaLocked(p, mn)
+	n.setMetaLocked(p, mn, rejoined)
 	n.mu.Unlock()
 	n.log.Debug("gossip: member joined", "member", mn.Name, "rejoined", rejoined)
 	if rejoined && mn.Name != n.cfg.NodeName {
@@ -98,7 +99,7 @@ func (e *events) NotifyUpdate(mn *memberlist.Node) {
 	n.mu.Lock()
 	if p := n.peers[mn.Name]; p != nil {
 		p.setAddr(mn)
-		n.setMetaLocked(p, mn)
+		n.setMetaLocked(p, mn, false)
 	}
 	n.mu.Unlock()
 	n.notifyChange()
@@ -109,7 +110,11 @@ func (p *peer) setAddr(mn *memberlist.Node) {
 	p.addr = net.JoinHostPort(p.ip.String(), strconv.Itoa(int(p.port)))
 }
 
-func (n *Node) setMetaLocked(p *peer, mn *memberlist.Node) {
+// setMetaLocked takes a member's metadata, keeping the peer key pinned to
+// its name: the first one seen wins, and a member announcing another is
+// refused (its old key stays, the change is counted) unless it comes back
+// from dead or left (rejoined; a reinstalled node has a new key).
+func (n *Node) setMetaLocked(p *peer, mn *memberlist.Node, rejoined bool) {
 	role, meta, err := decodeMeta(mn.Meta)
 	if err != nil {
 		// Keep the member (memberlist admitted it) but never target it.
@@ -118,7 +123,26 @@ func (n *Node) setMetaLocked(p *peer, mn *memberlist.Node) {
 		p.role, p.meta = "", Meta{}
 		return
 	}
+	meta.PeerKey = pinKey(p, meta.PeerKey, rejoined)
+	if p.keyConflict {
+		p.keyConflict = false
+		n.met.drop(dropKeyChange)
+		n.log.Warn("gossip: member announced another peer key; keeping the one pinned to its name (a node changes keys only after it left the fleet or was declared dead)", "member", mn.Name)
+	}
 	p.role, p.meta = role, meta
+}
+
+// pinKey decides the peer key a member goes by when it announces key:
+// the pinned one, or key if nothing is pinned yet or the member rejoined.
+// A different key is a conflict (p.keyConflict), and loses.
+func pinKey(p *peer, key []byte, rejoined bool) []byte {
+	switch {
+	case len(key) != 0 && (p.pinned == nil || rejoined):
+		p.pinned = bytes.Clone(key)
+	case p.pinned != nil && !bytes.Equal(key, p.pinned):
+		p.keyConflict = true
+	}
+	return bytes.Clone(p.pinned)
 }
 
 // broadcast is one queued message; a newer one with the same name replaces

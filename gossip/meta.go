@@ -1,6 +1,8 @@
 package gossip
 
 import (
+	"crypto/ed25519"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 
@@ -28,6 +30,11 @@ type Meta struct {
 	PeerAddr string
 	Zone     string
 	Version  string
+	// PeerKey is the node's p2p identity key (an ed25519 public key), which
+	// its swarm handshakes prove. Members pin a name to the first key they
+	// see for it (see Node.PeerKey), so a member holding the cluster key
+	// cannot pass itself off as another in the swarm.
+	PeerKey []byte
 }
 
 type wireMeta struct {
@@ -36,6 +43,7 @@ type wireMeta struct {
 	PeerAddr string `json:"p,omitempty"`
 	Zone     string `json:"z,omitempty"`
 	Version  string `json:"v,omitempty"`
+	PeerKey  string `json:"k,omitempty"` // base64, no padding
 }
 
 const maxMetaField = 256
@@ -45,6 +53,9 @@ func (m Meta) validate() error {
 		if len(f.v) > maxMetaField {
 			return fmt.Errorf("node metadata: %s is %d bytes, at most %d", f.name, len(f.v), maxMetaField)
 		}
+	}
+	if len(m.PeerKey) != 0 && len(m.PeerKey) != ed25519.PublicKeySize {
+		return fmt.Errorf("node metadata: peer key is %d bytes, want %d", len(m.PeerKey), ed25519.PublicKeySize)
 	}
 	return nil
 }
@@ -58,7 +69,8 @@ func encodeMeta(role Role, m Meta) ([]byte, error) {
 	if err := m.validate(); err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(wireMeta{Role: role, APIAddr: m.APIAddr, PeerAddr: m.PeerAddr, Zone: m.Zone, Version: m.Version})
+	b, err := json.Marshal(wireMeta{Role: role, APIAddr: m.APIAddr, PeerAddr: m.PeerAddr, Zone: m.Zone, Version: m.Version,
+		PeerKey: base64.RawStdEncoding.EncodeToString(m.PeerKey)})
 	if err != nil {
 		return nil, err
 	}
@@ -81,6 +93,13 @@ func decodeMeta(b []byte) (Role, Meta, error) {
 		return "", Meta{}, fmt.Errorf("node metadata: role %q: want %q or %q", truncate(string(w.Role)), RoleNode, RoleRouter)
 	}
 	m := Meta{APIAddr: w.APIAddr, PeerAddr: w.PeerAddr, Zone: w.Zone, Version: w.Version}
+	if w.PeerKey != "" {
+		k, err := base64.RawStdEncoding.DecodeString(w.PeerKey)
+		if err != nil {
+			return "", Meta{}, fmt.Errorf("node metadata: peer key: %w", err)
+		}
+		m.PeerKey = k
+	}
 	if err := m.validate(); err != nil {
 		return "", Meta{}, err
 	}

@@ -11,6 +11,7 @@ const (
 	dropInvalid    = "invalid"    // decoded but fails validation
 	dropUnexpected = "unexpected" // a valid message where it does not belong
 	dropQueueFull  = "queue_full" // our own work queue or packet buffer overflowed
+	dropKeyChange  = "key_change" // metadata announcing a peer key other than the one pinned to the name
 )
 
 // nodeMetrics is the Prometheus collector of one Node. Gauges are computed
@@ -29,7 +30,7 @@ type nodeMetrics struct {
 // dropReasons and receivedTypes are every label value of the dropped and
 // received counters.
 var (
-	dropReasons   = []string{dropDecode, dropOversize, dropInvalid, dropUnexpected, dropQueueFull}
+	dropReasons   = []string{dropDecode, dropOversize, dropInvalid, dropUnexpected, dropQueueFull, dropKeyChange}
 	receivedTypes = []msgType{msgSpecs, msgInventory, msgWant, msgInventories, msgState, msgBye, msgDigest, msgKeyOp, msgKeyAck}
 )
 

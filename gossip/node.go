@@ -150,6 +150,10 @@ type peer struct {
 	announced uint64     // highest version seen announced
 	departed  time.Time
 	leaving   bool // said goodbye: its departure is a leave, not a death
+	// pinned is the peer key pinned to the member's name (see pinKey);
+	// keyConflict marks the last metadata as announcing another.
+	pinned      []byte
+	keyConflict bool
 }
 
 // ErrInsecure is returned by keyring operations on a node that runs
@@ -416,6 +420,19 @@ func (n *Node) Keys() [][]byte {
 		}
 	}
 	return out
+}
+
+// PeerKey returns the p2p identity key pinned to the name of a member
+// (alive or suspect), or nil: for the swarm to accept that member's
+// handshakes under that name only.
+func (n *Node) PeerKey(name string) []byte {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p := n.peers[name]
+	if p == nil || !p.state.member() {
+		return nil
+	}
+	return bytes.Clone(p.pinned)
 }
 
 // Members returns every member, this node included, sorted by name.

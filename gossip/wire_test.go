@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -50,13 +51,19 @@ func TestFrameRoundTripAndLimits(t *testing.T) {
 }
 
 func TestMetaLimits(t *testing.T) {
-	b, err := encodeMeta(RoleNode, Meta{APIAddr: "10.0.0.1:7070", PeerAddr: "10.0.0.1:6881", Zone: "us-east-1a", Version: "v1.2.3"})
+	key := bytes.Repeat([]byte{3}, 32)
+	b, err := encodeMeta(RoleNode, Meta{APIAddr: "10.0.0.1:7070", PeerAddr: "10.0.0.1:6881", Zone: "us-east-1a", Version: "v1.2.3", PeerKey: key})
 	if err != nil {
 		t.Fatal(err)
 	}
 	role, m, err := decodeMeta(b)
-	if err != nil || role != RoleNode || m.Zone != "us-east-1a" {
+	if err != nil || role != RoleNode || m.Zone != "us-east-1a" || !bytes.Equal(m.PeerKey, key) {
 		t.Fatalf("round trip: %v %+v %v", role, m, err)
+	}
+	for _, bad := range []string{`{"r":"node","k":"AAAA"}`, `{"r":"node","k":"not base64!"}`} {
+		if _, _, err := decodeMeta([]byte(bad)); err == nil {
+			t.Errorf("decoded %s", bad)
+		}
 	}
 	long := strings.Repeat("x", 150)
 	if _, err := encodeMeta(RoleNode, Meta{APIAddr: long, PeerAddr: long, Zone: long, Version: long}); err == nil || !strings.Contains(err.Error(), "512") {
@@ -185,6 +192,7 @@ func FuzzDecodeMeta(f *testing.F) {
 	b, _ := encodeMeta(RoleRouter, Meta{APIAddr: "h:1", Zone: "z"})
 	f.Add(b)
 	f.Add([]byte(`{"r":"node","a":1}`))
+	f.Add([]byte(`{"r":"node","k":"AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwM"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		role, m, err := decodeMeta(b)
 		if err != nil {
@@ -194,7 +202,7 @@ func FuzzDecodeMeta(f *testing.F) {
 		if err != nil {
 			t.Fatalf("decoded metadata does not encode: %v", err)
 		}
-		if r2, m2, err := decodeMeta(again); err != nil || r2 != role || m2 != m {
+		if r2, m2, err := decodeMeta(again); err != nil || r2 != role || !reflect.DeepEqual(m2, m) {
 			t.Fatalf("round trip changed %v %+v into %v %+v (%v)", role, m, r2, m2, err)
 		}
 	})

@@ -1,7 +1,6 @@
 package p2p
 
 import (
-	"bytes"
 	"crypto/ed25519"
 	"crypto/hkdf"
 	"crypto/hmac"
@@ -12,9 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
-	"net"
 	"time"
 )
 
@@ -25,8 +22,9 @@ const ClusterKeySize = 32
 // the cluster key.
 var ErrUnauthenticated = errors.New("p2p: peer failed authentication")
 
-// auth turns a fresh TCP connection into an authenticated one and learns the
-// remote node's ID. Nothing else is read or written before it succeeds.
+// auth turns a fresh TCP connection into an authenticated one and learns
+// who the remote node is: the node ID it proved with its identity key.
+// Nothing else is read or written before it succeeds.
 type auth struct {
 	nodeID string
 	// keys returns the cluster keys, the one to dial with first; every one
@@ -34,11 +32,18 @@ type auth struct {
 	// use, remove) without connections failing between nodes that switched
 	// and nodes that have not yet.
 	keys    func() [][]byte
-	tlsConf *tls.Config // nil: HMAC handshake, then plaintext
+	tlsConf *tls.Config // nil: plaintext after the handshake
+	// priv is this node's identity key; the handshake signs with it.
+	priv ed25519.PrivateKey
+	// trust decides whether a peer that proved an identity is the node it
+	// names (nil: any proven identity is taken).
+	trust func(peerIdentity) error
 }
 
 const tlsServerName = "warmfleet-p2p"
 
+// newAuth builds the handshake of node nodeID, with a fresh identity key
+// and no trust rule: the caller sets priv and trust to its own.
 func newAuth(nodeID string, keys func() [][]byte, encrypt bool) (*auth, error) {
 	ks := keys()
 	if len(ks) == 0 {
@@ -52,11 +57,14 @@ func newAuth(nodeID string, keys func() [][]byte, encrypt bool) (*auth, error) {
 	if !validName(nodeID) || len(nodeID) > 255 {
 		return nil, errors.New("p2p: node id must be 1-255 bytes of UTF-8")
 	}
-	a := &auth{nodeID: nodeID, keys: keys}
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("p2p: identity: %w", err)
+	}
+	a := &auth{nodeID: nodeID, keys: keys, priv: priv}
 	if encrypt {
 		// TLS pins the CA of the key in use at start: a rotation reaches
 		// encrypted connections when the node restarts.
-		var err error
 		if a.tlsConf, err = clusterTLS(ks[0], nodeID); err != nil {
 			return nil, err
 		}
@@ -157,134 +165,4 @@ func clusterTLS(clusterKey []byte, nodeID string) (*tls.Config, error) {
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		ServerName:   tlsServerName,
 	}, nil
-}
-
-// HMAC handshake (plaintext mode), both sides proving knowledge of the key
-// over fresh nonces; distinct labels stop one side's proof being replayed
-// as the other's. keyID names which cluster key the dialer uses:
-//
-//	C->S  "WFP2P2" nonceC[32] keyID[8] len idC
-//	S->C  nonceS[32] len idS HMAC("server", nonceC, nonceS, idC, idS)
-//	C->S  HMAC("client", nonceC, nonceS, idC, idS)
-//	S->C  0x01 (accepted)
-var handshakeMagic = []byte("WFP2P2")
-
-func mac(key []byte, label string, nc, ns []byte, idC, idS string) []byte {
-	h := hmac.New(sha256.New, key)
-	for _, p := range [][]byte{[]byte(label), nc, ns, {byte(len(idC))}, []byte(idC), {byte(len(idS))}, []byte(idS)} {
-		h.Write(p)
-	}
-	return h.Sum(nil)
-}
-
-// client authenticates an outgoing connection and returns the connection to
-// use (wrapped in TLS when encrypting) and the server's node ID.
-func (a *auth) client(c net.Conn, deadline time.Time) (net.Conn, string, error) {
-	if err := c.SetDeadline(deadline); err != nil {
-		return nil, "", err
-	}
-	defer func() { _ = c.SetDeadline(time.Time{}) }() // the connection fails its next IO if this did
-	if a.tlsConf != nil {
-		tc := tls.Client(c, a.tlsConf)
-		if err := tc.Handshake(); err != nil {
-			return nil, "", fmt.Errorf("%w: %w", ErrUnauthenticated, err)
-		}
-		return tc, tc.ConnectionState().PeerCertificates[0].Subject.CommonName, nil
-	}
-	key, err := a.dialKey()
-	if err != nil {
-		return nil, "", err
-	}
-	nc := make([]byte, 32)
-	_, _ = rand.Read(nc)
-	msg := append(append(append(append(append([]byte{}, handshakeMagic...), nc...), keyID(key)...), byte(len(a.nodeID))), a.nodeID...)
-	if _, err := c.Write(msg); err != nil {
-		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
-	}
-	ns := make([]byte, 32)
-	if _, err := io.ReadFull(c, ns); err != nil {
-		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
-	}
-	idS, err := readShortString(c)
-	if err != nil {
-		return nil, "", err
-	}
-	got := make([]byte, sha256.Size)
-	if _, err := io.ReadFull(c, got); err != nil {
-		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
-	}
-	if !hmac.Equal(got, mac(key, "server", nc, ns, a.nodeID, idS)) {
-		return nil, "", ErrUnauthenticated
-	}
-	if _, err := c.Write(mac(key, "client", nc, ns, a.nodeID, idS)); err != nil {
-		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
-	}
-	ok := make([]byte, 1)
-	if _, err := io.ReadFull(c, ok); err != nil || ok[0] != 1 {
-		return nil, "", fmt.Errorf("%w: server refused us", ErrUnauthenticated)
-	}
-	return c, idS, nil
-}
-
-// server authenticates an incoming connection.
-func (a *auth) server(c net.Conn, deadline time.Time) (net.Conn, string, error) {
-	if err := c.SetDeadline(deadline); err != nil {
-		return nil, "", err
-	}
-	defer func() { _ = c.SetDeadline(time.Time{}) }() // the connection fails its next IO if this did
-	if a.tlsConf != nil {
-		tc := tls.Server(c, a.tlsConf)
-		if err := tc.Handshake(); err != nil {
-			return nil, "", fmt.Errorf("%w: %w", ErrUnauthenticated, err)
-		}
-		return tc, tc.ConnectionState().PeerCertificates[0].Subject.CommonName, nil
-	}
-	hdr := make([]byte, len(handshakeMagic)+32+8)
-	if _, err := io.ReadFull(c, hdr); err != nil {
-		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
-	}
-	if !bytes.Equal(hdr[:len(handshakeMagic)], handshakeMagic) {
-		return nil, "", fmt.Errorf("%w: not a warmfleet p2p client", ErrUnauthenticated)
-	}
-	nc := hdr[len(handshakeMagic) : len(handshakeMagic)+32]
-	key := a.acceptKey(hdr[len(handshakeMagic)+32:])
-	idC, err := readShortString(c)
-	if err != nil {
-		return nil, "", err
-	}
-	if key == nil {
-		return nil, "", fmt.Errorf("%w: client uses a key we do not hold", ErrUnauthenticated)
-	}
-	ns := make([]byte, 32)
-	_, _ = rand.Read(ns)
-	msg := append(append(append(append([]byte{}, ns...), byte(len(a.nodeID))), a.nodeID...), mac(key, "server", nc, ns, idC, a.nodeID)...)
-	if _, err := c.Write(msg); err != nil {
-		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
-	}
-	got := make([]byte, sha256.Size)
-	if _, err := io.ReadFull(c, got); err != nil {
-		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
-	}
-	if !hmac.Equal(got, mac(key, "client", nc, ns, idC, a.nodeID)) {
-		return nil, "", ErrUnauthenticated
-	}
-	if _, err := c.Write([]byte{1}); err != nil {
-		return nil, "", fmt.Errorf("p2p: handshake: %w", err)
-	}
-	return c, idC, nil
-}
-
-func readShortString(r io.Reader) (string, error) {
-	var n [1]byte
-	if _, err := io.ReadFull(r, n[:]); err != nil {
-		return "", fmt.Errorf("p2p: handshake: %w", err)
-	}
-	b := make([]byte, n[0])
-	if _, err := io.ReadFull(r, b); err != nil {
-		return "", fmt.Errorf("p2p: handshake: %w", err)
-	}
-	if !validName(string(b)) {
-		return "", fmt.Errorf("%w: bad node id", ErrUnauthenticated)
-	}
-	return string(b), nil
 }

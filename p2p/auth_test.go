@@ -87,7 +87,7 @@ func TestHandshake(t *testing.T) {
 			cc, sc := tcpPair(t)
 			deadline := time.Now().Add(2 * time.Second)
 			type result struct {
-				id  string
+				id  peerIdentity
 				err error
 			}
 			srvDone := make(chan result, 1)
@@ -100,13 +100,13 @@ func TestHandshake(t *testing.T) {
 				}
 				srvDone <- result{id, err}
 			}()
-			_, id, err := cliAuth.client(cc, deadline)
+			_, id, err := cliAuth.client(cc, deadline, "")
 			if err != nil {
 				cc.Close() // as dial does
 			}
 			srv := <-srvDone
 			if c.wantClientAuth {
-				if err != nil || srv.err != nil || id != "server" || srv.id != "client" {
+				if err != nil || srv.err != nil || id.ID != "server" || srv.id.ID != "client" {
 					t.Fatalf("client %q %v, server %q %v", id, err, srv.id, srv.err)
 				}
 				return
@@ -207,10 +207,10 @@ func TestAuthAcceptsEveryInstalledKey(t *testing.T) {
 				sc.Close()
 				srvErr <- err
 			}()
-			_, id, err := cliAuth.client(cc, time.Now().Add(time.Second))
+			_, id, err := cliAuth.client(cc, time.Now().Add(time.Second), "")
 			serr := <-srvErr
 			if c.accepted {
-				if err != nil || serr != nil || id != "server" {
+				if err != nil || serr != nil || id.ID != "server" {
 					t.Fatalf("client %q %v, server %v", id, err, serr)
 				}
 				return

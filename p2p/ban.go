@@ -1,61 +1,71 @@
 package p2p
 
 import (
-	"net"
-	"net/netip"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
 )
 
-// Bans are kept under an identity the peer cannot change at will. Every
-// member holds the cluster key, so the node ID a peer gives in the
-// handshake is its own claim: a banned member could come back under another
-// name (and port) and be trusted again, and a member claiming an honest
-// member's ID would get that one banned in its place. The address a TCP
-// connection comes from cannot be claimed that way, so a ban is kept under
-// the peer's host address (IP, not port) and under nothing it said.
-//
-// On loopback every node of the machine shares the host address (a demo,
-// a test), which then tells no node from another: there the ban falls back
-// to the node ID, as the only name left.
+// Who a peer is: every member holds the cluster key, so the cluster key
+// proves membership but not which member. The handshake has each side sign
+// with its identity key, and the node ID it gives counts only if that key
+// is the one the ID is pinned to: by the fleet (KeyDirectory, from gossip)
+// or, without one, by this node on first sight. Bans and the one-
+// connection-per-peer rule then hold the proven identity key, never a name
+// or an address a peer can claim: a member that names another cannot get
+// it banned or take its place, and honest nodes sharing an address (a NAT,
+// one host) are told apart.
 
-// banKey is the identity a ban on the peer at remote (host:port, as the
-// connection saw it), claiming id, is kept under.
-func banKey(remote, id string) string {
-	ap, err := netip.ParseAddrPort(remote)
-	if err != nil {
-		// Not an IP address (a test's pipe): the ID is all there is.
-		return id
-	}
-	ip := ap.Addr().Unmap()
-	if ip.IsLoopback() {
-		return id
-	}
-	return ip.String()
+// KeyDirectory says which identity key the fleet knows each node by.
+type KeyDirectory interface {
+	// PeerKey returns the identity key pinned to nodeID, or nil when none
+	// is (not a member, or not heard of yet).
+	PeerKey(nodeID string) []byte
 }
 
-// banPeer bans the peer at remote claiming id.
-func (n *Node) banPeer(remote net.Addr, id string) {
-	n.Ban(banKey(addrString(remote), id))
-}
-
-// peerBanned reports whether the peer at remote claiming id is refused.
-func (n *Node) peerBanned(remote net.Addr, id string) bool {
-	return n.Banned(banKey(addrString(remote), id))
-}
-
-// addrBanned reports whether the host of addr (host:port, before dialing
-// it) is refused; a name or a loopback address is known only once the
-// handshake gave the peer's ID.
-func (n *Node) addrBanned(addr string) bool {
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil || ap.Addr().Unmap().IsLoopback() {
-		return false
+// trustPeer decides whether a peer that proved identity key p.Key may go
+// by node ID p.ID.
+func (n *Node) trustPeer(p peerIdentity) error {
+	if p.ID == n.cfg.NodeID {
+		if !p.Key.Equal(n.PublicKey()) {
+			return fmt.Errorf("%w: %s uses this node's own ID", ErrIdentity, p)
+		}
+		return nil // ourselves, through our own address
 	}
-	return n.Banned(ap.Addr().Unmap().String())
+	var want []byte
+	if n.cfg.PeerKeys != nil {
+		if want = n.cfg.PeerKeys.PeerKey(p.ID); want == nil {
+			return fmt.Errorf("%w: the fleet knows no node %q with a key (not a member, or not heard of yet)", ErrUnauthenticated, p.ID)
+		}
+	} else {
+		n.mu.Lock()
+		pinned, ok := n.pins[p.ID]
+		if !ok {
+			n.pins[p.ID] = p.Key
+		}
+		n.mu.Unlock()
+		if !ok {
+			return nil
+		}
+		want = pinned
+	}
+	if !p.Key.Equal(ed25519.PublicKey(want)) {
+		return fmt.Errorf("%w: %s, but %q is known by %s", ErrIdentity, p, p.ID, keyString(want))
+	}
+	return nil
 }
 
-func addrString(a net.Addr) string {
-	if a == nil {
-		return ""
+// countRefusal counts a failed handshake under its cause.
+func (n *Node) countRefusal(err error) {
+	switch {
+	case errors.Is(err, ErrIdentity):
+		n.c.identity.Add(1)
+	case errors.Is(err, ErrUnauthenticated):
+		n.c.authFail.Add(1)
 	}
-	return a.String()
+}
+
+// banPeer bans a peer for bad data, by the identity key it proved.
+func (n *Node) banPeer(p peerIdentity) {
+	n.Ban(p.Key)
 }

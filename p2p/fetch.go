@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +26,26 @@ type PeerFunc func() []string
 
 // Peers implements PeerSource.
 func (f PeerFunc) Peers() []string { return f() }
+
+// NamedPeerSource is a PeerSource that also says which node is at each
+// address. A dial then names the node it means to reach in the handshake,
+// and refuses anyone else answering there; in plaintext, that is what stops
+// a member from passing another member's handshake through as its own.
+type NamedPeerSource interface {
+	PeerSource
+	// NamedPeers maps node IDs to their p2p addresses.
+	NamedPeers() map[string]string
+}
+
+// NamedPeerFunc adapts a function listing addresses by node ID to
+// NamedPeerSource.
+type NamedPeerFunc func() map[string]string
+
+// Peers implements PeerSource.
+func (f NamedPeerFunc) Peers() []string { return slices.Collect(maps.Values(f())) }
+
+// NamedPeers implements NamedPeerSource.
+func (f NamedPeerFunc) NamedPeers() map[string]string { return f() }
 
 // ByteSource reads n bytes at file offset off from the origin (for example
 // a ranged S3 GET of the object the shard belongs to).
@@ -104,7 +126,7 @@ type fetch struct {
 	mu           sync.Mutex
 	st           pickState
 	conns        map[string]*peerConn // by address
-	byID         map[string]*peerConn
+	byKey        map[string]*peerConn // by identity key
 	retryAt      map[string]time.Time
 	lastPeerData time.Time
 	changedCh    chan struct{}
@@ -165,7 +187,7 @@ func (s *Shard) Fetch(ctx context.Context, o FetchOptions) (FetchResult, error) 
 		s: s, n: s.n, o: o,
 		st:           pickState{have: have, inflight: make([]bool, np), avail: make([]int32, np)},
 		conns:        map[string]*peerConn{},
-		byID:         map[string]*peerConn{},
+		byKey:        map[string]*peerConn{},
 		retryAt:      map[string]time.Time{},
 		lastPeerData: s.n.cfg.Now(),
 		changedCh:    make(chan struct{}),

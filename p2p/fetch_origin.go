@@ -31,7 +31,7 @@ func (f *fetch) originWorker(ctx context.Context) {
 		switch {
 		case wait <= 0:
 			i = pickForOrigin(&f.st)
-		case help && len(f.byID) > 0:
+		case help && len(f.byKey) > 0:
 			// Only once some peer said what it holds: before that, every
 			// piece looks missing everywhere.
 			i = pickForHelper(&f.st, stripe, stripes)

@@ -22,7 +22,7 @@ func (f *fetch) peerLoop(ctx context.Context, wg *sync.WaitGroup) {
 	defer t.Stop()
 	for {
 		now := f.n.cfg.Now()
-		for _, addr := range f.o.Peers.Peers() {
+		for addr, want := range peerTargets(f.o.Peers) {
 			f.mu.Lock()
 			_, busy := f.conns[addr]
 			skip := busy || now.Before(f.retryAt[addr])
@@ -30,13 +30,10 @@ func (f *fetch) peerLoop(ctx context.Context, wg *sync.WaitGroup) {
 				f.conns[addr] = nil // reserved while dialing
 			}
 			f.mu.Unlock()
-			if skip || f.n.addrBanned(addr) {
-				if !skip {
-					f.dropAddr(addr, 0)
-				}
+			if skip {
 				continue
 			}
-			wg.Go(func() { f.runPeer(ctx, addr) })
+			wg.Go(func() { f.runPeer(ctx, addr, want) })
 		}
 		select {
 		case <-ctx.Done():
@@ -66,7 +63,7 @@ type pieceJob struct {
 type peerConn struct {
 	f       *fetch
 	addr    string
-	id      string
+	peer    peerIdentity
 	c       net.Conn
 	br      *bufio.Reader
 	has     Bitfield // under f.mu
@@ -83,29 +80,46 @@ type peerConn struct {
 	fileCh chan int
 }
 
-func (f *fetch) dial(ctx context.Context, addr string) (net.Conn, string, error) {
+// peerTargets lists the addresses of src, each with the node ID expected
+// there ("" when src does not say).
+func peerTargets(src PeerSource) map[string]string {
+	out := map[string]string{}
+	if named, ok := src.(NamedPeerSource); ok {
+		for id, addr := range named.NamedPeers() {
+			out[addr] = id
+		}
+		return out
+	}
+	for _, addr := range src.Peers() {
+		out[addr] = ""
+	}
+	return out
+}
+
+// dial connects to the member at addr, expected to be node want ("": any).
+func (f *fetch) dial(ctx context.Context, addr, want string) (net.Conn, peerIdentity, error) {
 	deadline := f.n.cfg.Now().Add(f.n.cfg.DialTimeout)
 	d := net.Dialer{Deadline: deadline}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, "", err
+		return nil, peerIdentity{}, err
 	}
-	c, id, err := f.n.auth.client(raw, deadline)
+	c, peer, err := f.n.auth.client(raw, deadline, want)
 	if err != nil {
-		if errors.Is(err, ErrUnauthenticated) {
-			f.n.c.authFail.Add(1)
+		f.n.countRefusal(err)
+		if errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrIdentity) {
 			f.n.log.Warn("p2p: peer failed authentication", "addr", addr, "err", err)
 		}
 		raw.Close()
-		return nil, "", err
+		return nil, peerIdentity{}, err
 	}
-	return c, id, nil
+	return c, peer, nil
 }
 
-func (f *fetch) runPeer(ctx context.Context, addr string) {
+func (f *fetch) runPeer(ctx context.Context, addr, want string) {
 	backoff := redialBackoff
 	defer func() { f.dropAddr(addr, backoff) }()
-	c, id, err := f.dial(ctx, addr)
+	c, peer, err := f.dial(ctx, addr, want)
 	if err != nil {
 		f.n.log.Debug("p2p: dial failed", "addr", addr, "err", err)
 		return
@@ -113,11 +127,12 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
+	id := peer.ID
 	if id == f.n.cfg.NodeID {
 		backoff = time.Hour // our own address
 		return
 	}
-	if f.n.peerBanned(c.RemoteAddr(), id) {
+	if f.n.Banned(peer.Key) {
 		backoff = f.n.cfg.BanDuration
 		return
 	}
@@ -136,12 +151,12 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 	_ = c.SetReadDeadline(time.Time{})
 	has, err := f.learnBitfield(fr.payload)
 	if err != nil {
-		f.n.log.Warn("p2p: bad bitfield, banning peer", "peer", id, "err", err)
-		f.n.banPeer(c.RemoteAddr(), id)
+		f.n.log.Warn("p2p: bad bitfield, banning peer", "peer", peer, "err", err)
+		f.n.banPeer(peer)
 		backoff = f.n.cfg.BanDuration
 		return
 	}
-	pc := &peerConn{f: f, addr: addr, id: id, c: c, br: br, has: has,
+	pc := &peerConn{f: f, addr: addr, peer: peer, c: c, br: br, has: has,
 		held:    make(chan struct{}, buffersPerPeerConn),
 		hashCh:  make(chan pieceJob, buffersPerPeerConn),
 		writeCh: make(chan pieceJob, buffersPerPeerConn),
@@ -155,12 +170,16 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 	} else if !errors.Is(err, errors.ErrUnsupported) {
 		f.n.log.Debug("p2p: splice unavailable, reading into buffers", "peer", id, "err", err)
 	}
+	// One connection per peer, by the key it proved: a node reachable at
+	// two addresses is asked once, and no one can take its place by
+	// naming it.
+	who := string(peer.Key)
 	f.mu.Lock()
-	if f.byID[id] != nil {
+	if f.byKey[who] != nil {
 		f.mu.Unlock()
 		return // already connected to this node under another address
 	}
-	f.conns[addr], f.byID[id] = pc, pc
+	f.conns[addr], f.byKey[who] = pc, pc
 	for i := range f.st.avail {
 		if has.Has(i) {
 			f.st.avail[i]++
@@ -197,7 +216,7 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 			f.st.avail[i]--
 		}
 	}
-	delete(f.byID, id)
+	delete(f.byKey, who)
 	f.bump()
 	f.mu.Unlock()
 	if errors.Is(err, errProtocol) {
@@ -205,7 +224,7 @@ func (f *fetch) runPeer(ctx context.Context, addr string) {
 	} else {
 		f.n.log.Debug("p2p: peer connection ended", "peer", id, "err", err)
 	}
-	if f.n.peerBanned(c.RemoteAddr(), id) {
+	if f.n.Banned(peer.Key) {
 		backoff = f.n.cfg.BanDuration
 	}
 }
@@ -324,8 +343,8 @@ func (pc *peerConn) readLoop(ctx context.Context) error {
 				return err
 			}
 			if err := f.s.learn(i, fr.payload[4:]); err != nil {
-				f.n.log.Warn("p2p: peer announced a conflicting piece hash, banning it", "peer", pc.id, "shard", f.s.m.ShardID, "piece", i)
-				f.n.banPeer(pc.c.RemoteAddr(), pc.id)
+				f.n.log.Warn("p2p: peer announced a conflicting piece hash, banning it", "peer", pc.peer, "shard", f.s.m.ShardID, "piece", i)
+				f.n.banPeer(pc.peer)
 				return err
 			}
 			f.mu.Lock()
@@ -558,8 +577,8 @@ func (pc *peerConn) settle(i int, ok bool, crc *uint64) {
 		pc.bad.Store(true)
 		f.failed.Add(1)
 		f.n.c.failed.Add(1)
-		f.n.log.Warn("p2p: peer sent a bad piece, banning it", "peer", pc.id, "addr", pc.addr, "shard", f.s.m.ShardID, "piece", i)
-		f.n.banPeer(pc.c.RemoteAddr(), pc.id)
+		f.n.log.Warn("p2p: peer sent a bad piece, banning it", "peer", pc.peer, "addr", pc.addr, "shard", f.s.m.ShardID, "piece", i)
+		f.n.banPeer(pc.peer)
 		pc.c.Close()
 		f.release(i)
 	}

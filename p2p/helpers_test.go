@@ -226,3 +226,12 @@ func buildAsync(t *testing.T, n *testNode, spec BuildSpec) <-chan error {
 	}()
 	return built
 }
+
+// bannedID reports whether n banned the peer that went by node ID id (by
+// the key n pinned to it on first sight).
+func (n *testNode) bannedID(id string) bool {
+	n.mu.Lock()
+	k := n.pins[id]
+	n.mu.Unlock()
+	return k != nil && n.Banned(k)
+}

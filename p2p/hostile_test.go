@@ -73,7 +73,7 @@ func TestUploadToFrozenDownloaderFreesItsSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, _, err := a.client(raw, time.Now().Add(2*time.Second))
+	c, _, err := a.client(raw, time.Now().Add(2*time.Second), "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package p2p
 import (
 	"bufio"
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,9 +18,17 @@ import (
 
 // Config configures a Node. Zero values get the defaults noted.
 type Config struct {
-	// NodeID names this node to its peers (1-255 bytes). Bans are by host
-	// address, which a peer cannot rename (see banKey).
+	// NodeID names this node to its peers (1-255 bytes).
 	NodeID string
+	// Identity is this node's identity key (LoadIdentity), which proves
+	// its NodeID in every handshake; nil makes a new one for the life of
+	// the Node, which peers that pinned an earlier one refuse.
+	Identity ed25519.PrivateKey
+	// PeerKeys, if set, says which identity key each node ID is known by
+	// (the fleet's gossip carries them): a peer is accepted only under the
+	// ID its key is pinned to. Nil: the Node pins each ID to the first key
+	// it sees for it, for its lifetime.
+	PeerKeys KeyDirectory
 	// ClusterKey is the 32-byte secret shared by every fleet member.
 	ClusterKey []byte
 	// Keyring, if set, replaces ClusterKey with the fleet's current keys
@@ -27,9 +36,11 @@ type Config struct {
 	// handshake, so the swarm follows a key rotation.
 	Keyring func() [][]byte
 	// Encrypt wraps connections in mutual TLS 1.3 under a CA derived from the
-	// cluster key. Off, connections are authenticated by an HMAC handshake and
-	// the bulk bytes go in the clear with sendfile; pieces are verified
-	// against the manifest either way. Every node of a fleet must agree.
+	// cluster key, and binds the handshake to the TLS session. Off, the
+	// handshake is the same but the bulk bytes go in the clear with sendfile,
+	// and an attacker on the path can read them or take over the connection
+	// once it is authenticated; pieces are verified against the manifest
+	// either way. Every node of a fleet must agree.
 	Encrypt bool
 	// MaxUploads caps pieces served at once (default 4); further requests get
 	// a busy answer so local readers and our own downloads keep their share.
@@ -62,8 +73,8 @@ type Config struct {
 	// StallTimeout abandons a peer that sends nothing for this long while we
 	// wait for a piece (default 10s); its pieces go back to the pool.
 	StallTimeout time.Duration
-	// BanDuration is how long a peer that sent a bad piece is refused
-	// (default 1h).
+	// BanDuration is how long a peer that sent a bad piece is refused, by
+	// its identity key (default 1h).
 	BanDuration time.Duration
 	Logger      *slog.Logger
 	// Now is the clock used for bans and origin fallback (default time.Now).
@@ -80,13 +91,17 @@ type Stats struct {
 	PeersConnected int64 // authenticated connections now open, both directions
 	PeersBanned    int64 // bans issued
 	AuthFailures   int64 // handshakes that failed authentication, either side
+	// IdentityRefusals counts handshakes refused because the peer proved a
+	// key other than the one its node ID is pinned to, or answered under
+	// another ID than the one dialed, either side.
+	IdentityRefusals int64
 	// ConnsRefused counts accepted connections closed unheard because the
 	// handshake or member budget was full.
 	ConnsRefused int64
 }
 
 type counters struct {
-	originBytes, peerIn, peerOut, verified, failed, connected, banned, authFail, refused atomic.Int64
+	originBytes, peerIn, peerOut, verified, failed, connected, banned, authFail, identity, refused atomic.Int64
 }
 
 // refusalLogEvery is the least time between two log lines about refused or
@@ -114,9 +129,10 @@ type Node struct {
 	recv                  *bufPool
 	c                     counters
 	mu                    sync.Mutex
-	shards                map[string]*Shard    // by ShardID: the one served
-	twins                 map[string][]*Shard  // by ShardID: more files of the same shard
-	bans                  map[string]time.Time // ban key (banKey) -> until
+	shards                map[string]*Shard            // by ShardID: the one served
+	twins                 map[string][]*Shard          // by ShardID: more files of the same shard
+	bans                  map[string]time.Time         // identity key -> until
+	pins                  map[string]ed25519.PublicKey // node ID -> first key seen, without PeerKeys
 	serveWG               sync.WaitGroup
 }
 
@@ -133,6 +149,12 @@ func NewNode(cfg Config) (*Node, error) {
 	a, err := newAuth(cfg.NodeID, keys, cfg.Encrypt)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Identity != nil {
+		if len(cfg.Identity) != ed25519.PrivateKeySize {
+			return nil, fmt.Errorf("p2p: identity key of %d bytes, want %d", len(cfg.Identity), ed25519.PrivateKeySize)
+		}
+		a.priv = cfg.Identity
 	}
 	if cfg.UploadLimit < 0 || cfg.DownloadLimit < 0 {
 		return nil, errors.New("p2p: negative rate limit")
@@ -172,7 +194,7 @@ func NewNode(cfg Config) (*Node, error) {
 	throttled := func(level slog.Level, msg string) *throttledLog {
 		return &throttledLog{log: log, level: level, msg: msg, every: refusalLogEvery, now: cfg.Now}
 	}
-	return &Node{
+	n := &Node{
 		cfg:        cfg,
 		log:        log,
 		hello:      newAdmission(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
@@ -188,7 +210,10 @@ func NewNode(cfg Config) (*Node, error) {
 		twins:      map[string][]*Shard{},
 		held:       map[net.Conn]*time.Timer{},
 		bans:       map[string]time.Time{},
-	}, nil
+		pins:       map[string]ed25519.PublicKey{},
+	}
+	a.trust = n.trustPeer
+	return n, nil
 }
 
 func limiter(bps float64) *rate.Limiter {
@@ -201,34 +226,39 @@ func limiter(bps float64) *rate.Limiter {
 // Stats returns a snapshot of the node's counters.
 func (n *Node) Stats() Stats {
 	return Stats{
-		OriginBytes:    n.c.originBytes.Load(),
-		PeerBytesIn:    n.c.peerIn.Load(),
-		PeerBytesOut:   n.c.peerOut.Load(),
-		PiecesVerified: n.c.verified.Load(),
-		PiecesFailed:   n.c.failed.Load(),
-		PeersConnected: n.c.connected.Load(),
-		PeersBanned:    n.c.banned.Load(),
-		AuthFailures:   n.c.authFail.Load(),
-		ConnsRefused:   n.c.refused.Load(),
+		OriginBytes:      n.c.originBytes.Load(),
+		PeerBytesIn:      n.c.peerIn.Load(),
+		PeerBytesOut:     n.c.peerOut.Load(),
+		PiecesVerified:   n.c.verified.Load(),
+		PiecesFailed:     n.c.failed.Load(),
+		PeersConnected:   n.c.connected.Load(),
+		PeersBanned:      n.c.banned.Load(),
+		AuthFailures:     n.c.authFail.Load(),
+		IdentityRefusals: n.c.identity.Load(),
+		ConnsRefused:     n.c.refused.Load(),
 	}
 }
 
-// Ban refuses a peer by the key of its ban (banKey: its host address, or
-// its node ID on loopback) until the ban expires.
-func (n *Node) Ban(who string) {
+// PublicKey is this node's identity key, for peers to pin its NodeID to.
+func (n *Node) PublicKey() ed25519.PublicKey {
+	return n.auth.priv.Public().(ed25519.PublicKey)
+}
+
+// Ban refuses the peer holding identity key until the ban expires.
+func (n *Node) Ban(key ed25519.PublicKey) {
 	n.mu.Lock()
-	n.bans[who] = n.cfg.Now().Add(n.cfg.BanDuration)
+	n.bans[string(key)] = n.cfg.Now().Add(n.cfg.BanDuration)
 	n.mu.Unlock()
 	n.c.banned.Add(1)
 }
 
-// Banned reports whether a ban key (banKey) is currently refused.
-func (n *Node) Banned(who string) bool {
+// Banned reports whether the peer holding identity key is refused.
+func (n *Node) Banned(key ed25519.PublicKey) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	until, ok := n.bans[who]
+	until, ok := n.bans[string(key)]
 	if ok && !n.cfg.Now().Before(until) {
-		delete(n.bans, who)
+		delete(n.bans, string(key))
 		return false
 	}
 	return ok
@@ -334,18 +364,17 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 	// The end of ctx cuts the handshake too: Serve waits for this, and
 	// must not wait out a stalled stranger's deadline.
 	stopHandshake := context.AfterFunc(ctx, func() { raw.Close() })
-	c, peerID, err := n.auth.server(raw, n.cfg.Now().Add(n.cfg.HandshakeTimeout))
+	c, peer, err := n.auth.server(raw, n.cfg.Now().Add(n.cfg.HandshakeTimeout))
 	stopHandshake()
 	n.hello.done(src)
 	if err != nil {
-		if errors.Is(err, ErrUnauthenticated) {
-			n.c.authFail.Add(1)
-		}
+		n.countRefusal(err)
 		n.failedLog.Log("remote", raw.RemoteAddr(), "err", err)
 		return
 	}
-	if n.peerBanned(raw.RemoteAddr(), peerID) {
-		n.log.Info("p2p: refused banned peer", "peer", peerID, "remote", raw.RemoteAddr())
+	peerID := peer.ID
+	if n.Banned(peer.Key) {
+		n.log.Info("p2p: refused banned peer", "peer", peer, "remote", raw.RemoteAddr())
 		return
 	}
 	select {
@@ -457,7 +486,7 @@ func (n *Node) FetchManifest(ctx context.Context, addr, shardID string) (*Manife
 		return nil, fmt.Errorf("p2p: shard id %q is not valid", shardID)
 	}
 	f := &fetch{n: n}
-	c, _, err := f.dial(ctx, addr)
+	c, _, err := f.dial(ctx, addr, "")
 	if err != nil {
 		return nil, err
 	}

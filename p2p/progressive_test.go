@@ -159,7 +159,7 @@ func TestConflictingHashBansPeer(t *testing.T) {
 	if err == nil {
 		t.Fatal("fetched from a peer that lied about a hash")
 	}
-	if !x.Banned("liar") {
+	if !x.bannedID("liar") {
 		t.Fatal("lying peer not banned")
 	}
 	if s.Have().Count() != 0 {

@@ -125,8 +125,8 @@ func TestFetchSplicesAfterBufferedPrefix(t *testing.T) {
 			}
 			assertFileRange(t, filepath.Join(x.dir, "f"), data, m)
 			wantBan := c.corrupt >= 0
-			if x.Banned("script") != wantBan || res.PiecesFailed != map[bool]int64{false: 0, true: 1}[wantBan] {
-				t.Fatalf("banned %v, want %v; result %+v", x.Banned("script"), wantBan, res)
+			if x.bannedID("script") != wantBan || res.PiecesFailed != map[bool]int64{false: 0, true: 1}[wantBan] {
+				t.Fatalf("banned %v, want %v; result %+v", x.bannedID("script"), wantBan, res)
 			}
 			if len(x.recv.slots) > 0 {
 				t.Fatal("receive buffers used: pieces were not spliced")

@@ -187,8 +187,8 @@ func fetchPastBadPeer(t *testing.T, x, bad, good *testNode, data []byte, m *Mani
 		t.Fatal(err)
 	}
 	assertFileRange(t, filepath.Join(x.dir, "f"), data, m)
-	if !x.Banned("bad") || x.Banned("good") {
-		t.Fatalf("banned bad=%v good=%v, result %+v", x.Banned("bad"), x.Banned("good"), res)
+	if !x.bannedID("bad") || x.bannedID("good") {
+		t.Fatalf("banned bad=%v good=%v, result %+v", x.bannedID("bad"), x.bannedID("good"), res)
 	}
 	return res
 }
@@ -267,7 +267,7 @@ func TestSwarmAbandonsStalledPeer(t *testing.T) {
 	if requests() == 0 {
 		t.Fatal("stalling peer never asked")
 	}
-	if x.Banned("stall") {
+	if x.bannedID("stall") {
 		t.Fatal("a stalled peer is not a bad peer")
 	}
 }

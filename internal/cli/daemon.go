@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -114,7 +115,7 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.p2pAdvertise, "p2p-advertise", "", "peer address other members should use, if not --p2p")
 	fs.Var(&f.p2pUpload, "p2p-upload-limit", "bytes per second served to peers, e.g. 500MiB; each upload is paced by the kernel at its share, so set it a little under the link rate and uploads reach peers without line-rate bursts (0 = unlimited)")
 	fs.Var(&f.p2pDownload, "p2p-download-limit", "bytes per second taken from peers, e.g. 1GiB (0 = unlimited; S3 reads are not counted)")
-	fs.BoolVar(&f.p2pEncrypt, "p2p-encrypt", false, "encrypt peer connections with mutual TLS 1.3 under keys derived from the cluster key; every member must agree. Off: connections are authenticated by the cluster key and pieces go in the clear (with sendfile); pieces are checked against their hashes either way")
+	fs.BoolVar(&f.p2pEncrypt, "p2p-encrypt", true, "encrypt peer connections with mutual TLS 1.3 under keys derived from the cluster key; every member must agree. --p2p-encrypt=false trades confidentiality for sendfile: pieces go in the clear and whoever is on the path can read them or take over a connection (handshakes are still authenticated and pieces still checked against their hashes)")
 	fs.IntVar(&f.p2pMaxUploads, "p2p-max-uploads", 8, "pieces served to peers at once; more requests are told to ask elsewhere, so local readers keep their share")
 	fs.StringVar(&f.containerd, "containerd", "", "containerd socket for image pre-pulls: unix:///run/containerd/containerd.sock, or off (default: that socket if it exists)")
 	fs.StringVar(&f.containerdNS, "containerd-namespace", "k8s.io", "containerd namespace images are pulled into (kubelet's)")
@@ -326,17 +327,23 @@ func serveDaemon(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 
 	var deps daemon.Deps
 	var peerAddr string
+	var peerKey []byte
 	if f.p2pAddr != "" {
-		ln, node, err := startSwarm(ps.ctx, log, f, &fleetNode)
+		ln, node, err := startSwarm(ps.ctx, log, f, func() swarmFleet {
+			if g := fleetNode.Load(); g != nil {
+				return g
+			}
+			return nil
+		})
 		if err != nil {
 			return ps.fail(err)
 		}
 		deps.Swarm = node
-		peerAddr = peerAdvertise(f, ln.Addr())
+		peerAddr, peerKey = peerAdvertise(f, ln.Addr()), node.PublicKey()
 		ps.start(stageSwarm, "p2p listener", func(ctx context.Context) error { return node.Serve(ctx, ln) }, nil)
 	}
 	if f.gossipAddr != "" {
-		node, err := startGossip(ps.ctx, log, f, labels, addr, base, peerAddr)
+		node, err := startGossip(ps.ctx, log, f, labels, addr, base, peerAddr, peerKey)
 		if err != nil {
 			return ps.fail(err)
 		}
@@ -476,9 +483,9 @@ func dialContainerd(ctx context.Context, log *slog.Logger, f *daemonFlags, base 
 	return c, nil
 }
 
-// startGossip makes the daemon a fleet member; peerAddr is the swarm's
-// advertised address ("" without a swarm).
-func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, apiAddr api.Addr, base *daemon.Base, peerAddr string) (*gossip.Node, error) {
+// startGossip makes the daemon a fleet member; peerAddr and peerKey are the
+// swarm's advertised address and identity key (empty without a swarm).
+func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels map[string]string, apiAddr api.Addr, base *daemon.Base, peerAddr string, peerKey []byte) (*gossip.Node, error) {
 	var keys [][]byte
 	switch {
 	case f.clusterKeyFile != "" && f.insecureGossip:
@@ -493,7 +500,7 @@ func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	default:
 		log.Warn("gossip runs WITHOUT encryption or authentication (--insecure-gossip)")
 	}
-	meta := gossip.Meta{Zone: f.zone, Version: Version(), PeerAddr: peerAddr}
+	meta := gossip.Meta{Zone: f.zone, Version: Version(), PeerAddr: peerAddr, PeerKey: peerKey}
 	if apiAddr.Network == "tcp" {
 		meta.APIAddr = apiAddr.Address
 	}
@@ -504,9 +511,29 @@ func startGossip(ctx context.Context, log *slog.Logger, f *daemonFlags, labels m
 	})
 }
 
+// swarmFleet is what the swarm asks of the fleet once gossip runs: the
+// cluster keys in use, and the identity key pinned to each member's name.
+type swarmFleet interface {
+	Keys() [][]byte
+	PeerKey(name string) []byte
+}
+
+// fleetKeys is the swarm's key directory: the identity keys the fleet
+// pinned to member names; none before gossip runs.
+type fleetKeys func() swarmFleet
+
+func (k fleetKeys) PeerKey(name string) []byte {
+	if g := k(); g != nil {
+		return g.PeerKey(name)
+	}
+	return nil
+}
+
 // startSwarm opens the peer listener. Peers authenticate with the cluster
-// key, so the swarm needs one.
-func startSwarm(ctx context.Context, log *slog.Logger, f *daemonFlags, fleet *atomic.Pointer[gossip.Node]) (net.Listener, *p2p.Node, error) {
+// key, so the swarm needs one, and prove who they are with the identity key
+// each node keeps in its data directory (made on first start); fleet is
+// nil until gossip runs.
+func startSwarm(ctx context.Context, log *slog.Logger, f *daemonFlags, fleet func() swarmFleet) (net.Listener, *p2p.Node, error) {
 	if f.gossipAddr == "" || f.clusterKeyFile == "" {
 		return nil, nil, usageError("--p2p needs --gossip and --cluster-key-file: peers find each other by gossip and authenticate with the cluster key")
 	}
@@ -517,15 +544,19 @@ func startSwarm(ctx context.Context, log *slog.Logger, f *daemonFlags, fleet *at
 	if f.p2pMaxUploads < 1 {
 		return nil, nil, usageError("--p2p-max-uploads must be at least 1, got %d", f.p2pMaxUploads)
 	}
+	identity, err := p2p.LoadIdentity(filepath.Join(f.dataDir, p2p.IdentityFile))
+	if err != nil {
+		return nil, nil, err
+	}
 	keyring := func() [][]byte {
-		if g := fleet.Load(); g != nil {
+		if g := fleet(); g != nil {
 			if ks := g.Keys(); len(ks) > 0 {
 				return ks
 			}
 		}
 		return keys
 	}
-	node, err := p2p.NewNode(p2p.Config{NodeID: f.nodeName, Keyring: keyring, Logger: log.With("component", "p2p"),
+	node, err := p2p.NewNode(p2p.Config{NodeID: f.nodeName, Keyring: keyring, Identity: identity, PeerKeys: fleetKeys(fleet), Logger: log.With("component", "p2p"),
 		MaxUploads: f.p2pMaxUploads, UploadLimit: float64(f.p2pUpload), DownloadLimit: float64(f.p2pDownload), Encrypt: f.p2pEncrypt})
 	if err != nil {
 		return nil, nil, err
