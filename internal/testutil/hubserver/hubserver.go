@@ -15,7 +15,7 @@
 //
 // Endpoints (CDN): GET /blobs/{sha256}, with Range.
 //
-// It is test support: only tests import it.
+// It is test support: only tests and the lab's benchmarks import it.
 package hubserver
 
 import (
@@ -81,6 +81,13 @@ func New(t testing.TB) *Server { return NewOn(t, nil, nil) }
 // host's listeners, say, for daemons on other hosts to reach); a nil one
 // listens on loopback.
 func NewOn(t testing.TB, hubLn, cdnLn net.Listener) *Server {
+	s := Start(hubLn, cdnLn)
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Start is NewOn for a caller without a test (a benchmark): Close it.
+func Start(hubLn, cdnLn net.Listener) *Server {
 	s := &Server{repos: map[string]*repo{}, blobs: map[string][]byte{}, PageSize: 1000}
 	api := http.NewServeMux()
 	api.HandleFunc("GET /api/models/{org}/{name}/revision/{rev}", s.modelInfo)
@@ -96,9 +103,11 @@ func NewOn(t testing.TB, hubLn, cdnLn net.Listener) *Server {
 		}
 	}))
 	s.CDN = start(cdnLn, http.HandlerFunc(s.cdn))
-	t.Cleanup(func() { s.Hub.Close(); s.CDN.Close() })
 	return s
 }
+
+// Close stops the Hub and the CDN.
+func (s *Server) Close() { s.Hub.Close(); s.CDN.Close() }
 
 // start serves h on ln, or on loopback when ln is nil.
 func start(ln net.Listener, h http.Handler) *httptest.Server {
