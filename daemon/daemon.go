@@ -630,6 +630,15 @@ func (d *Daemon) AddOriginBytes(kind string, n int) {
 	d.metrics.originBytes.WithLabelValues(kind).Add(float64(n))
 }
 
+// sourceKind is the source kind metrics name a source by: its scheme, with
+// magnet: and torrent+...:// both "torrent".
+func sourceKind(source string) string {
+	if k := origin.Scheme(source); k != "magnet" {
+		return k
+	}
+	return "torrent"
+}
+
 // pinnedCommit is the commit the files of an hf:// source were read at,
 // or the info hash of a torrent's (their VersionID, one for all), or ""
 // for other sources.

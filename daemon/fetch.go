@@ -87,6 +87,9 @@ func (f *fetch) run(ctx context.Context) {
 	default:
 		f.d.metrics.fetches.WithLabelValues("failed").Inc()
 		f.d.metrics.downloadTime.WithLabelValues("failed").Observe(elapsed)
+		if errors.Is(err, origin.ErrCorrupt) {
+			f.d.metrics.originCorrupt.WithLabelValues(sourceKind(f.spec.Source)).Inc()
+		}
 		f.fail(err)
 	}
 }

@@ -151,6 +151,9 @@ func TestHubFileNotMatchingItsSHA256IsNeverReady(t *testing.T) {
 		if _, err := os.Lstat(filepath.Join(dir, "models", "org--m", "current")); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("attempt %d: a current link exists (%v)", attempt, err)
 		}
+		if got := testutil.ToFloat64(d.metrics.originCorrupt.WithLabelValues("hf")); got != float64(attempt) {
+			t.Fatalf(`attempt %d: warmfleet_origin_corrupt_total{source="hf"} = %v`, attempt, got)
+		}
 		clock.Advance(retryDelay(st.Attempts))
 		d.Kick()
 	}

@@ -20,6 +20,9 @@ type metrics struct {
 	s3Bytes atomic.Int64
 	// originBytes counts bytes read from model origins, by source kind.
 	originBytes *prometheus.CounterVec
+	// originCorrupt counts fetch attempts that failed on bytes that did
+	// not match the source's digest, by source kind.
+	originCorrupt *prometheus.CounterVec
 	// written counts the bytes the direct origin download wrote into the
 	// cache; swarmWritten, set once the swarm is in use, the bytes the
 	// swarm wrote (from S3 and from peers), which it writes itself.
@@ -50,6 +53,9 @@ func newMetrics() *metrics {
 		reg: reg,
 		originBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmfleet_origin_bytes_total", Help: "Bytes read from model origins, by source kind (s3, hf, torrent).",
+		}, []string{"source"}),
+		originCorrupt: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmfleet_origin_corrupt_total", Help: "Fetch attempts that failed because the origin's bytes did not match the source's own digest (a Hub file's sha256 or blob id, a torrent's piece SHA-1, an S3 checksum), by source kind.",
 		}, []string{"source"}),
 		cacheState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "warmfleet_cache_state", Help: "1 for the state each model cache is in, 0 for the others.",
@@ -88,8 +94,10 @@ func newMetrics() *metrics {
 	}, func() float64 { return float64(m.s3Bytes.Load()) }))
 	for _, kind := range []string{"s3", "hf", "torrent"} {
 		m.originBytes.WithLabelValues(kind) // shown at 0 before the first read
+		m.originCorrupt.WithLabelValues(kind)
 	}
 	f(m.originBytes)
+	f(m.originCorrupt)
 	f(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "warmfleet_cache_written_bytes_total", Help: "Bytes written into the local cache.",
 	}, func() float64 {

@@ -73,7 +73,8 @@ func TestCacheFromMagnet(t *testing.T) {
 }
 
 // A seeder that sends bad pieces never makes a cache ready: every
-// attempt fails naming the hash check, and no file is published.
+// attempt fails naming the hash check, is counted as corrupt, and no file
+// is published.
 func TestCorruptSeederNeverReady(t *testing.T) {
 	seeder := torrentseed.Start(t, torrentseed.Corrupt())
 	_, magnet := seeder.Add(t, "bad", []torrentseed.File{{Data: origintest.Bytes(32, 1<<20)}}, 256<<10)
@@ -90,5 +91,8 @@ func TestCorruptSeederNeverReady(t *testing.T) {
 	st := status(t, d, "bad")
 	if st.Ready || st.Path != "" || !strings.Contains(st.Error, "SHA-1") {
 		t.Fatalf("status %+v: want failed, nothing published, the hash check named", st)
+	}
+	if got := testutil.ToFloat64(d.metrics.originCorrupt.WithLabelValues("torrent")); got < 1 {
+		t.Errorf(`warmfleet_origin_corrupt_total{source="torrent"} = %v after a failed attempt, want it counted`, got)
 	}
 }

@@ -210,3 +210,45 @@ func TestFleetBenchSmall(t *testing.T) {
 		t.Errorf("naive losses %+v, want at least %d S3 segments counted", l, hosts*size/9000)
 	}
 }
+
+// TestFleetBenchHub runs the fleet benchmark with a Hub as the origin
+// (Options.Origin "hf"), swarm only: the model leaves the Hub about once,
+// counted as hf bytes (S3 holds no model, so nothing can come from it),
+// the Hub host's link carried it, and every host got the rest from peers.
+func TestFleetBenchHub(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := warmfleetBin(t)
+	const hosts, size = 3, 6 << 20
+	res, err := fleetbench.Run(t.Context(), fleetbench.Options{
+		Hosts: hosts, Link: 200 * netlab.Mbit, ModelSize: size, Files: 3, Runs: 1, Origin: "hf", SkipNaive: true,
+		Bin: bin, Versitygw: testenv.Bin(t, "versitygw"), Dir: t.TempDir(),
+		DaemonArgs:     []string{"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off"},
+		SwarmArgs:      []string{"--gossip", "{ip}:7946", "--join", "{seed}:7946", "--cluster-key-file", "{keyfile}", "--p2p", "{ip}:7947"},
+		ClusterKeyFile: writeKey(t, "cluster.key"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf strings.Builder
+	if err := res.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("bench fleet, Hub origin:\n%s", buf.String())
+	swarm := res.Modes[0]
+	if res.Origin != "hf" || swarm.Mode != "swarm" || !swarm.Available || res.S3EgressRatio == nil {
+		t.Fatalf("result %+v, want the swarm measured from the Hub", res)
+	}
+	if r := *res.S3EgressRatio; r < 1 || r > 1.5 {
+		t.Errorf("Hub egress ratio %.2f, want about 1", r)
+	}
+	var hub, peer int64
+	for _, h := range swarm.Hosts {
+		hub, peer = hub+h.S3Bytes, peer+*h.PeerBytes
+	}
+	if peer <= 0 || hub+peer < hosts*size {
+		t.Errorf("%d hosts read %d bytes from the Hub and %d from peers, want peer bytes and %d bytes in all", len(swarm.Hosts), hub, peer, hosts*size)
+	}
+	if u := swarm.S3Link; u == nil || u.SentBytes < size {
+		t.Errorf("the Hub host's link %+v, want at least the model sent", u)
+	}
+}

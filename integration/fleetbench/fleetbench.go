@@ -17,6 +17,12 @@
 //
 // Leaving SwarmArgs nil measures the naive mode alone and reports the swarm
 // as not measured; SkipNaive measures the swarm alone.
+//
+// With Options.Origin "hf" the model comes from a Hugging Face Hub
+// (internal/testutil/hubserver, its API and CDN) on the S3 host, on the
+// same shaped link, instead of S3: hf:// caches pinned to its commit. The
+// figures named after S3 (s3_bytes, s3_egress_ratio, the S3 link) then
+// describe the Hub, the origin.
 package fleetbench
 
 import (
@@ -30,6 +36,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
+	"github.com/warmfleet/warmfleet/internal/testutil/hubserver"
 )
 
 // Options configure a fleet benchmark.
@@ -46,6 +53,9 @@ type Options struct {
 	Bin string
 	// Versitygw is the S3 server binary; default from PATH.
 	Versitygw string
+	// Origin is where the model comes from: "s3" (the default) or "hf", a
+	// Hub on the S3 host (see the package doc).
+	Origin string
 	// DaemonArgs go to every daemon in every mode.
 	DaemonArgs []string
 	// SwarmArgs turn the daemon's peer-to-peer swarm on (gossip, the
@@ -144,9 +154,11 @@ type Result struct {
 	Link          string  `json:"link"`
 	MTU           int     `json:"mtu,omitempty"`
 	S3Link        string  `json:"s3_link"`
-	ModelBytes    int64   `json:"model_bytes"`
-	Files         int     `json:"files"`
-	Runs          int     `json:"runs"`
+	// Origin is Options.Origin: s3 or hf.
+	Origin     string `json:"origin"`
+	ModelBytes int64  `json:"model_bytes"`
+	Files      int    `json:"files"`
+	Runs       int    `json:"runs"`
 
 	WarmSeconds       *float64 `json:"warm_seconds"`
 	LowerBoundSeconds float64  `json:"lower_bound_seconds"`
@@ -171,7 +183,58 @@ type Result struct {
 const (
 	modeSwarm = "swarm"
 	modeNaive = "naive"
+
+	originS3  = "s3"
+	originHub = "hf"
 )
+
+// Ports of the Hub and its CDN on the S3 host (versitygw has 9000-9001).
+const (
+	hubPort = 8080
+	cdnPort = 8081
+)
+
+// seedModel puts the model on the origin opts names and returns it with a
+// function that stops what it started. A Hub is started on the S3 host,
+// and every daemon is pointed at it (opts.DaemonArgs).
+func seedModel(ctx context.Context, lab *netlab.Lab, opts *Options) (netlab.Model, func(), error) {
+	if opts.Origin == originS3 {
+		m, err := lab.S3().SeedModel(ctx, "bench", "model/", opts.Files, opts.ModelSize, 1)
+		return m, func() {}, err
+	}
+	h := lab.S3().Host
+	hubLn, err := h.NS.Listen("tcp", h.Addr(hubPort))
+	if err != nil {
+		return netlab.Model{}, nil, err
+	}
+	cdnLn, err := h.NS.Listen("tcp", h.Addr(cdnPort))
+	if err != nil {
+		hubLn.Close()
+		return netlab.Model{}, nil, err
+	}
+	hub := hubserver.Start(hubLn, cdnLn)
+	m, data, err := netlab.ModelData(opts.Files, opts.ModelSize, 1)
+	if err != nil {
+		hub.Close()
+		return netlab.Model{}, nil, err
+	}
+	files := map[string]hubserver.File{}
+	for name, b := range data {
+		files[name] = hubserver.File{Data: b, LFS: true}
+	}
+	hub.Push("bench/model", "main", files)
+	m.URL = "hf://bench/model"
+	opts.DaemonArgs = append(slices.Clip(opts.DaemonArgs), "--hf-endpoint", hub.Endpoint())
+	return m, hub.Close, nil
+}
+
+// originBytesMetric is the daemon's counter of bytes read from the origin.
+func (o *Options) originBytesMetric() string {
+	if o.Origin == originHub {
+		return `warmfleet_origin_bytes_total{source="hf"}`
+	}
+	return "warmfleet_s3_bytes_total"
+}
 
 // Run builds the lab, runs every available mode Options.Runs times
 // (interleaved, so drift on a noisy machine hits both alike) and returns the
@@ -199,15 +262,16 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	}
 	defer lab.Close()
 
-	log.Info("bench fleet: seeding model", "size", netlab.Size(opts.ModelSize), "files", opts.Files)
-	model, err := lab.S3().SeedModel(ctx, "bench", "model/", opts.Files, opts.ModelSize, 1)
+	log.Info("bench fleet: seeding model", "origin", opts.Origin, "size", netlab.Size(opts.ModelSize), "files", opts.Files)
+	model, closeOrigin, err := seedModel(ctx, lab, &opts)
 	if err != nil {
 		return Result{}, err
 	}
+	defer closeOrigin()
 
 	swarmLB, naiveLB := LowerBounds(opts.Hosts, opts.ModelSize, opts.Link, opts.S3Link)
 	res := Result{
-		Hosts: opts.Hosts, HostProcs: opts.HostProcs, SettleSeconds: opts.Settle.Seconds(), Link: opts.Link.String(), S3Link: opts.S3Link.String(), MTU: opts.MTU,
+		Hosts: opts.Hosts, HostProcs: opts.HostProcs, SettleSeconds: opts.Settle.Seconds(), Link: opts.Link.String(), S3Link: opts.S3Link.String(), MTU: opts.MTU, Origin: opts.Origin,
 		ModelBytes: opts.ModelSize, Files: opts.Files, Runs: opts.Runs,
 		LowerBoundSeconds: swarmLB.Seconds(), NaiveLowerBoundSeconds: naiveLB.Seconds(),
 	}
@@ -290,6 +354,13 @@ func (o *Options) defaults() error {
 	}
 	if o.Files < 1 || o.ModelSize < int64(o.Files) {
 		return fmt.Errorf("bench fleet: model of %d bytes in %d files: want at least one file and one byte per file", o.ModelSize, o.Files)
+	}
+	switch o.Origin {
+	case "":
+		o.Origin = originS3
+	case originS3, originHub:
+	default:
+		return fmt.Errorf("bench fleet: origin %q: want %s or %s", o.Origin, originS3, originHub)
 	}
 	if o.Runs == 0 {
 		o.Runs = 1

@@ -212,3 +212,19 @@ func TestWriteSVG(t *testing.T) {
 		t.Error("WriteSVG without timelines succeeded, want an error")
 	}
 }
+
+func TestOptionsOrigin(t *testing.T) {
+	base := Options{Hosts: 1, Link: netlab.Mbit, ModelSize: 10, Files: 1, Bin: "warmfleet"}
+	for origin, want := range map[string]string{"": "warmfleet_s3_bytes_total", "s3": "warmfleet_s3_bytes_total", "hf": `warmfleet_origin_bytes_total{source="hf"}`} {
+		o := base
+		o.Origin = origin
+		if err := o.defaults(); err != nil || o.originBytesMetric() != want {
+			t.Errorf("origin %q: %v, metric %q; want %q", origin, err, o.originBytesMetric(), want)
+		}
+	}
+	o := base
+	o.Origin = "ftp"
+	if err := o.defaults(); err == nil {
+		t.Error("origin ftp accepted")
+	}
+}

@@ -24,8 +24,12 @@ func (r Result) WriteTable(w io.Writer) error {
 	if r.HostProcs > 0 {
 		procs = fmt.Sprintf("GOMAXPROCS %d", r.HostProcs)
 	}
-	fmt.Fprintf(w, "fleet: %d hosts (daemons at %s), link %s (S3 link %s), model %s in %d files, %d run(s) per mode (median shown), %.0f s pause before each\n\n",
-		r.Hosts, procs, r.Link, r.S3Link, netlab.Size(r.ModelBytes), r.Files, r.Runs, r.SettleSeconds)
+	origin := "S3"
+	if r.Origin == originHub {
+		origin = "origin: a Hub on the S3 host; S3 figures are the Hub's"
+	}
+	fmt.Fprintf(w, "fleet: %d hosts (daemons at %s), link %s (S3 link %s, %s), model %s in %d files, %d run(s) per mode (median shown), %.0f s pause before each\n\n",
+		r.Hosts, procs, r.Link, r.S3Link, origin, netlab.Size(r.ModelBytes), r.Files, r.Runs, r.SettleSeconds)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODE\tWARM_S\tLOWER_BOUND_S\tWARM_RATIO\tS3_EGRESS_RATIO\tPEAK_RSS\tRUNS_S")
 	for _, m := range r.Modes {

@@ -110,7 +110,7 @@ func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model
 	}
 	run.losses = lossesAfter.since(lossesBefore)
 	for i, d := range daemons {
-		s3b, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
+		s3b, _, err := d.Metric(ctx, opts.originBytesMetric())
 		if err != nil {
 			return runResult{}, err
 		}
@@ -171,7 +171,7 @@ func scaleOutOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts
 			return fmt.Errorf("joining host: state %q, not ready", st.State)
 		}
 		out.Seconds = time.Since(start).Seconds()
-		s3b, _, err := d.Metric(ctx, "warmfleet_s3_bytes_total")
+		s3b, _, err := d.Metric(ctx, opts.originBytesMetric())
 		if err != nil {
 			return err
 		}

@@ -15,11 +15,15 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 )
 
-// Model is a set of files seeded into the lab's S3 server.
+// Model is a set of files seeded into the lab's S3 server, or served by
+// another origin (URL).
 type Model struct {
 	Bucket string
 	Prefix string // ends with "/"
 	Files  []ModelFile
+	// URL, if set, is the model's source in place of its s3:// one: an
+	// hf:// model on a Hub a test or benchmark runs, say.
+	URL string
 }
 
 // ModelFile is one object of a Model.
@@ -30,7 +34,12 @@ type ModelFile struct {
 }
 
 // Source is the model's s3:// URL for `warmfleet cache add --source`.
-func (m Model) Source() string { return "s3://" + m.Bucket + "/" + m.Prefix }
+func (m Model) Source() string {
+	if m.URL != "" {
+		return m.URL
+	}
+	return "s3://" + m.Bucket + "/" + m.Prefix
+}
 
 // Size is the sum of the file sizes.
 func (m Model) Size() int64 {
@@ -53,12 +62,8 @@ func (s *S3Host) SeedModel(ctx context.Context, bucket, prefix string, files int
 		return Model{}, fmt.Errorf("seed model: %w", err)
 	}
 	m := Model{Bucket: bucket, Prefix: prefix}
-	for i := range files {
-		n := size / int64(files)
-		if int64(i) < size%int64(files) {
-			n++
-		}
-		name := fmt.Sprintf("model-%05d.safetensors", i+1)
+	for i, n := range fileSizes(files, size) {
+		name := modelFileName(i)
 		h := sha256.New()
 		r := io.TeeReader(io.LimitReader(randomReader(seed, uint64(i)), n), h)
 		if err := s.Put(ctx, bucket, prefix+name, r, n); err != nil {
@@ -68,6 +73,42 @@ func (s *S3Host) SeedModel(ctx context.Context, bucket, prefix string, files int
 	}
 	return m, nil
 }
+
+// ModelData makes in memory the files SeedModel uploads (same names,
+// sizes and bytes for the same seed), for an origin that serves from
+// memory, such as a Hub: the Model (without bucket or URL) and each file's
+// bytes by name.
+func ModelData(files int, size int64, seed uint64) (Model, map[string][]byte, error) {
+	if files < 1 || size < int64(files) {
+		return Model{}, nil, fmt.Errorf("model data: %d files of %d bytes in total: want at least one byte per file", files, size)
+	}
+	var m Model
+	data := map[string][]byte{}
+	for i, n := range fileSizes(files, size) {
+		b := make([]byte, n)
+		if _, err := io.ReadFull(randomReader(seed, uint64(i)), b); err != nil {
+			return Model{}, nil, err
+		}
+		sum := sha256.Sum256(b)
+		m.Files = append(m.Files, ModelFile{Name: modelFileName(i), Size: n, SHA256: hex.EncodeToString(sum[:])})
+		data[modelFileName(i)] = b
+	}
+	return m, data, nil
+}
+
+// fileSizes spreads size bytes over files as evenly as possible.
+func fileSizes(files int, size int64) []int64 {
+	sizes := make([]int64, files)
+	for i := range sizes {
+		sizes[i] = size / int64(files)
+		if int64(i) < size%int64(files) {
+			sizes[i]++
+		}
+	}
+	return sizes
+}
+
+func modelFileName(i int) string { return fmt.Sprintf("model-%05d.safetensors", i+1) }
 
 // Verify checks that dir holds every file of the model with the right
 // size and digest.

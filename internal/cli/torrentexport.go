@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -71,8 +72,12 @@ func torrentExportCommand(e *Env) *cobra.Command {
 // becomes "org--model", as the Hub's cache names it.
 func torrentName(model string) string { return strings.ReplaceAll(model, "/", "--") }
 
-// revisionFiles lists the files of a published revision, sorted by path:
-// the order its S3 or Hub listing had.
+// revisionFiles lists the files of a published revision in the order of
+// BEP 52's file tree: paths compared name by name ("a/b" before "a.b",
+// where a plain string sort, as S3 lists keys, puts it after). v1 sets no
+// order, but a fixed one makes every node's export of a revision the same
+// info hash, and this one is what hybrid v1+v2 creators and a directory
+// walk produce.
 func revisionFiles(dir string) ([]string, error) {
 	var paths []string
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
@@ -89,6 +94,9 @@ func revisionFiles(dir string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list the revision's files: %w", err)
 	}
+	slices.SortFunc(paths, func(a, b string) int {
+		return slices.Compare(strings.Split(a, "/"), strings.Split(b, "/"))
+	})
 	return paths, nil
 }
 

@@ -15,8 +15,9 @@ import (
 )
 
 // runBenchFleet builds a fleet of network-namespace hosts on shaped links
-// with an S3 host, warms a model on every host and prints the figures
-// (see integration/fleetbench). It needs root.
+// with an S3 host (serving the model, or with --origin hf running a Hub
+// that does), warms a model on every host and prints the figures (see
+// integration/fleetbench). It needs root.
 func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	fs := cli.NewFlagSet(e, "bench fleet")
 	hosts := fs.Int("hosts", 8, "hosts in the fleet, each a network namespace with its own daemon")
@@ -41,6 +42,7 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	naiveOnly := fs.Bool("naive-only", false, "measure only the baseline (every host from S3)")
 	swarmOnly := fs.Bool("swarm-only", false, "measure only the swarm (the baseline takes hosts times longer)")
 	scaleOut := fs.Bool("scale-out", false, "also time the last host joining the others once they are warm (swarm)")
+	origin := fs.String("origin", "s3", "where the model comes from: s3 (versitygw) or hf (a Hugging Face Hub and its CDN, in memory, on the S3 host's link: the S3 figures are then the Hub's)")
 	if err := cli.ParseFlags(fs, e, args); err != nil {
 		return err
 	}
@@ -55,6 +57,9 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	}
 	if *settle < 0 {
 		return cli.UsageError("--settle %v: want 0 or more", *settle)
+	}
+	if *origin != "s3" && *origin != "hf" {
+		return cli.UsageError("--origin %q: want s3 or hf", *origin)
 	}
 	if *output != "table" && *output != "json" {
 		return cli.UsageError("-o %q: want table or json", *output)
@@ -74,7 +79,7 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	}
 	opts := fleetbench.Options{
 		Hosts: *hosts, Link: link, S3Link: s3Link, MTU: *mtu, ModelSize: int64(modelSize), Files: *files, Runs: *runs,
-		Bin: bin, Versitygw: *versitygw, DaemonArgs: append([]string{"--containerd", "off"}, daemonArgs...), Dir: *dir,
+		Bin: bin, Versitygw: *versitygw, Origin: *origin, DaemonArgs: append([]string{"--containerd", "off"}, daemonArgs...), Dir: *dir,
 		HostProcs: *hostProcs, Settle: *settle, SampleEvery: sampleEvery, PeerBytesMetric: `warmfleet_peer_bytes_total{direction="in"}`,
 		Logger: slog.New(slog.NewTextHandler(e.Stderr, &slog.HandlerOptions{Level: level})),
 	}

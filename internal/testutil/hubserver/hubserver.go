@@ -15,7 +15,7 @@
 //
 // Endpoints (CDN): GET /blobs/{sha256}, with Range.
 //
-// It is test support: only tests import it.
+// It is test support: only tests and the lab's benchmarks import it.
 package hubserver
 
 import (
@@ -71,7 +71,17 @@ type Server struct {
 type repo struct {
 	token   string
 	refs    map[string]string // branch or tag -> commit
-	commits map[string]map[string]File
+	commits map[string]map[string]stored
+}
+
+// stored is a pushed file with its digests, taken once at Push: hashing a
+// large file on every listing or resolve would make the server, not the
+// client, what a benchmark measures.
+type stored struct {
+	File
+	blobID  string // git blob id of the content
+	sha256  string
+	pointer []byte // the LFS pointer, for an LFS file
 }
 
 // New starts a Hub and a CDN on loopback, closed when t ends.
@@ -81,6 +91,13 @@ func New(t testing.TB) *Server { return NewOn(t, nil, nil) }
 // host's listeners, say, for daemons on other hosts to reach); a nil one
 // listens on loopback.
 func NewOn(t testing.TB, hubLn, cdnLn net.Listener) *Server {
+	s := Start(hubLn, cdnLn)
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Start is NewOn for a caller without a test (a benchmark): Close it.
+func Start(hubLn, cdnLn net.Listener) *Server {
 	s := &Server{repos: map[string]*repo{}, blobs: map[string][]byte{}, PageSize: 1000}
 	api := http.NewServeMux()
 	api.HandleFunc("GET /api/models/{org}/{name}/revision/{rev}", s.modelInfo)
@@ -96,9 +113,11 @@ func NewOn(t testing.TB, hubLn, cdnLn net.Listener) *Server {
 		}
 	}))
 	s.CDN = start(cdnLn, http.HandlerFunc(s.cdn))
-	t.Cleanup(func() { s.Hub.Close(); s.CDN.Close() })
 	return s
 }
+
+// Close stops the Hub and the CDN.
+func (s *Server) Close() { s.Hub.Close(); s.CDN.Close() }
 
 // start serves h on ln, or on loopback when ln is nil.
 func start(ln net.Listener, h http.Handler) *httptest.Server {
@@ -136,20 +155,22 @@ func (s *Server) Push(repoID, branch string, files map[string]File) string {
 	defer s.mu.Unlock()
 	r := s.repos[repoID]
 	if r == nil {
-		r = &repo{refs: map[string]string{}, commits: map[string]map[string]File{}}
+		r = &repo{refs: map[string]string{}, commits: map[string]map[string]stored{}}
 		s.repos[repoID] = r
 	}
 	s.pushes++
 	h := sha1.New()
 	fmt.Fprintf(h, "%s %d", repoID, s.pushes)
-	tree := map[string]File{}
+	tree := map[string]stored{}
 	for p, f := range files {
 		f.Data = bytes.Clone(f.Data)
-		tree[p] = f
-		fmt.Fprintf(h, "%s %s\n", p, GitBlobID(f.Data))
+		st := stored{File: f, blobID: GitBlobID(f.Data), sha256: SHA256(f.Data)}
+		fmt.Fprintf(h, "%s %s\n", p, st.blobID)
 		if f.LFS {
-			s.blobs[SHA256(f.Data)] = f.Data
+			st.pointer = fmt.Appendf(nil, "version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n", st.sha256, len(f.Data))
+			s.blobs[st.sha256] = f.Data
 		}
+		tree[p] = st
 	}
 	commit := hex.EncodeToString(h.Sum(nil))
 	r.commits[commit] = tree
@@ -206,7 +227,7 @@ func (s *Server) Stats() Stats {
 // lookup finds the repository and commit a request names, applying the
 // throttle and the gate. It writes the error answer and returns ok false
 // when there is none.
-func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (commit string, tree map[string]File, ok bool) {
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (commit string, tree map[string]stored, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.throttle > 0 {
@@ -283,7 +304,7 @@ func (s *Server) modelInfo(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(info)
 }
 
-func sortedPaths(tree map[string]File) []string { return slices.Sorted(maps.Keys(tree)) }
+func sortedPaths(tree map[string]stored) []string { return slices.Sorted(maps.Keys(tree)) }
 
 type lfsInfo struct {
 	OID         string `json:"oid"`
@@ -297,11 +318,6 @@ type entry struct {
 	Size int      `json:"size"`
 	Path string   `json:"path"`
 	LFS  *lfsInfo `json:"lfs,omitempty"`
-}
-
-// pointer is the LFS pointer file git stores in place of an LFS file.
-func pointer(data []byte) []byte {
-	return fmt.Appendf(nil, "version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n", SHA256(data), len(data))
 }
 
 func (s *Server) tree(w http.ResponseWriter, r *http.Request) {
@@ -325,11 +341,10 @@ func (s *Server) tree(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		f := tree[p]
-		e := entry{Type: "file", OID: GitBlobID(f.Data), Size: len(f.Data), Path: p}
+		e := entry{Type: "file", OID: f.blobID, Size: len(f.Data), Path: p}
 		if f.LFS {
-			ptr := pointer(f.Data)
-			e.OID = GitBlobID(ptr)
-			e.LFS = &lfsInfo{OID: SHA256(f.Data), Size: len(f.Data), PointerSize: len(ptr)}
+			e.OID = GitBlobID(f.pointer)
+			e.LFS = &lfsInfo{OID: f.sha256, Size: len(f.Data), PointerSize: len(f.pointer)}
 		}
 		all = append(all, e)
 	}
@@ -370,14 +385,14 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("X-Repo-Commit", commit)
 	if !f.LFS {
-		w.Header().Set("ETag", `"`+GitBlobID(f.Data)+`"`)
+		w.Header().Set("ETag", `"`+f.blobID+`"`)
 		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(f.Data))
 		return
 	}
-	oid := SHA256(f.Data)
+	oid := f.sha256
 	w.Header().Set("X-Linked-Etag", `"`+oid+`"`)
 	w.Header().Set("X-Linked-Size", strconv.Itoa(len(f.Data)))
-	w.Header().Set("ETag", `"`+GitBlobID(pointer(f.Data))+`"`)
+	w.Header().Set("ETag", `"`+GitBlobID(f.pointer)+`"`)
 	w.Header().Set("Location", s.CDN.URL+"/blobs/"+oid+"?Expires=9999999999&Signature=test")
 	w.WriteHeader(http.StatusFound)
 }

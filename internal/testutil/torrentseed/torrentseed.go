@@ -4,16 +4,18 @@
 // the magnet (its x.pe names the seeder) or the .torrent and the address.
 //
 // A Corrupt seeder serves bytes with flips in them while claiming every
-// piece complete: what a broken or hostile peer does.
+// piece complete: what a broken or hostile peer does. On puts a seeder on
+// another address, inside a netns host of the lab harness say, for daemons
+// on other hosts to reach.
 package torrentseed
 
 import (
 	"bytes"
-	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -39,6 +41,10 @@ type Seeder struct {
 	dir    string
 	// Corrupt flips one byte in every piece it serves (see package doc).
 	corrupt bool
+	// host is the IP the client listens on; do runs the client's creation
+	// (see On).
+	host string
+	do   func(func() error) error
 }
 
 // Option configures a Seeder.
@@ -46,6 +52,15 @@ type Option func(*Seeder)
 
 // Corrupt makes a seeder that serves flipped bytes as good ones.
 func Corrupt() Option { return func(s *Seeder) { s.corrupt = true } }
+
+// On makes the seeder listen on host (an IP address) and create its
+// client inside do, so the client's sockets are made where do runs: a
+// netns host's Netns.Do, say. The seeder only accepts connections (no
+// DHT, trackers nor PEX give it peers to dial), so no socket is made
+// later, outside do.
+func On(host string, do func(func() error) error) Option {
+	return func(s *Seeder) { s.host, s.do = host, do }
+}
 
 // Config is an anacrolix client configuration that stays on loopback: no
 // DHT, trackers, PEX, UPnP nor WebTorrent, and a free port.
@@ -64,13 +79,18 @@ func Config(dir string) *torrent.ClientConfig {
 // Start starts a seeder, closed when the test ends.
 func Start(t testing.TB, opts ...Option) *Seeder {
 	t.Helper()
-	s := &Seeder{dir: t.TempDir()}
+	s := &Seeder{dir: t.TempDir(), host: "127.0.0.1", do: func(f func() error) error { return f() }}
 	for _, o := range opts {
 		o(s)
 	}
 	cfg := Config(s.dir)
+	cfg.ListenHost = func(string) string { return s.host }
 	cfg.Seed = true
-	cl, err := torrent.NewClient(cfg)
+	var cl *torrent.Client
+	err := s.do(func() (err error) {
+		cl, err = torrent.NewClient(cfg)
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +101,7 @@ func Start(t testing.TB, opts ...Option) *Seeder {
 
 // Addr is the seeder's TCP peer address.
 func (s *Seeder) Addr() string {
-	return fmt.Sprintf("127.0.0.1:%d", s.Client.LocalPort())
+	return net.JoinHostPort(s.host, strconv.Itoa(s.Client.LocalPort()))
 }
 
 // Build makes the metainfo of files named name in pieces of pieceLength.
