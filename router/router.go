@@ -701,8 +701,14 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	if req.strategy == balance.SelfTuning {
 		rt.logDecisionLocked(&in, &d, members)
 	}
-	rt.countArrivalLocked(now)
-	feat := rt.featuresLocked(b, &cands[d.Pick], max(len(req.keys)-d.Matched, 0), d.Matched, req.exact, now)
+	var feat [balance.NumFeatures]float64
+	learn := false
+	if rt.cfg.learning() {
+		rt.countArrivalLocked(now)
+		if learn = req.stream; learn {
+			feat = rt.featuresLocked(b, &cands[d.Pick], max(len(req.keys)-d.Matched, 0), d.Matched, req.exact, now)
+		}
+	}
 	rt.countLocked(b)
 	b.inflight++
 	uncached := max(len(req.keys)-d.Matched, 0)
@@ -720,7 +726,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	}
 	return routed{b: b, id: b.id, sent: now, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
 		pending: pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched,
-		model: rt.modelLabelLocked(req.model), warm: b.ep.HoldsWeights, feat: feat, learn: req.stream}, nil
+		model: rt.modelLabelLocked(req.model), warm: b.ep.HoldsWeights, feat: feat, learn: learn}, nil
 }
 
 // countLocked records one request for b in the decayed traffic counts.
