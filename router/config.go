@@ -57,6 +57,11 @@ type Config struct {
 	TuneLoadFactor        float64       `yaml:"self_tuning_load_factor"`
 	EvictWeight           float64       `yaml:"evict_weight"`
 	EngineMetricsInterval time.Duration `yaml:"engine_metrics_interval"`
+	// LearnCosts keeps the self-tuning fits learning (and their
+	// warmfleet_router_backend_ttft_* metrics current) while no model uses
+	// self-tuning, so a switch to it starts informed; off, they learn only
+	// while some model does.
+	LearnCosts bool `yaml:"learn_costs"`
 
 	MaxBodyBytes  int64         `yaml:"max_body_bytes"`
 	BodyTimeout   time.Duration `yaml:"body_timeout"`    // to read a whole request body, however it trickles in

@@ -45,7 +45,8 @@ func ParseKVEvents(s string) (endpoint string, bind bool, err error) {
 // kvFeeds runs the subscribers and holds the exact index.
 type kvFeeds struct {
 	index  *kvevents.Index
-	active atomic.Int32 // backends with a feed: token-id prompts get engine keys
+	chains kvevents.ChainCache // the engine's hashes of blocks prompts share
+	active atomic.Int32        // backends with a feed: token-id prompts get engine keys
 	m      *kvMetrics
 
 	mu    sync.Mutex
@@ -120,7 +121,7 @@ func (rt *Router) syncKVLocked() {
 		k.index.Forget(url)
 		k.m.forget(url)
 		if b := rt.backends[url]; b != nil {
-			b.kvExact, b.kvApprox, b.eventsKV = nil, nil, 0
+			b.kvExact, b.kvApprox, b.eventsKV, b.kvTrusted = nil, nil, 0, false
 		}
 	}
 	for url, spec := range want {
@@ -186,7 +187,7 @@ func (rt *Router) KVStats(backend string) kvevents.Stats { return rt.kv.index.St
 // partial last block (it can never match an engine's block, but gives short
 // prompts and the cold path a key as the text hashes do).
 func (rt *Router) engineKeys(dst []uint64, cfg *Config, model string, ids []uint32) []uint64 {
-	dst = kvevents.AppendLLMDChain(dst, cfg.KVHashSeed, model, ids, cfg.KVBlockSize, cfg.MaxBlocks)
+	dst = rt.kv.chains.AppendLLMDChain(dst, cfg.KVHashSeed, model, ids, cfg.KVBlockSize, cfg.MaxBlocks)
 	if full := len(ids) / cfg.KVBlockSize; len(dst) < cfg.MaxBlocks && full*cfg.KVBlockSize < len(ids) {
 		var prev uint64
 		if len(dst) > 0 {
@@ -228,6 +229,7 @@ func (rt *Router) kvScoreLocked(members []*backend, keys []uint64) (all bool) {
 // trusted, and counts which view scored each backend that publishes events.
 func (rt *Router) kvApplyLocked(depth []int) {
 	for i, b := range rt.kvPub {
+		b.kvTrusted = rt.kvOK[i]
 		if rt.kvOK[i] {
 			depth[b.slot] = rt.kvN[i]
 			b.kvExact.Inc()

@@ -139,7 +139,14 @@ func TestKVGapFallsBackAndForgets(t *testing.T) {
 	if got, err := h.rt.Route(t.Context(), tokenBody(prompt), ""); err != nil || got.Backend != h.urls[0] || got.Matched != 6 {
 		t.Fatalf("route %+v, %v; want %s with 6 blocks", got, err, h.urls[0])
 	}
-	// The approximate index now holds the prompt on backend 0 as well.
+	// The router keeps no guesses for a backend its trusted view scores:
+	// put the prompt in the approximate index for backend 0 by hand, as
+	// the requests sent while its view was last untrusted would have.
+	cfg = h.rt.Config()
+	keys := h.rt.engineKeys(nil, &cfg, kvModel, prompt)
+	h.rt.mu.Lock()
+	h.rt.index.Insert(h.rt.backends[h.urls[0]].slot, keys, 0)
+	h.rt.mu.Unlock()
 	// Lose a batch: the publisher's queue is bypassed by skipping a
 	// sequence number on the wire.
 	sendRaw(t, h, 0, 1000, kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{42}, BlockSize: 16})
@@ -354,5 +361,39 @@ func TestKVFeedFollowsEndpoints(t *testing.T) {
 	}
 	if n := len(h.rt.kv.subscribers()); n != 1 {
 		t.Fatalf("%d feeds, want 1", n)
+	}
+}
+
+// A backend scored by its trusted event view gets no approximate guesses
+// for token-id prompts (they would never be used: the view is exact, and
+// a reset drops them); once its view is not trusted, the router guesses
+// again from what it sends.
+func TestKVTrustedViewKeepsNoGuesses(t *testing.T) {
+	rt, cfg := kvRouter(t, 2)
+	prompt := seqTokens(300, 8*16)
+	u := cfg.Backends[0].URL
+	chain := kvevents.LLMDChain(cfg.KVHashSeed, kvModel, prompt, cfg.KVBlockSize)
+	rt.kv.index.Apply(u, 1, kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored, Hashes: chain, BlockSize: cfg.KVBlockSize}}})
+	guesses := func() (n int) {
+		rt.mu.Lock()
+		defer rt.mu.Unlock()
+		for _, b := range rt.order {
+			n += rt.index.Len(b.slot)
+		}
+		return n
+	}
+	got, err := rt.Route(t.Context(), tokenBody(prompt), "")
+	if err != nil || got.Backend != u || got.Matched != 8 {
+		t.Fatalf("route %+v, %v; want %s with 8 blocks", got, err, u)
+	}
+	if n := guesses(); n != 0 {
+		t.Fatalf("%d approximate guesses after a request scored by trusted views", n)
+	}
+	rt.kv.index.Disconnected(u)
+	if _, err := rt.Route(t.Context(), tokenBody(prompt), ""); err != nil {
+		t.Fatal(err)
+	}
+	if n := guesses(); n != 8 {
+		t.Fatalf("%d approximate guesses after a request with the view lost, want 8", n)
 	}
 }

@@ -154,14 +154,14 @@ func (rt *Router) readBody(w http.ResponseWriter, r *http.Request, cfg *Config) 
 		// allocation more per request).
 		buf := make([]byte, r.ContentLength+1)
 		body = buf[:r.ContentLength]
-		if _, err = io.ReadFull(r.Body, body); err == nil {
+		if err = slow.readFull(r.Body, body); err == nil {
 			if n, _ := r.Body.Read(buf[len(body):]); n > 0 {
 				slow.done()
 				return nil, tooLarge()
 			}
 		}
 	} else {
-		body, err = io.ReadAll(io.LimitReader(r.Body, cfg.MaxBodyBytes+1))
+		body, err = io.ReadAll(io.LimitReader(countedReader{r.Body, slow}, cfg.MaxBodyBytes+1))
 	}
 	refused := slow.done()
 	if err != nil {

@@ -115,6 +115,9 @@ type backend struct {
 	// kvExact and kvApprox count token-id prompts scored for it by its
 	// event view or by the approximate index (looked up once; kv.go).
 	kvExact, kvApprox prometheus.Counter
+	// kvTrusted: its event view was trusted at the last token-id
+	// decision it took part in.
+	kvTrusted bool
 
 	inflight     int
 	pending      int // prompt blocks sent but not yet answered with a first byte
@@ -698,8 +701,14 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	if req.strategy == balance.SelfTuning {
 		rt.logDecisionLocked(&in, &d, members)
 	}
-	rt.countArrivalLocked(now)
-	feat := rt.featuresLocked(b, &cands[d.Pick], max(len(req.keys)-d.Matched, 0), d.Matched, req.exact, now)
+	var feat [balance.NumFeatures]float64
+	learn := false
+	if rt.cfg.learning() {
+		rt.countArrivalLocked(now)
+		if learn = req.stream; learn {
+			feat = rt.featuresLocked(b, &cands[d.Pick], max(len(req.keys)-d.Matched, 0), d.Matched, req.exact, now)
+		}
+	}
 	rt.countLocked(b)
 	b.inflight++
 	uncached := max(len(req.keys)-d.Matched, 0)
@@ -707,12 +716,17 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	b.prefilling++
 	b.stats.routed(len(req.keys), d.Matched)
 	b.gauge.Set(float64(b.inflight))
-	if len(req.keys) > 0 {
+	if len(req.keys) > 0 && !(req.exact && b.kvTrusted) {
+		// A backend scored by its trusted event view needs no guesses for
+		// engine keys: they would be used only once the view is not
+		// trusted, and a view stops being trusted by a reset, which
+		// drops the guesses (kvApplied), or by a lost stream, after which
+		// the router learns again from what it sends.
 		rt.index.Insert(b.slot, req.keys, d.Matched)
 	}
 	return routed{b: b, id: b.id, sent: now, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
 		pending: pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched,
-		model: rt.modelLabelLocked(req.model), warm: b.ep.HoldsWeights, feat: feat, learn: req.stream}, nil
+		model: rt.modelLabelLocked(req.model), warm: b.ep.HoldsWeights, feat: feat, learn: learn}, nil
 }
 
 // countLocked records one request for b in the decayed traffic counts.

@@ -305,6 +305,13 @@ func fmtSeconds(s float64) string {
 	return strconv.FormatFloat(s, 'g', 4, 64)
 }
 
+// learning reports whether the self-tuning fits learn: while a model is
+// routed by self-tuning, or when asked to (learn_costs). Each observation
+// is two 7x7 updates under the router's lock, and the features and arrival
+// rate are computed at every decision for them: not worth it when nothing
+// reads the result.
+func (c *Config) learning() bool { return c.LearnCosts || c.usesSelfTuning() }
+
 // usesSelfTuning reports whether any model is routed by self-tuning (the
 // engines' metrics are only read then).
 func (c *Config) usesSelfTuning() bool {

@@ -188,9 +188,11 @@ func TestSelfTuningLearnsBackends(t *testing.T) {
 	fast := costBackend(t, clock, time.Millisecond, &fastHits)
 	slow := costBackend(t, clock, 4*time.Millisecond, &slowHits)
 	cfg := Defaults()
-	// Learning goes on under any strategy, so switching to self-tuning
-	// starts informed: least-outstanding has both backends learned.
+	// With learn_costs, learning goes on under any strategy, so switching
+	// to self-tuning starts informed: least-outstanding has both backends
+	// learned.
 	cfg.Strategy = balance.LeastOutstanding
+	cfg.LearnCosts = true
 	h := newHarness(t, cfg, Options{Now: clock.Now}, fast.URL, slow.URL)
 	rng := rand.New(rand.NewPCG(5, 6))
 	send := func(i int, stream bool, extra string) {
@@ -238,6 +240,44 @@ func TestSelfTuningLearnsBackends(t *testing.T) {
 	}
 	if slowHits != before {
 		t.Fatalf("%d of 20 new prompts went to the slower backend", slowHits-before)
+	}
+}
+
+// Without learn_costs the fits learn only while a model is routed by
+// self-tuning: under another strategy nothing reads them.
+func TestLearningOnlyWhenUsed(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	var hits int
+	be := costBackend(t, clock, time.Millisecond, &hits)
+	cfg := Defaults()
+	cfg.Strategy = balance.PrefixAware
+	h := newHarness(t, cfg, Options{Now: clock.Now}, be.URL)
+	samples := func() int {
+		h.rt.mu.Lock()
+		defer h.rt.mu.Unlock()
+		return h.rt.backends[be.URL].tune.model.n + h.rt.tune.pooled.n
+	}
+	send := func(i int) {
+		t.Helper()
+		resp := post(t, h.srv.URL+"/v1/completions", fmt.Sprintf(`{"model":"m","prompt":"prompt %d %s","stream":true}`, i, strings.Repeat("abcdefgh", 64)))
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		h.settle()
+	}
+	for i := range 5 {
+		send(i)
+	}
+	if n := samples(); n != 0 {
+		t.Fatalf("learned %d observations under prefix-aware", n)
+	}
+	if err := h.rt.SetStrategy("other-model", balance.SelfTuning); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		send(10 + i)
+	}
+	if n := samples(); n != 10 {
+		t.Fatalf("%d observations with a model on self-tuning, want 5 in each of two fits", n)
 	}
 }
 

@@ -21,7 +21,8 @@ func LLMDChain(seed, model string, tokens []uint32, blockSize int) []uint64 {
 // The CBOR is never built: each item's bytes go into the hash as they are
 // encoded, so a prompt costs one pass and no memory. This is the router's
 // per-request work for token-id prompts, and FNV's multiply per byte,
-// which no encoding can shorten, is most of it.
+// which no encoding can shorten, is most of it: ChainCache spares it for
+// the blocks it has seen.
 func AppendLLMDChain(dst []uint64, seed, model string, tokens []uint32, blockSize, maxBlocks int) []uint64 {
 	if blockSize <= 0 {
 		return dst
@@ -29,13 +30,22 @@ func AppendLLMDChain(dst []uint64, seed, model string, tokens []uint32, blockSiz
 	if n := len(tokens) / blockSize; maxBlocks <= 0 || maxBlocks > n {
 		maxBlocks = n
 	}
-	// The root: [seed hash, nil, model].
+	return appendLLMDBlocks(dst, llmdRoot(seed, model), tokens, blockSize, maxBlocks)
+}
+
+// llmdRoot is the first block's parent: [seed hash, nil, model].
+func llmdRoot(seed, model string) uint64 {
 	h := fnvByte(fnvOffset, 4<<5|3)
 	h = fnvHead(h, 0, fnvString(fnvOffset, seed))
 	h = fnvByte(h, cborNull)
 	h = fnvHead(h, 3, uint64(len(model)))
-	parent := fnvString(h, model)
-	for i := 0; i < maxBlocks*blockSize; i += blockSize {
+	return fnvString(h, model)
+}
+
+// appendLLMDBlocks appends the hashes of tokens' first n blocks, the first
+// one's parent being parent.
+func appendLLMDBlocks(dst []uint64, parent uint64, tokens []uint32, blockSize, n int) []uint64 {
+	for i := 0; i < n*blockSize; i += blockSize {
 		// A block: [parent, tokens, nil].
 		h := fnvHead(fnvByte(fnvOffset, 4<<5|3), 0, parent)
 		h = fnvHead(h, 4, uint64(blockSize))

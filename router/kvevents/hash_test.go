@@ -127,3 +127,78 @@ func (e *cborBuf) fnv() uint64 {
 	h.Write(e.b)
 	return h.Sum64()
 }
+
+// TestChainCacheExact: through the cache, prompts that share documents,
+// differ in one token, change seed, model or block size, and overwrite
+// each other's slots in a small table get exactly AppendLLMDChain's
+// hashes, however often they come back.
+func TestChainCacheExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	docs := make([][]uint32, 6)
+	for i := range docs {
+		docs[i] = make([]uint32, 100+rng.IntN(1200))
+		for j := range docs[i] {
+			docs[i][j] = rng.Uint32N(200000)
+		}
+	}
+	for _, maxTokens := range []int{0, 1024} { // 1024: a few slots, constantly overwritten
+		c := &ChainCache{maxTokens: maxTokens}
+		for round := range 400 {
+			p := slices.Clone(docs[rng.IntN(len(docs))])
+			if round%3 == 0 { // a different token deep in a known document
+				p[rng.IntN(len(p))]++
+			}
+			for range rng.IntN(40) {
+				p = append(p, rng.Uint32N(200000))
+			}
+			seed, model, bs, maxBlocks := "1", "m", 16, 0
+			switch round % 7 {
+			case 1:
+				seed = "2"
+			case 2:
+				model = "n"
+			case 3:
+				bs = 5
+			case 4:
+				maxBlocks = 3
+			}
+			want := AppendLLMDChain([]uint64{9}, seed, model, p, bs, maxBlocks)
+			if got := c.AppendLLMDChain([]uint64{9}, seed, model, p, bs, maxBlocks); !slices.Equal(got, want) {
+				t.Fatalf("round %d (table of %d tokens): %x, want %x", round, maxTokens, got, want)
+			}
+		}
+	}
+	if got := new(ChainCache).AppendLLMDChain(nil, "1", "m", tokens(0, 40), 0, 0); got != nil {
+		t.Fatalf("block size 0: %x", got)
+	}
+}
+
+// BenchmarkChainCache: 4,000-token prompts, a shared 3,000-token document
+// and a tail of their own each, hashed in full and through a ChainCache
+// (the 64 prompts come round again, as a chat's history does).
+func BenchmarkChainCache(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	doc := make([]uint32, 3000)
+	for i := range doc {
+		doc[i] = rng.Uint32N(150000)
+	}
+	prompts := make([][]uint32, 64)
+	for i := range prompts {
+		prompts[i] = slices.Clone(doc)
+		for range 1000 {
+			prompts[i] = append(prompts[i], rng.Uint32N(150000))
+		}
+	}
+	dst := make([]uint64, 0, 300)
+	b.Run("cache=false", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			dst = AppendLLMDChain(dst[:0], "1", "m", prompts[i%len(prompts)], 16, 0)
+		}
+	})
+	b.Run("cache=true", func(b *testing.B) {
+		c := new(ChainCache)
+		for i := 0; b.Loop(); i++ {
+			dst = c.AppendLLMDChain(dst[:0], "1", "m", prompts[i%len(prompts)], 16, 0)
+		}
+	})
+}

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"math/bits"
 	"sync"
 	"time"
 )
@@ -16,15 +17,46 @@ import (
 // engine's cache, so the index never claims a block the engine dropped
 // while we were not listening. The resync window gives the stream time to
 // rebuild the rest before the view is trusted again.
+//
+// Besides each view's own set of blocks, the index keeps, for every block,
+// the set of views holding it (by a small id each view gets), so matching
+// a prompt against every backend is one walk down its chain: a lookup per
+// block, however many backends there are, instead of one walk per backend.
 type Index struct {
 	mu       sync.RWMutex
 	backends map[string]*view
 	lim      Limits
 	resync   time.Duration
 	now      func() time.Time
+
+	holders map[uint64]idSet // views (by id) holding each block
+	ids     idSet            // ids in use
+}
+
+// MaxMatched is how many backends' views the index matches in one walk;
+// a view past that many is matched on its own.
+const MaxMatched = 256
+
+// idSet is a set of view ids.
+type idSet [MaxMatched / 64]uint64
+
+func (s *idSet) add(i int)      { s[i>>6] |= 1 << (i & 63) }
+func (s *idSet) remove(i int)   { s[i>>6] &^= 1 << (i & 63) }
+func (s *idSet) has(i int) bool { return s[i>>6]&(1<<(i&63)) != 0 }
+func (s *idSet) empty() bool    { return s[0]|s[1]|s[2]|s[3] == 0 }
+
+// firstFree is the lowest id not in s, -1 if none.
+func (s *idSet) firstFree() int {
+	for w, word := range s {
+		if ^word != 0 {
+			return w*64 + bits.TrailingZeros64(^word)
+		}
+	}
+	return -1
 }
 
 type view struct {
+	id        int // in Index.holders; -1: matched on its own
 	blocks    map[uint64]struct{}
 	seq       uint64
 	haveSeq   bool
@@ -61,22 +93,70 @@ func NewIndex(lim Limits, resync time.Duration, now func() time.Time) *Index {
 	if now == nil {
 		now = time.Now
 	}
-	return &Index{backends: map[string]*view{}, lim: lim, resync: resync, now: now}
+	return &Index{backends: map[string]*view{}, lim: lim, resync: resync, now: now, holders: map[uint64]idSet{}}
 }
 
 func (x *Index) viewLocked(backend string) *view {
 	v := x.backends[backend]
 	if v == nil {
-		v = &view{blocks: map[uint64]struct{}{}}
+		v = &view{id: x.ids.firstFree(), blocks: map[uint64]struct{}{}}
+		if v.id >= 0 {
+			x.ids.add(v.id)
+		}
 		x.backends[backend] = v
 	}
 	return v
+}
+
+func (x *Index) hold(v *view, h uint64) {
+	if _, held := v.blocks[h]; held {
+		return
+	}
+	v.blocks[h] = struct{}{}
+	if v.id >= 0 {
+		s := x.holders[h]
+		s.add(v.id)
+		x.holders[h] = s
+	}
+}
+
+func (x *Index) drop(v *view, h uint64) {
+	if _, held := v.blocks[h]; !held {
+		return
+	}
+	delete(v.blocks, h)
+	if v.id >= 0 {
+		s := x.holders[h]
+		s.remove(v.id)
+		if s.empty() {
+			delete(x.holders, h)
+		} else {
+			x.holders[h] = s
+		}
+	}
+}
+
+// dropAll takes v's blocks out of the holders.
+func (x *Index) dropAll(v *view) {
+	if v.id < 0 {
+		return
+	}
+	for h := range v.blocks {
+		s := x.holders[h]
+		s.remove(v.id)
+		if s.empty() {
+			delete(x.holders, h)
+		} else {
+			x.holders[h] = s
+		}
+	}
 }
 
 // reset empties a view; trusted says whether the empty view is known to
 // match the engine (it just started) or only a subset of it.
 func (x *Index) reset(v *view, trusted bool) {
 	v.stats.Resets++
+	x.dropAll(v)
 	v.blocks = map[uint64]struct{}{}
 	v.untilTrusted = time.Time{}
 	if !trusted {
@@ -101,6 +181,12 @@ func (x *Index) Disconnected(backend string) {
 func (x *Index) Forget(backend string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if v := x.backends[backend]; v != nil {
+		x.dropAll(v)
+		if v.id >= 0 {
+			x.ids.remove(v.id)
+		}
+	}
 	delete(x.backends, backend)
 }
 
@@ -159,13 +245,13 @@ func (x *Index) applyEvent(v *view, ev Event) {
 				x.reset(v, false)
 				return
 			}
-			v.blocks[h] = struct{}{}
+			x.hold(v, h)
 		}
 		v.stats.Peak = max(v.stats.Peak, len(v.blocks))
 	case BlockRemoved:
 		v.stats.Removed++
 		for _, h := range ev.Hashes {
-			delete(v.blocks, h)
+			x.drop(v, h)
 		}
 	}
 }
@@ -184,15 +270,53 @@ func (x *Index) Match(backend string, chain []uint64) (n int, ok bool) {
 }
 
 // MatchAll is Match for each of backends, into n[i] and ok[i] (both as
-// long as backends), under one read lock and one clock reading: a
-// decision scores every backend that publishes events, and a lock and a
-// clock reading each cost more than a backend that holds nothing.
+// long as backends), under one read lock and one clock reading, and in one
+// walk down chain for all of them: a decision scores every backend that
+// publishes events.
 func (x *Index) MatchAll(backends []string, chain []uint64, n []int, ok []bool) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	now := x.now()
+	var alive idSet // trusted views still matching, by id
+	var depth [MaxMatched]int32
 	for i, b := range backends {
-		n[i], ok[i] = x.backends[b].match(now, chain)
+		v := x.backends[b]
+		switch {
+		case v == nil || !v.trusted(now):
+			n[i], ok[i] = 0, false
+		case v.id < 0:
+			// Past MaxMatched: the count, marked, until the walk is done.
+			m, _ := v.match(now, chain)
+			n[i], ok[i] = MaxMatched+m, true
+		default:
+			// n[i] holds the id until the walk is done.
+			n[i], ok[i] = v.id, true
+			alive.add(v.id)
+			depth[v.id] = int32(len(chain))
+		}
+	}
+	// A view's depth is written when it drops out: at the first block it
+	// does not hold.
+	for i, h := range chain {
+		if alive.empty() {
+			break
+		}
+		s := x.holders[h]
+		for w := range alive {
+			for gone := alive[w] &^ s[w]; gone != 0; gone &= gone - 1 {
+				depth[w*64+bits.TrailingZeros64(gone)] = int32(i)
+			}
+			alive[w] &= s[w]
+		}
+	}
+	for i := range backends {
+		switch {
+		case !ok[i]:
+		case n[i] >= MaxMatched:
+			n[i] -= MaxMatched
+		default:
+			n[i] = int(depth[n[i]])
+		}
 	}
 }
 

@@ -1,6 +1,8 @@
 package kvevents
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -153,6 +155,59 @@ func BenchmarkMatch16Backends(b *testing.B) {
 	for b.Loop() {
 		for _, be := range backends {
 			x.Match(be, chain)
+		}
+	}
+}
+
+// TestIndexMatchAllAgreesWithMatch: the one walk over every view's blocks
+// gives each backend exactly what its own view gives, through stores,
+// removals, clears, gaps and backends that leave and come back, with more
+// backends than one walk covers (those are matched on their own).
+func TestIndexMatchAllAgreesWithMatch(t *testing.T) {
+	x, clk := newTestIndex(1 << 16)
+	rng := rand.New(rand.NewPCG(7, 8))
+	names := make([]string, MaxMatched+20)
+	seqs := make([]uint64, len(names))
+	for i := range names {
+		names[i] = fmt.Sprint("b", i)
+	}
+	chains := make([][]uint64, 8)
+	for i := range chains {
+		for j := range 12 {
+			chains[i] = append(chains[i], uint64(i*100+j+1))
+		}
+	}
+	n, ok := make([]int, len(names)), make([]bool, len(names))
+	for round := range 3000 {
+		i := rng.IntN(len(names))
+		c := chains[rng.IntN(len(chains))]
+		seqs[i]++
+		switch r := rng.IntN(20); {
+		case r < 12:
+			x.Apply(names[i], seqs[i], batch(stored(c[:1+rng.IntN(len(c))]...)))
+		case r < 16:
+			x.Apply(names[i], seqs[i], batch(removed(c[rng.IntN(len(c))])))
+		case r < 17:
+			x.Apply(names[i], seqs[i], batch(Event{Kind: AllBlocksCleared}))
+		case r < 18:
+			seqs[i] += 3 // a gap: untrusted until the resync window passes
+			x.Apply(names[i], seqs[i], batch(stored(c[0])))
+		case r < 19:
+			x.Forget(names[i])
+			seqs[i] = 0
+		default:
+			clk.t = clk.t.Add(time.Minute)
+		}
+		if round%10 != 0 {
+			continue
+		}
+		probe := chains[rng.IntN(len(chains))]
+		x.MatchAll(names, probe, n, ok)
+		for j, name := range names {
+			wn, wok := x.Match(name, probe)
+			if n[j] != wn || ok[j] != wok {
+				t.Fatalf("round %d, %s: MatchAll %d, %v; Match %d, %v", round, name, n[j], ok[j], wn, wok)
+			}
 		}
 	}
 }
