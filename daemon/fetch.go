@@ -61,6 +61,10 @@ type fetch struct {
 	originsMu  sync.Mutex
 	originsKey string
 	origins    map[string]string
+	// bypassed are the members seen holding the revision without serving
+	// its shards (see noteBypass): they read nothing from S3 for the
+	// fleet, so no shard ranks them as its origin.
+	bypassed map[string]bool
 	// wasEvicted: the cache was evicted, so this fetch may not evict
 	// others (see the capacity rules in evict.go).
 	wasEvicted bool

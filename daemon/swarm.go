@@ -296,11 +296,11 @@ func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, 
 	polls := 0
 	holders := f.readyHolders(sh.revision) // only the first poll asks them
 	for {
-		names, addrs := f.swarmPeers()
+		names, addrs := f.originCandidates()
 		rank := f.originRank(spec.ShardID, names)
 		probe := manifestAsks(rank, self, polls, holders)
 		polls++
-		inProgress := false
+		inProgress, bypassed := false, false
 		answers := f.askManifests(ctx, probe, addrs, spec.ShardID)
 		for k, name := range probe {
 			m, err := answers[k].m, answers[k].err
@@ -318,11 +318,16 @@ func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, 
 				return f.fillShard(ctx, spec, m)
 			case errors.Is(err, p2p.ErrInProgress):
 				inProgress = true
+			case errors.Is(err, p2p.ErrNoManifest):
+				bypassed = f.noteBypass(name, sh.revision) || bypassed
 			}
+		}
+		if bypassed && !inProgress {
+			continue // rank again without it, at once
 		}
 		switch {
 		case len(rank) == 0 || rank[0] == self || f.d.now().Sub(start) > originFallback:
-			f.log.Debug("shard: reading it from S3 as its origin", "shard", spec.ShardID, "waited", f.d.now().Sub(start))
+			f.log.Debug("shard: reading it from S3 as its origin", "shard", spec.ShardID, "waited", f.d.now().Sub(start), "rank", rank)
 			return f.buildShard(ctx, spec)
 		case inProgress:
 			f.log.Debug("shard: following its origin", "shard", spec.ShardID, "waited", f.d.now().Sub(start))
@@ -334,6 +339,47 @@ func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, 
 		case <-time.After(pollWait(polls)):
 		}
 	}
+}
+
+// bypassedSwarm reports whether a member that answered it has no manifest
+// of a shard holds the shard's revision anyway: it fetched it directly from
+// S3 (alone when it chose), or could not open the shard again after a
+// restart. Either way it serves the shard to no one, and never will in this
+// run, so a follower waiting for it as the shard's origin would wait for
+// nothing.
+func bypassedSwarm(noManifest bool, inv gossip.ModelInventory, revision string) bool {
+	return noManifest && inv.Revision == revision && inv.State == gossip.StateReady
+}
+
+// noteBypass records, when bypassedSwarm says so of member name, that it
+// takes no part in this fetch's swarm, and reports whether it does.
+func (f *fetch) noteBypass(name, revision string) bool {
+	for _, m := range f.d.fleet.Members() {
+		if m.Name != name || m.Inventory == nil || !bypassedSwarm(true, m.Inventory.Models[f.spec.Name], revision) {
+			continue
+		}
+		f.originsMu.Lock()
+		defer f.originsMu.Unlock()
+		if f.bypassed == nil {
+			f.bypassed = map[string]bool{}
+		}
+		if !f.bypassed[name] {
+			f.log.Info("a member holds the revision without serving it to the swarm; ranking the others as origins", "member", name)
+		}
+		f.bypassed[name] = true
+		return true
+	}
+	return false
+}
+
+// originCandidates is swarmPeers less the members that bypassed the swarm:
+// the ones that may read a shard from S3 for the fleet. The members'
+// followers all see the same inventories, so they agree on the ranking.
+func (f *fetch) originCandidates() (names []string, addrs map[string]string) {
+	names, addrs = f.swarmPeers()
+	f.originsMu.Lock()
+	defer f.originsMu.Unlock()
+	return slices.DeleteFunc(names, func(n string) bool { return f.bypassed[n] }), addrs
 }
 
 // manifestAsks returns whom poll number poll of a shard asks for its
@@ -486,13 +532,13 @@ func (f *fetch) fillShard(ctx context.Context, spec p2p.BuildSpec, m *p2p.Manife
 	// filling it left and this node is next in rank; a member joining
 	// mid-way changes the ranking too, but the old origin carries on.
 	self := f.d.fleet.LocalName()
-	names, _ := f.swarmPeers()
+	names, _ := f.originCandidates()
 	following := ""
 	if rank := f.originRank(spec.ShardID, names); len(rank) > 0 {
 		following = rank[0]
 	}
 	takeOver := func() bool {
-		names, _ := f.swarmPeers()
+		names, _ := f.originCandidates()
 		if slices.Contains(names, following) {
 			return false
 		}
@@ -558,7 +604,7 @@ func (f *fetch) helpStripe(shardID string, s *p2p.Shard) (stripe, stripes int, o
 	if f.d.swarm.builds.Load() > 0 {
 		return 0, 0, false
 	}
-	names, _ := f.swarmPeers()
+	names, _ := f.originCandidates()
 	rank := f.originRank(shardID, names)
 	k := slices.Index(rank, f.d.fleet.LocalName())
 	if k < 1 || !s.Subscribed(rank[0]) {

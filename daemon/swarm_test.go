@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
+	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/p2p"
 	"github.com/warmfleet/warmfleet/spec"
 )
@@ -104,6 +105,29 @@ func TestSettleWait(t *testing.T) {
 	} {
 		if got := settleWait(tc.resuming, tc.alone, t0, tc.now, settle); got != tc.want {
 			t.Errorf("%s: wait %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestBypassedSwarm: only a member that holds the revision ready and has
+// no manifest of the shard bypassed the swarm; one still fetching may yet
+// open the shard (an origin builds its shards one after another).
+func TestBypassedSwarm(t *testing.T) {
+	ready := gossip.ModelInventory{Revision: "r1", State: gossip.StateReady}
+	for _, tc := range []struct {
+		name       string
+		noManifest bool
+		inv        gossip.ModelInventory
+		want       bool
+	}{
+		{"ready, no manifest", true, ready, true},
+		{"ready, serving the shard", false, ready, false},
+		{"ready with another revision", true, gossip.ModelInventory{Revision: "r0", State: gossip.StateReady}, false},
+		{"still downloading", true, gossip.ModelInventory{Revision: "r1", State: gossip.StateDownloading}, false},
+		{"no inventory yet", true, gossip.ModelInventory{}, false},
+	} {
+		if got := bypassedSwarm(tc.noManifest, tc.inv, "r1"); got != tc.want {
+			t.Errorf("%s: bypassedSwarm = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }
