@@ -90,9 +90,9 @@ type PowerCutResult struct {
 	Violations         []string
 	// Modes counts the crash modes drawn; LossPending, LossTorn and
 	// LossSectors add up what the cuts did to the disks' caches.
-	Modes                                 map[string]int
-	LossPending, LossTorn, LossSectors    int
-	Boots []time.Duration
+	Modes                              map[string]int
+	LossPending, LossTorn, LossSectors int
+	Boots                              []time.Duration
 	// Setup is the time to build the guest's images, First the first boot
 	// and uncut warm-up; the cuts share the rest: Booting, Recovering
 	// (the daemon's start, the audit, the resume to ready and its check)
