@@ -71,7 +71,7 @@ func runBenchChaos(ctx context.Context, e *cli.Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	vmErr := powerCuts(ctx, e, &res, bin, *vmCuts, *vmSeed, *verbose)
+	vmErr := powerCuts(ctx, e, &res, bin, *versitygw, *vmCuts, *vmSeed, *verbose)
 	if *output == "json" {
 		err = res.WriteJSON(e.Stdout)
 	} else {
@@ -91,7 +91,7 @@ func runBenchChaos(ctx context.Context, e *cli.Env, args []string) error {
 // powerCuts runs the power cuts into res.PowerCuts, or says in
 // res.PowerCutsSkipped (and on stderr) why they did not run. The error is
 // a run that failed or found a violation.
-func powerCuts(ctx context.Context, e *cli.Env, res *chaos.Result, bin string, cuts int, seed uint64, verbose bool) error {
+func powerCuts(ctx context.Context, e *cli.Env, res *chaos.Result, bin, versitygw string, cuts int, seed uint64, verbose bool) error {
 	skip := func(why string) error {
 		res.PowerCutsSkipped = why
 		fmt.Fprintf(e.Stderr, "bench chaos: power cuts skipped: %s\n", why)
@@ -113,7 +113,7 @@ func powerCuts(ctx context.Context, e *cli.Env, res *chaos.Result, bin string, c
 		return fmt.Errorf("bench chaos: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	s3, stopS3, err := testenv.StartS3Process(ctx, dir+"/s3", "")
+	s3, stopS3, err := testenv.StartVersitygw(ctx, versitygw, dir+"/s3", "")
 	if err != nil {
 		return fmt.Errorf("bench chaos: power cuts: %w", err)
 	}
