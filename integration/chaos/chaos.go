@@ -80,15 +80,26 @@ type Options struct {
 // Result is what bench chaos prints.
 type Result struct {
 	Scenarios []ScenarioResult `json:"scenarios"`
-	// PowerCuts stays nil until power loss runs in virtual machines.
-	PowerCuts *PowerCuts `json:"power_cuts,omitempty"`
+	// PowerCuts are the figures of power loss in virtual machines
+	// (integration/vm), when they ran; PowerCutsSkipped says why not.
+	PowerCuts        *PowerCuts `json:"power_cuts,omitempty"`
+	PowerCutsSkipped string     `json:"power_cuts_skipped,omitempty"`
 }
 
 // PowerCuts are the figures of power loss in virtual machines.
 type PowerCuts struct {
-	Cuts         int `json:"cuts"`
-	Recovered    int `json:"recovered"`
-	CorruptReady int `json:"corrupt_ready"`
+	// Cuts were made; Recovered of them were followed by the cut model
+	// ready and whole; CorruptReady counts models reported ready (or
+	// linked as current) with a missing, short, wrong or extra file, and
+	// LostEntries caches acknowledged before a cut and unknown after it:
+	// both must be 0.
+	Cuts         int     `json:"cuts"`
+	Recovered    int     `json:"recovered"`
+	CorruptReady int     `json:"corrupt_ready"`
+	LostEntries  int     `json:"lost_entries"`
+	Seed         uint64  `json:"seed"`
+	Seconds      float64 `json:"seconds"`
+	Error        string  `json:"error,omitempty"`
 }
 
 // ScenarioResult is the outcome of one scenario.
@@ -135,6 +146,15 @@ func (r Result) WriteTable(w io.Writer) error {
 		if s.Error != "" {
 			fmt.Fprintf(&b, "  error: %s\n", s.Error)
 		}
+	}
+	switch pc := r.PowerCuts; {
+	case pc != nil:
+		fmt.Fprintf(&b, "power cuts: %d cut, %d recovered, %d corrupt ready, %d entries lost in %.1f s (seed %d)\n", pc.Cuts, pc.Recovered, pc.CorruptReady, pc.LostEntries, pc.Seconds, pc.Seed)
+		if pc.Error != "" {
+			fmt.Fprintf(&b, "  error: %s\n", pc.Error)
+		}
+	case r.PowerCutsSkipped != "":
+		fmt.Fprintf(&b, "power cuts: skipped: %s\n", r.PowerCutsSkipped)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -73,7 +73,8 @@ func makeExt4(ctx context.Context, mkfs, path string, size int64, args ...string
 
 // BuildToolsImage makes the guest's read-only tools disk at path: an ext4
 // image holding the static binaries warmfleet and guestagent (mkfs.ext4
-// -d copies a directory in).
+// -d copies a directory in); agent "" leaves guestagent out (warmfleet-lab
+// is both: its vm-agent command is the agent).
 func BuildToolsImage(ctx context.Context, mkfs, path, warmfleet, agent string) error {
 	dir, err := os.MkdirTemp(filepath.Dir(path), "tools-")
 	if err != nil {
@@ -81,7 +82,11 @@ func BuildToolsImage(ctx context.Context, mkfs, path, warmfleet, agent string) e
 	}
 	defer os.RemoveAll(dir)
 	var size int64 = 16 << 20 // the file system's own blocks, with room
-	for name, src := range map[string]string{"warmfleet": warmfleet, "guestagent": agent} {
+	bins := map[string]string{"warmfleet": warmfleet}
+	if agent != "" {
+		bins["guestagent"] = agent
+	}
+	for name, src := range bins {
 		if err := os.Link(src, filepath.Join(dir, name)); err != nil {
 			b, rerr := os.ReadFile(src)
 			if rerr != nil {

@@ -138,6 +138,9 @@ type GuestSpec struct {
 	DaemonArgs, DaemonEnv []string
 	// Files are more files to put in the guest, by guest path.
 	Files map[string][]byte
+	// Agent is the guest agent's command line before its --listen flag;
+	// default /opt/guestagent (see BuildToolsImage).
+	Agent []string
 }
 
 // Guest addresses under qemu's user networking: the guest is 10.0.2.15,
@@ -190,7 +193,11 @@ func BuildInitramfs(path string, spec GuestSpec) error {
 	for _, name := range names {
 		c.Bytes(name, 0o600, spec.Files[name])
 	}
-	c.Bytes("init", 0o755, []byte(initScript(insmods, spec.DaemonArgs, spec.DaemonEnv)))
+	agent := spec.Agent
+	if len(agent) == 0 {
+		agent = []string{"/opt/guestagent"}
+	}
+	c.Bytes("init", 0o755, []byte(initScript(insmods, spec.DaemonArgs, spec.DaemonEnv, agent)))
 	err = c.Close()
 	if err == nil {
 		err = w.Flush()
@@ -213,7 +220,7 @@ const (
 // initScript is the guest's /init. It waits for the data disk with a
 // bounded poll (the driver probes it asynchronously); a disk that does not
 // mount powers the guest off, which the test sees as qemu's exit.
-func initScript(insmods, daemonArgs, env []string) string {
+func initScript(insmods, daemonArgs, env, agent []string) string {
 	var b strings.Builder
 	b.WriteString(`#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -248,7 +255,11 @@ echo "%s (write cache: $(cat /sys/block/vda/queue/write_cache), guest uptime $(c
 		b.WriteString(" " + shellQuote(a))
 	}
 	b.WriteString(" >/dev/console 2>&1 &\n")
-	fmt.Fprintf(&b, "exec /opt/guestagent --listen %s:%d\n", GuestIP, AgentPort)
+	b.WriteString("exec")
+	for _, a := range agent {
+		b.WriteString(" " + shellQuote(a))
+	}
+	fmt.Fprintf(&b, " --listen %s:%d\n", GuestIP, AgentPort)
 	return b.String()
 }
 

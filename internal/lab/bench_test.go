@@ -36,6 +36,8 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"chaos", "--scenario", "meteor-strike"}, `no scenario "meteor-strike"`},
 		{[]string{"chaos", "--timeout", "0s"}, "--timeout 0s"},
 		{[]string{"chaos", "extra"}, "unexpected arguments"},
+		{[]string{"chaos", "--vm-cuts", "-1"}, "--vm-cuts -1"},
+		{[]string{"chaos", "--vm-cuts", "many"}, "vm-cuts"},
 		{[]string{"s3", "--pause", "-1s"}, "--pause -1s"},
 		{[]string{"router", "--overhead-duration", "-1s"}, "overhead rate"},
 		{[]string{"router", "--trace-offset", "-5"}, "trace offset"},

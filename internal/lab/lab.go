@@ -58,5 +58,6 @@ func commands() []cli.Command {
 		{Name: "s3", Summary: "serve a local S3 with synthetic models and print the AWS_* settings", Run: runS3},
 		{Name: "bench", Summary: "run a benchmark: s3, fleet, router, chaos", Run: runBench},
 		{Name: "llmsim", Summary: "run one simulated LLM inference backend", Run: runLLMSim},
+		{Name: "vm-agent", Summary: "the guest agent inside bench chaos's power-cut virtual machines (not for use on a host)", Run: runVMAgent},
 	}, cli.Commands()...)
 }

@@ -69,6 +69,13 @@ func StartS3Process(ctx context.Context, dir, addr string) (*S3, func() error, e
 	if err != nil {
 		return nil, nil, err
 	}
+	return StartVersitygw(ctx, bin, dir, addr)
+}
+
+// StartVersitygw is StartS3Process with the versitygw binary given: a
+// command built with -trimpath cannot find the repository's bin/.
+func StartVersitygw(ctx context.Context, bin, dir, addr string) (*S3, func() error, error) {
+	var err error
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, nil, fmt.Errorf("versitygw backend dir: %w", err)
 	}

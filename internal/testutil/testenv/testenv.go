@@ -64,23 +64,33 @@ func RequireRoot(tb testing.TB) {
 // the range cannot be read or leaves no room below it, the kernel picks.
 func FreeAddr(tb testing.TB) string {
 	tb.Helper()
+	addr, err := PickFreeAddr()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return addr
+}
+
+// PickFreeAddr is FreeAddr for code that runs outside a test (a harness
+// shared by a test and a lab command).
+func PickFreeAddr() (string, error) {
 	if lo, _, err := ephemeralPorts(); err == nil && lo-freePortMin >= 1000 {
 		for range 100 {
 			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePortMin+rand.IntN(lo-freePortMin)))
 			if bindable(addr) {
-				return addr
+				return addr, nil
 			}
 		}
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		tb.Fatalf("free port: %v", err)
+		return "", fmt.Errorf("free port: %w", err)
 	}
 	addr := l.Addr().String()
 	if err := l.Close(); err != nil {
-		tb.Fatalf("free port: %v", err)
+		return "", fmt.Errorf("free port: %w", err)
 	}
-	return addr
+	return addr, nil
 }
 
 // freePortMin keeps FreeAddr above the ports well-known services and

@@ -1,0 +1,416 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	mrand "math/rand/v2"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
+)
+
+// DefaultCuts is the number of cuts a run makes unless told otherwise.
+const DefaultCuts = 2
+
+// Tools are the host programs a run needs.
+type Tools struct {
+	Qemu, Mkfs, Busybox string
+	Kernel              Kernel
+}
+
+// FindTools finds qemu, mkfs.ext4, a static busybox and a kernel with
+// its modules; the error names the Debian package that brings what is
+// missing.
+func FindTools() (Tools, error) {
+	var tl Tools
+	var err error
+	if tl.Qemu, err = testenv.ToolPath("qemu-system-x86_64", "Debian package qemu-system-x86"); err != nil {
+		return tl, err
+	}
+	if tl.Mkfs, err = testenv.ToolPath("mkfs.ext4", "Debian package e2fsprogs"); err != nil {
+		return tl, err
+	}
+	if tl.Busybox, err = testenv.ToolPath("busybox", "Debian package busybox-static"); err != nil {
+		return tl, err
+	}
+	if static, err := IsStatic(tl.Busybox); err != nil || !static {
+		return tl, fmt.Errorf("%s is not a static binary (%v): install Debian package busybox-static", tl.Busybox, err)
+	}
+	if tl.Kernel, err = FindKernel("/"); err != nil {
+		return tl, err
+	}
+	return tl, nil
+}
+
+// PowerCutOptions say how to run power cuts (RunPowerCuts).
+type PowerCutOptions struct {
+	Tools Tools
+	// Daemon is a static binary with warmfleet's daemon command (warmfleet
+	// or warmfleet-lab). Agent is a static binary that runs the guest
+	// agent (integration/vm/agent) when given AgentArgs and --listen:
+	// guestagent, or warmfleet-lab with AgentArgs vm-agent; empty: Daemon.
+	Daemon, Agent string
+	AgentArgs     []string
+	// S3 is the server the models come from (the guest reaches it on the
+	// host's loopback); RunPowerCuts makes its bucket.
+	S3 *testenv.S3
+	// Dir holds the images and sockets; it must exist.
+	Dir string
+	// Cuts is the number of power cuts; Seed makes their points, crash
+	// modes and models: a run with the same seed cuts at the same places.
+	Cuts int
+	Seed uint64
+	// Logf gets a line per cut and the summary; nil discards.
+	Logf func(format string, args ...any)
+}
+
+// PowerCutResult is what a run found.
+type PowerCutResult struct {
+	Seed uint64
+	// Cuts were made; Missed were armed but the model was ready first.
+	Cuts, Missed int
+	// ReadyAtBoot models were ready right after the reboot; Resumed ones
+	// resumed to ready after it. Each passed the check.
+	ReadyAtBoot, Resumed int
+	// CorruptReady counts checks that found a model reported ready (or
+	// its current link) with a missing, short, wrong or extra file; Lost
+	// models acknowledged before a cut and unknown after it. Both must
+	// be 0; Violations says what each was.
+	CorruptReady, Lost int
+	Violations         []string
+	// Modes counts the crash modes drawn; LossPending, LossTorn and
+	// LossSectors add up what the cuts did to the disks' caches.
+	Modes                              map[string]int
+	LossPending, LossTorn, LossSectors int
+	Boots                              []time.Duration
+	// Setup is the time to build the guest's images, First the first boot
+	// and uncut warm-up; the cuts share the rest: Booting, Recovering
+	// (the daemon's start, the audit, the resume to ready and its check)
+	// and WarmingUp (a new model's warm-up up to its cut).
+	Setup, First, Booting, Recovering, WarmingUp time.Duration
+	Elapsed                                      time.Duration
+}
+
+// Recovered counts cuts after which the model was ready and whole.
+func (r PowerCutResult) Recovered() int { return r.ReadyAtBoot + r.Resumed }
+
+// Summary is the run's figures on one line.
+func (r PowerCutResult) Summary() string {
+	boots := slices.Clone(r.Boots)
+	slices.Sort(boots)
+	median := time.Duration(0)
+	if len(boots) > 0 {
+		median = boots[len(boots)/2]
+	}
+	perCut := time.Duration(0)
+	if r.Cuts+r.Missed > 0 {
+		perCut = (r.Elapsed - r.Setup - r.First) / time.Duration(r.Cuts+r.Missed)
+	}
+	return fmt.Sprintf("power cuts (seed %d): %d cut (%d missed: ready first), %d ready at reboot, %d resumed to ready, %d corrupt ready, %d entries lost; modes %v; "+
+		"%d unflushed writes at the cuts, %d torn, %d sectors lost; boot median %v over %d boots; %v in all: %v setting up, %v to boot and warm up without a cut, then %v per cut (in all %v booting, %v recovering, %v warming up to the cuts)",
+		r.Seed, r.Cuts, r.Missed, r.ReadyAtBoot, r.Resumed, r.CorruptReady, r.Lost, r.Modes,
+		r.LossPending, r.LossTorn, r.LossSectors, median.Round(100*time.Millisecond), len(r.Boots),
+		r.Elapsed.Round(time.Second), r.Setup.Round(time.Second), r.First.Round(time.Second), perCut.Round(100*time.Millisecond),
+		r.Booting.Round(time.Second), r.Recovering.Round(time.Second), r.WarmingUp.Round(time.Second))
+}
+
+// guestDataDir is the daemon's --data-dir in the guest.
+const guestDataDir = DataDir + "/warmfleet"
+
+const (
+	bucket = "models"
+	// publishBurst flushes in a row mark the start of a publish;
+	// publishEvents writes and flushes after it, it is done.
+	publishBurst  = 3
+	publishEvents = 20
+)
+
+// run is one RunPowerCuts: its options, the guest's images and what it
+// found so far.
+type run struct {
+	opts                  PowerCutOptions
+	dir, initramfs, image string
+	toolsImg, token       string
+	res                   PowerCutResult
+	logf                  func(format string, args ...any)
+	models                []sourceModel
+}
+
+// RunPowerCuts boots the guest, warms a first model up without a cut,
+// then makes opts.Cuts power cuts at seeded points of later warm-ups and
+// publishes, booting the guest again after each on what its disk kept
+// (see the package documentation). Violations are counted in the result;
+// the error is for a run that could not go on (a boot that failed, a
+// model that never became ready).
+func RunPowerCuts(ctx context.Context, opts PowerCutOptions) (PowerCutResult, error) {
+	start := time.Now()
+	r := &run{opts: opts, dir: opts.Dir, logf: opts.Logf}
+	r.res = PowerCutResult{Seed: opts.Seed, Modes: map[string]int{}}
+	if r.logf == nil {
+		r.logf = func(string, ...any) {}
+	}
+	err := r.setup(ctx)
+	r.res.Setup = time.Since(start)
+	if err == nil {
+		err = r.cuts(ctx)
+	}
+	r.res.Elapsed = time.Since(start)
+	r.logf("%s", r.res.Summary())
+	return r.res, err
+}
+
+// setup makes the guest's initramfs, tools disk and data disk.
+func (r *run) setup(ctx context.Context) error {
+	if err := r.opts.S3.MakeBucket(ctx, bucket); err != nil {
+		return fmt.Errorf("power cuts: %w", err)
+	}
+	tok := make([]byte, 16)
+	if _, err := rand.Read(tok); err != nil {
+		return fmt.Errorf("power cuts: %w", err)
+	}
+	r.token = hex.EncodeToString(tok)
+	_, port, err := net.SplitHostPort(r.opts.S3.Addr)
+	if err != nil {
+		return fmt.Errorf("power cuts: %w", err)
+	}
+	env := testenv.AWSEnv("http://"+net.JoinHostPort(HostFromVM, port), r.opts.S3.AccessKey, r.opts.S3.SecretKey, r.opts.S3.Region)
+	agentBin, agentCmd := r.opts.Agent, []string{"/opt/guestagent"}
+	if agentBin == "" || agentBin == r.opts.Daemon {
+		agentBin, agentCmd = "", []string{"/opt/warmfleet"}
+	}
+	r.initramfs = filepath.Join(r.dir, "initramfs.cpio")
+	err = BuildInitramfs(r.initramfs, GuestSpec{
+		Kernel: r.opts.Tools.Kernel, Busybox: r.opts.Tools.Busybox,
+		DaemonArgs: []string{
+			"--node-name", "vm", "--data-dir", guestDataDir,
+			"--api", fmt.Sprintf("%s:%d", GuestIP, APIPort), "--api-token-file", "/etc/warmfleet-token",
+			"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off", "--kubernetes=false",
+			"--resync-interval", "0", "--part-size", "1MiB", "--log-level", "info",
+		},
+		DaemonEnv: env,
+		Agent:     append(agentCmd, r.opts.AgentArgs...),
+		Files:     map[string][]byte{"etc/warmfleet-token": []byte(r.token + "\n")},
+	})
+	if err != nil {
+		return err
+	}
+	r.toolsImg = filepath.Join(r.dir, "tools.img")
+	if err := BuildToolsImage(ctx, r.opts.Tools.Mkfs, r.toolsImg, r.opts.Daemon, agentBin); err != nil {
+		return err
+	}
+	r.image = filepath.Join(r.dir, "base.img")
+	return MakeImage(ctx, r.opts.Tools.Mkfs, r.image, 256<<20)
+}
+
+// sourceModel is one model in the host's S3 server, with what its files
+// must hold.
+type sourceModel struct {
+	name   string
+	files  map[string]string // path -> SHA-256
+	sizes  map[string]int64
+	source string
+}
+
+// seedModel uploads a model of a few pseudo-random files (from rng).
+func (r *run) seedModel(ctx context.Context, name string, rng *mrand.Rand) (sourceModel, error) {
+	m := sourceModel{name: name, files: map[string]string{}, sizes: map[string]int64{}, source: "s3://" + bucket + "/" + name + "/"}
+	// The same sizes for every model, so that every warm-up takes about
+	// as many writes as the first, which places the cuts.
+	sizes := map[string]int64{
+		"config.json":             700,
+		"model-00001.safetensors": 2<<20 + 4321,
+		"model-00002.safetensors": 3<<20 - 1234,
+		"sub/tokenizer.json":      60 << 10,
+	}
+	for _, path := range slices.Sorted(maps.Keys(sizes)) {
+		size := sizes[path]
+		b := make([]byte, size)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		if err := r.opts.S3.Put(ctx, bucket, name+"/"+path, bytes.NewReader(b), size); err != nil {
+			return m, fmt.Errorf("power cuts: seed %s: %w", name, err)
+		}
+		sum := sha256.Sum256(b)
+		m.files[path], m.sizes[path] = hex.EncodeToString(sum[:]), size
+	}
+	return m, nil
+}
+
+// violation records what a check found wrong.
+func (r *run) violation(format string, args ...any) {
+	v := fmt.Sprintf(format, args...)
+	r.res.Violations = append(r.res.Violations, v)
+	r.logf("VIOLATION: %s", v)
+}
+
+// bootMachine boots the guest and counts the boot in the figures.
+func (r *run) bootMachine(ctx context.Context) (*machine, error) {
+	t0 := time.Now()
+	m, err := r.boot(ctx, 0)
+	if len(r.res.Boots) > 0 {
+		r.res.Booting += time.Since(t0)
+	}
+	if m != nil {
+		r.res.Boots = append(r.res.Boots, m.booted)
+	}
+	return m, err
+}
+
+// cuts runs the first, uncut warm-up and then the cuts.
+func (r *run) cuts(ctx context.Context) (err error) {
+	seed := r.opts.Seed
+	t0 := time.Now()
+	m, err := r.bootMachine(ctx)
+	defer func() {
+		if m != nil {
+			err = errors.Join(err, m.stop())
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(m.vm.Console(), "write cache: write back") {
+		return fmt.Errorf("the guest does not see a volatile write cache, so it would send no flush; console:\n%s", tail(m.vm.Console(), 4000))
+	}
+	if err := m.waitAPI(ctx); err != nil {
+		return err
+	}
+
+	// A warm-up without a cut: every later one is checked against it, and
+	// its length (in writes and flushes) places the cuts.
+	first, err := r.seedModel(ctx, "m0", mrand.New(mrand.NewPCG(seed, 0)))
+	if err != nil {
+		return err
+	}
+	r.models = append(r.models, first)
+	if err := m.add(ctx, first); err != nil {
+		return err
+	}
+	before := m.disk.Events()
+	if err := m.waitReady(ctx, first); err != nil {
+		return err
+	}
+	warmup := m.disk.Events() - before
+	r.logf("a warm-up takes %d writes and flushes of the data disk", warmup)
+	if v, err := m.check(ctx, first); err != nil || v != "" {
+		return errors.Join(err, fmt.Errorf("without any cut: %s", v))
+	}
+	r.res.First = time.Since(t0)
+
+	for i := 1; i <= r.opts.Cuts; i++ {
+		if m, err = r.cut(ctx, m, i, warmup); err != nil {
+			return fmt.Errorf("cut %d (seed %d): %w", i, seed, err)
+		}
+	}
+	if r.res.Cuts == 0 && r.opts.Cuts > 0 {
+		return errors.New("no cut happened: every warm-up ended before its cut point, so nothing was tested")
+	}
+	return nil
+}
+
+// cut adds a model, cuts the power at a seeded point of its warm-up (odd
+// i) or publish (even i), boots again and checks; it returns the machine
+// now running.
+func (r *run) cut(ctx context.Context, m *machine, i, warmup int) (*machine, error) {
+	t0 := time.Now()
+	rng := mrand.New(mrand.NewPCG(r.opts.Seed, uint64(i)))
+	mod, err := r.seedModel(ctx, fmt.Sprintf("m%d", i), rng)
+	if err != nil {
+		return m, err
+	}
+	r.models = append(r.models, mod)
+	if err := m.add(ctx, mod); err != nil {
+		return m, err
+	}
+	aim := "warm-up"
+	if i%2 == 0 {
+		aim = "publish"
+		// The publish ends a warm-up. It starts with fsyncs of files the
+		// part records made durable already, a burst of flushes with
+		// nothing to write, then renames the revision in, swaps the
+		// current link, fsyncs the directory and records the revision
+		// ready: within the next publishEvents writes and flushes.
+		m.disk.CutAfterFlushBurst(publishBurst, 1+rng.IntN(publishEvents))
+	} else {
+		m.disk.CutAt(m.disk.Events() + 1 + rng.IntN(max(1, warmup)))
+	}
+	added := m.disk.Events()
+	cut, err := m.waitCutOrReady(ctx, mod)
+	r.res.WarmingUp += time.Since(t0)
+	if err != nil {
+		return m, err
+	}
+	if !cut {
+		r.res.Missed++
+		r.logf("cut %d (%s): %s was ready before the cut point", i, aim, mod.name)
+		return m, nil
+	}
+	mode := []CrashMode{LoseAll, KeepSome, KeepSome, LoseAll, KeepAll}[rng.IntN(5)]
+	m.vm.Kill()
+	cutAfter := m.disk.Events() - added
+	trace := m.disk.Trace()
+	lastEvents := strings.Join(trace[max(0, len(trace)-12):], " ")
+	loss, err := m.disk.PowerLoss(mode, rng)
+	if err != nil {
+		return m, err
+	}
+	if err := m.stop(); err != nil {
+		return m, err
+	}
+	r.res.Cuts++
+	r.res.Modes[mode.String()]++
+	r.res.LossPending += loss.Pending
+	r.res.LossTorn += loss.Torn
+	r.res.LossSectors += loss.LostSectors
+
+	poweredOff := time.Now()
+	if m, err = r.bootMachine(ctx); err != nil {
+		return m, err
+	}
+	t1 := time.Now()
+	defer func() { r.res.Recovering += time.Since(t1) }()
+	if err := m.waitAPI(ctx); err != nil { // the daemon started: its bbolt state opened
+		return m, err
+	}
+	// What the daemon says right after the reboot.
+	readyBefore, lost, corrupt, err := m.audit(ctx, r.models, poweredOff)
+	if err != nil {
+		return m, err
+	}
+	r.res.Lost += len(lost)
+	r.res.CorruptReady += len(corrupt)
+	for _, v := range append(lost, corrupt...) {
+		r.violation("cut %d: %s", i, v)
+	}
+	wasReady := slices.Contains(readyBefore, mod.name)
+	r.logf("cut %d (%s) at write or flush %d of the warm-up (the disk's last ones: %s), %v: %d unflushed writes, %d kept whole, %d torn, %d sectors lost; %s was ready before the cut: %v",
+		i, aim, cutAfter, lastEvents, mode, loss.Pending, loss.Kept, loss.Torn, loss.LostSectors, mod.name, wasReady)
+	if err := m.waitReady(ctx, mod); err != nil {
+		return m, err
+	}
+	v, err := m.check(ctx, mod)
+	if err != nil {
+		return m, err
+	}
+	switch {
+	case v != "":
+		r.res.CorruptReady++
+		r.violation("cut %d: after resuming: %s", i, v)
+	case wasReady:
+		r.res.ReadyAtBoot++
+	default:
+		r.res.Resumed++
+	}
+	return m, nil
+}
