@@ -172,6 +172,14 @@ func (in *Input) ScaleKeys(k int) int {
 	return int(math.Round(float64(k) * min(in.KeyScale, 1e6)))
 }
 
+// tieTolerance is how close two costs are, relative to the lower one, to
+// count as a tie. The model's terms for requests in flight are fitted
+// noise on an engine whose decoding sequences do not slow its prefills,
+// and a fraction of a millisecond of it should not decide between two
+// backends that cost the same; the one with less recent traffic is the
+// better guess (its last prefill started longest ago).
+const tieTolerance = 0.02
+
 // decideTuned is SelfTuning's decision.
 func decideTuned(in Input) Decision {
 	d := Decision{Pick: -1, Preferred: -1}
@@ -182,8 +190,13 @@ func decideTuned(in Input) Decision {
 	key := RendezvousKey(in.Keys, in.Common, in.RendezvousBlocks)
 	rv := func(i int) float64 { return Rendezvous(key, in.Candidates[i].ID, weight(&in.Candidates[i])) }
 	less := func(i, j int) bool {
-		if costs[i].Total != costs[j].Total {
-			return costs[i].Total < costs[j].Total
+		ci, cj := costs[i].Total, costs[j].Total
+		if math.Abs(ci-cj) > tieTolerance*min(ci, cj) {
+			return ci < cj
+		}
+		ri, rj := in.Candidates[i].Recent/weight(&in.Candidates[i]), in.Candidates[j].Recent/weight(&in.Candidates[j])
+		if ri != rj {
+			return ri < rj
 		}
 		return rv(i) > rv(j)
 	}

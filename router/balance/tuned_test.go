@@ -73,6 +73,14 @@ func TestDecideTuned(t *testing.T) {
 			c[0].Matched, c[0].Recent, c[1].Recent = 128, 11, 9 // 1.1 x fair
 			in.ShareFactor = 1.2
 		}, want: 0, reason: Hit},
+		{name: "costs within the tie tolerance: the backend with less recent traffic", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Inflight, c[0].Recent, c[1].Recent = 1, 1, 1.1
+			e[0].Theta[4], e[1].Theta[4] = 0.001, 0.001 // 0.211 s against 0.210 s
+		}, want: 0, reason: Cold},
+		{name: "costs beyond the tie tolerance: the cheaper, whatever its traffic", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Inflight, c[0].Recent, c[1].Recent = 1, 1, 1.1
+			e[0].Theta[4], e[1].Theta[4] = 0.01, 0.01 // 0.220 s against 0.210 s
+		}, want: 1, reason: Cold},
 		{name: "too little free KV cache caps it", setup: func(c []Candidate, e []Estimate, in *Input) {
 			c[0].Matched, e[0].KVFree = 120, 4
 		}, want: 1, reason: Overflow, yielded: BoundKV},
