@@ -51,10 +51,14 @@ type Config struct {
 
 	// The self-tuning strategy's: its load factor (the bounded-load cap
 	// is only a safety net under it: the learned costs do the balancing),
-	// how much the cache a placement evicts counts against it (0: not at
+	// its share factor (a backend whose recent traffic is above this x its
+	// fair share takes a request only if none other can: cached prompts
+	// cost so little that, uncapped, a few backends would draw most
+	// requests, beyond what an operator sizes a backend for), how much the cache a placement evicts counts against it (0: not at
 	// all, 1: as much as the requests it delays), and how often the
 	// engines' metrics are read (<= 0: never).
 	TuneLoadFactor        float64       `yaml:"self_tuning_load_factor"`
+	TuneShareFactor       float64       `yaml:"self_tuning_share_factor"`
 	EvictWeight           float64       `yaml:"evict_weight"`
 	EngineMetricsInterval time.Duration `yaml:"engine_metrics_interval"`
 	// LearnCosts keeps the self-tuning fits learning (and their
@@ -145,6 +149,7 @@ func Defaults() Config {
 		BalanceRelThreshold: balance.DefaultBalanceRelThreshold,
 
 		TuneLoadFactor:        3,
+		TuneShareFactor:       1.2,
 		EvictWeight:           0.5,
 		EngineMetricsInterval: 2 * time.Second,
 
@@ -232,8 +237,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("cache_threshold %v must be in (0, 1], balance_abs_threshold %d >= 1, balance_rel_threshold %v in [1, 1000]",
 			c.CacheThreshold, c.BalanceAbsThreshold, c.BalanceRelThreshold))
 	}
-	if !within(c.EvictWeight, 0, 10) || !within(c.TuneLoadFactor, 1, 1000) {
-		errs = append(errs, fmt.Errorf("evict_weight %v must be in [0, 10] and self_tuning_load_factor %v in [1, 1000]", c.EvictWeight, c.TuneLoadFactor))
+	if !within(c.EvictWeight, 0, 10) || !within(c.TuneLoadFactor, 1, 1000) || !within(c.TuneShareFactor, 1, 100) {
+		errs = append(errs, fmt.Errorf("evict_weight %v must be in [0, 10], self_tuning_load_factor %v in [1, 1000] and self_tuning_share_factor %v in [1, 100]",
+			c.EvictWeight, c.TuneLoadFactor, c.TuneShareFactor))
 	}
 	if c.MinLoadBound < 1 {
 		errs = append(errs, fmt.Errorf("min_load_bound %d must be >= 1", c.MinLoadBound))

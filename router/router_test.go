@@ -858,7 +858,8 @@ func FuzzParseConfig(f *testing.F) {
 			return
 		}
 		for name, x := range map[string]float64{"load_factor": cfg.LoadFactor, "slack": cfg.Slack, "balance_slack": cfg.BalanceSlack,
-			"decode_weight": cfg.DecodeWeight, "share_factor": cfg.ShareFactor, "hot_share": cfg.HotShare, "chars_per_token": cfg.CharsPerToken} {
+			"decode_weight": cfg.DecodeWeight, "share_factor": cfg.ShareFactor, "hot_share": cfg.HotShare, "chars_per_token": cfg.CharsPerToken,
+			"self_tuning_share_factor": cfg.TuneShareFactor} {
 			if math.IsNaN(x) || math.IsInf(x, 0) || x < 0 || x > 1000 {
 				t.Fatalf("accepted %s = %v", name, x)
 			}

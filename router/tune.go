@@ -218,7 +218,7 @@ func (rt *Router) estimatesLocked(in *balance.Input, members []*backend, exact b
 		ests = append(ests, e)
 	}
 	rt.ests = ests
-	in.Estimates, in.EvictWeight, in.LoadFactor = ests, rt.cfg.EvictWeight, rt.cfg.TuneLoadFactor
+	in.Estimates, in.EvictWeight, in.LoadFactor, in.ShareFactor = ests, rt.cfg.EvictWeight, rt.cfg.TuneLoadFactor, rt.cfg.TuneShareFactor
 	if learned {
 		// Before the fit is in seconds the rate has no unit to meet.
 		in.Rate = rt.tune.rate * math.Exp(-max(now.Sub(rt.tune.last), 0).Seconds()/tuneRateWindow.Seconds())

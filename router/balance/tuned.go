@@ -78,8 +78,9 @@ type Estimate struct {
 // Estimate's Theta.
 type TunedCost struct {
 	TTFT, Behind, Evict, Total float64
-	// Capped: over its load bound, or too little free KV cache.
-	Capped bool
+	// Capped: over its load bound (Over), over ShareFactor x its fair
+	// share of recent traffic (OverShare), or too little free KV cache.
+	Capped, Over, OverShare bool
 }
 
 func (e *Estimate) coef(i int) float64 {
@@ -89,11 +90,26 @@ func (e *Estimate) coef(i int) float64 {
 	return 0
 }
 
+// queueCoef is what a block queued ahead costs: at least what one of the
+// request's own uncached blocks does, since the engine prefills it first.
+// A fit learns the queue's cost only once queues have formed (until then
+// its coefficient stays near 0, and a router that trusted it would pile
+// cache hits onto one backend until they do), and it learns it low while
+// the requests in flight are partly prefilled: both underestimate the
+// wait exactly when the tail is made.
+func (e *Estimate) queueCoef() float64 {
+	return max(e.coef(3), e.coef(1))
+}
+
 // predict is the model's TTFT for feature vector x.
 func (e *Estimate) predict(x *[NumFeatures]float64) float64 {
 	s := 0.0
 	for i := range x {
-		s += e.coef(i) * x[i]
+		c := e.coef(i)
+		if i == 3 {
+			c = e.queueCoef()
+		}
+		s += c * x[i]
 	}
 	return s
 }
@@ -107,7 +123,10 @@ const maxBehind = 16
 // counts its expected wait: queued plus uncached blocks.
 func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 	var boundBuf [64]int
+	var shareBuf [64]float64
 	bounds := LoadBounds(in.Candidates, in.loadFactor(), in.decodeWeight(), max(in.MinBound, 1), boundBuf[:0])
+	shares := Shares(in.Candidates, shareBuf[:0])
+	sf := in.shareFactor()
 	n := len(in.Keys)
 	wsum := 0.0
 	for i := range in.Candidates {
@@ -125,7 +144,7 @@ func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 		tc.TTFT = e.predict(&x)
 		// Each later arrival finds this request's blocks queued and one
 		// more request in flight, waiting for its first token.
-		delay := e.coef(3)*float64(u)/FeatureBlocks + e.coef(4) + e.coef(6)
+		delay := e.queueCoef()*float64(u)/FeatureBlocks + e.coef(4) + e.coef(6)
 		rate := max(in.Rate, 0) * weight(c) / wsum
 		if !math.IsNaN(rate) && !math.IsInf(rate, 0) {
 			tc.Behind = min(rate*tc.TTFT, maxBehind) * delay
@@ -137,7 +156,9 @@ func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 		if math.IsNaN(tc.Total) {
 			tc.Total = math.Inf(1)
 		}
-		tc.Capped = load(c, in.decodeWeight())+1 > float64(bounds[i]) || (e.KVFree >= 0 && u > e.KVFree)
+		tc.Over = load(c, in.decodeWeight())+1 > float64(bounds[i])
+		tc.OverShare = shares[i] > sf
+		tc.Capped = tc.Over || tc.OverShare || (e.KVFree >= 0 && u > e.KVFree)
 		dst = append(dst, tc)
 	}
 	return dst
@@ -151,6 +172,14 @@ func (in *Input) ScaleKeys(k int) int {
 	return int(math.Round(float64(k) * min(in.KeyScale, 1e6)))
 }
 
+// tieTolerance is how close two costs are, relative to the lower one, to
+// count as a tie. The model's terms for requests in flight are fitted
+// noise on an engine whose decoding sequences do not slow its prefills,
+// and a fraction of a millisecond of it should not decide between two
+// backends that cost the same; the one with less recent traffic is the
+// better guess (its last prefill started longest ago).
+const tieTolerance = 0.02
+
 // decideTuned is SelfTuning's decision.
 func decideTuned(in Input) Decision {
 	d := Decision{Pick: -1, Preferred: -1}
@@ -161,8 +190,13 @@ func decideTuned(in Input) Decision {
 	key := RendezvousKey(in.Keys, in.Common, in.RendezvousBlocks)
 	rv := func(i int) float64 { return Rendezvous(key, in.Candidates[i].ID, weight(&in.Candidates[i])) }
 	less := func(i, j int) bool {
-		if costs[i].Total != costs[j].Total {
-			return costs[i].Total < costs[j].Total
+		ci, cj := costs[i].Total, costs[j].Total
+		if math.Abs(ci-cj) > tieTolerance*min(ci, cj) {
+			return ci < cj
+		}
+		ri, rj := in.Candidates[i].Recent/weight(&in.Candidates[i]), in.Candidates[j].Recent/weight(&in.Candidates[j])
+		if ri != rj {
+			return ri < rj
 		}
 		return rv(i) > rv(j)
 	}
@@ -188,8 +222,13 @@ func decideTuned(in Input) Decision {
 	d.Bound, d.Matched = bounds[d.Pick], p.Matched
 	switch {
 	case d.Pick != d.Preferred:
-		d.Reason, d.Yielded = Overflow, BoundLoad
-		if pr := &in.Candidates[d.Preferred]; load(pr, in.decodeWeight())+1 <= float64(bounds[d.Preferred]) {
+		d.Reason = Overflow
+		switch pr := &costs[d.Preferred]; {
+		case pr.Over:
+			d.Yielded = BoundLoad
+		case pr.OverShare:
+			d.Yielded = BoundShare
+		default:
 			d.Yielded = BoundKV
 		}
 	case p.Matched > in.Common:

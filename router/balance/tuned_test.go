@@ -53,6 +53,34 @@ func TestDecideTuned(t *testing.T) {
 			c[0].Matched, c[0].Inflight, c[0].Prefilling = 128, 3, 3
 			e[0].Theta[4] = 0
 		}, want: 1, reason: Overflow, yielded: BoundLoad},
+		{name: "a queue the fit has not priced yet costs at least what the prompt's own uncached blocks do", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Pending = 128, 640
+			e[0].Theta[3], e[1].Theta[3] = 0, 0 // no queue seen yet: the fit left it at its start
+		}, want: 1, reason: Cold},
+		{name: "a queue priced below an uncached block still costs one", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Pending = 128, 192
+			e[0].Theta[3], e[1].Theta[3] = 0.02, 0.02
+		}, want: 1, reason: Cold},
+		{name: "a queue priced above an uncached block costs its price", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Pending = 128, 96 // 96 x 0.2 > 128 x 0.1: recomputing is cheaper
+			e[0].Theta[3], e[1].Theta[3] = 0.2, 0.2
+		}, want: 1, reason: Cold},
+		{name: "over the share factor x its fair share of recent traffic it yields", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Recent, c[1].Recent = 128, 13, 7 // 1.3 x fair
+			in.ShareFactor = 1.2
+		}, want: 1, reason: Overflow, yielded: BoundShare},
+		{name: "within the share factor it keeps its cached prompt", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Recent, c[1].Recent = 128, 11, 9 // 1.1 x fair
+			in.ShareFactor = 1.2
+		}, want: 0, reason: Hit},
+		{name: "costs within the tie tolerance: the backend with less recent traffic", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Inflight, c[0].Recent, c[1].Recent = 1, 1, 1.1
+			e[0].Theta[4], e[1].Theta[4] = 0.001, 0.001 // 0.211 s against 0.210 s
+		}, want: 0, reason: Cold},
+		{name: "costs beyond the tie tolerance: the cheaper, whatever its traffic", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Inflight, c[0].Recent, c[1].Recent = 1, 1, 1.1
+			e[0].Theta[4], e[1].Theta[4] = 0.01, 0.01 // 0.220 s against 0.210 s
+		}, want: 1, reason: Cold},
 		{name: "too little free KV cache caps it", setup: func(c []Candidate, e []Estimate, in *Input) {
 			c[0].Matched, e[0].KVFree = 120, 4
 		}, want: 1, reason: Overflow, yielded: BoundKV},
