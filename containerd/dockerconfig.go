@@ -148,7 +148,7 @@ func runCredentialHelper(ctx context.Context, helper, host string, timeout time.
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	prog := func(args ...string) client.Program {
-		return &helperRun{ctx: ctx, path: path, args: args}
+		return &helperRun{ctx: ctx, timeout: timeout, path: path, args: args}
 	}
 	c, err := client.Get(prog, configKey(host))
 	switch {
@@ -167,10 +167,11 @@ func runCredentialHelper(ctx context.Context, helper, host string, timeout time.
 // own runner it stops with ctx, bounds what it reads, and keeps the
 // helper's stderr for the error instead of printing it on the daemon's.
 type helperRun struct {
-	ctx   context.Context
-	path  string
-	args  []string
-	stdin io.Reader
+	ctx     context.Context
+	timeout time.Duration // ctx's, for the message
+	path    string
+	args    []string
+	stdin   io.Reader
 }
 
 func (r *helperRun) Input(in io.Reader) { r.stdin = in }
@@ -186,7 +187,7 @@ func (r *helperRun) Output() ([]byte, error) {
 	err := cmd.Run()
 	switch {
 	case r.ctx.Err() != nil:
-		return stdout.buf.Bytes(), fmt.Errorf("no answer: %w", r.ctx.Err())
+		return nil, fmt.Errorf("no answer within %s: %w", r.timeout, r.ctx.Err())
 	case stdout.over:
 		return nil, fmt.Errorf("output larger than %d bytes", stdout.max)
 	case err != nil && stderr.buf.Len() > 0:
