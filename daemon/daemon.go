@@ -23,6 +23,16 @@
 // again. A listing with another file set is acted upon only when the next
 // one agrees (listing.go). A failure that cannot be saved (a full disk) is
 // backed off in memory.
+//
+// With a swarm (Deps.Swarm, swarm.go) a revision's files are cut into
+// shards, each read from S3 by one origin node and filled from it by the
+// others. A node that sees no other member downloads directly, unless an
+// earlier run began the revision through the swarm: every shard it opened
+// left its layout (bucket shards) or its manifest (bucket manifests), so a
+// restart resumes it cut the same way, with the pieces it verified. A
+// member that holds the revision ready but serves a shard no manifest (it
+// downloaded directly) is no origin for it: its followers rank the other
+// members, one of which reads the shard from S3 for them.
 package daemon
 
 import (

@@ -412,7 +412,8 @@ func httpDo(t *testing.T, method, url, body, token string) (int, string) {
 // TestStateMigratesPieces opens a state file from before the pieces bucket
 // was a migration (schema 3, which p2p.NewBoltCompletion filled in only when
 // the swarm started) and checks that opening brings it to the current schema
-// with the bucket in place, and the older buckets' records kept.
+// with the buckets of the later migrations in place (pieces, shards), and
+// the older buckets' records kept.
 func TestStateMigratesPieces(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
 	db, err := bolt.Open(path, 0o600, nil)
@@ -444,11 +445,13 @@ func TestStateMigratesPieces(t *testing.T) {
 	}
 	defer st.close()
 	if err := st.db.View(func(tx *bolt.Tx) error {
-		if tx.Bucket([]byte(bucketPieces)) == nil {
-			return errors.New("no pieces bucket after migration")
+		for _, b := range [][]byte{[]byte(bucketPieces), bucketShards} {
+			if tx.Bucket(b) == nil {
+				return fmt.Errorf("no %s bucket after migration", b)
+			}
 		}
-		if v := tx.Bucket(bucketMeta).Get(keySchema); !bytes.Equal(v, []byte{0, 0, 0, 0, 0, 0, 0, 4}) || SchemaVersion() != 4 {
-			return fmt.Errorf("schema = %x, SchemaVersion() = %d, want 4", v, SchemaVersion())
+		if v := tx.Bucket(bucketMeta).Get(keySchema); !bytes.Equal(v, []byte{0, 0, 0, 0, 0, 0, 0, 5}) || SchemaVersion() != 5 {
+			return fmt.Errorf("schema = %x, SchemaVersion() = %d, want 5", v, SchemaVersion())
 		}
 		if tx.Bucket(bucketCaches).Get([]byte("m")) == nil {
 			return errors.New("cache record lost in migration")

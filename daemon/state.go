@@ -31,6 +31,11 @@ import (
 //	              kept on disk until their grace runs out)
 //	v4  pieces    manifest ID (hex SHA-256) -> piece bitfield, owned by
 //	              p2p.BoltCompletion (which pieces of a shard are durably on disk)
+//	v5  shards    swarm shard ID -> encoded p2p.Manifest with zero hashes: the piece
+//	              layout of a shard this node opened before its manifest was complete
+//	              (as its origin or following one); dropped once the manifest is in
+//	              manifests. A restart resumes such a shard through the swarm, cut the
+//	              same way, with the pieces (and hashes) its completion record holds.
 //
 // One bucket has no migration, as its owner creates it and its layout:
 //
@@ -46,6 +51,7 @@ var (
 	bucketCaches    = []byte("caches")
 	bucketEndpoints = []byte("endpoints")
 	bucketManifests = []byte("manifests")
+	bucketShards    = []byte("shards")
 	bucketParts     = []byte("parts")
 	bucketRetired   = []byte("retired")
 	bucketPieces    = "pieces"
@@ -72,6 +78,10 @@ var migrations = []func(tx *bolt.Tx) error{
 	},
 	func(tx *bolt.Tx) error { // 3 -> 4: swarm piece completion, created by p2p.NewBoltCompletion before
 		_, err := tx.CreateBucketIfNotExists([]byte(bucketPieces))
+		return err
+	},
+	func(tx *bolt.Tx) error { // 4 -> 5: layouts of swarm shards begun without their manifest
+		_, err := tx.CreateBucketIfNotExists(bucketShards)
 		return err
 	},
 }

@@ -181,11 +181,12 @@ func (f *fetch) awaitFleet(ctx context.Context, resuming bool) {
 
 // useSwarm reports whether this fetch of revision should go through the
 // swarm: there is one, and another target node can take part, or an
-// earlier run of this node began the revision through it. A restarted node
-// may see no member yet (the whole fleet restarting at once): its shards'
-// manifests still say which pieces it verified, which the swarm resumes
-// from and a direct download would fetch again, and only a shard with a
-// manifest is served to peers once complete.
+// earlier run of this node began the revision through it (a shard of it
+// has a manifest or a stored layout, see putLayout). A restarted node may
+// see no member yet (the whole fleet restarting at once): its shards'
+// completion records still say which pieces it verified, which the swarm
+// resumes from and a direct download would fetch again, and only a shard
+// with a manifest is served to peers once complete.
 func (f *fetch) useSwarm(revision string) (bool, error) {
 	if f.d.swarm == nil || f.d.fleet == nil {
 		return false, nil
@@ -289,6 +290,13 @@ func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, 
 		return nil, err
 	} else if m != nil {
 		return f.fillShard(ctx, spec, m) // resume what an earlier run began
+	}
+	if l, err := f.d.state.layout(spec.ShardID); err != nil {
+		return nil, err
+	} else if l != nil && l.Offset == spec.Offset && l.Length == spec.Length {
+		// An earlier run began the shard: cut it as then, so the pieces
+		// its completion record holds still count.
+		spec.PieceLength, spec.Algo = l.PieceLength, l.Algo
 	}
 	self := f.d.fleet.LocalName()
 	skeleton := spec.Skeleton().SkeletonID()
@@ -522,7 +530,7 @@ func (f *fetch) fillShard(ctx context.Context, spec p2p.BuildSpec, m *p2p.Manife
 	var err error
 	if m != nil {
 		s, err = sw.p2p.Open(ctx, m, spec.Path, sw.completes)
-	} else {
+	} else if err = f.d.state.putLayout(spec.ShardID, spec.Skeleton()); err == nil {
 		s, err = sw.p2p.OpenPartial(ctx, spec.Skeleton(), spec.Path, sw.completes)
 	}
 	if err != nil {
@@ -631,6 +639,9 @@ func (f *fetch) buildShard(ctx context.Context, spec p2p.BuildSpec) (*p2p.Shard,
 	done := func() { release.Do(func() { <-sw.build }) }
 	defer done()
 	spec.ReadsStarted = done
+	if err := f.d.state.putLayout(spec.ShardID, spec.Skeleton()); err != nil {
+		return nil, err
+	}
 	s, err := sw.p2p.Build(ctx, spec)
 	if err != nil {
 		return nil, err
@@ -725,10 +736,15 @@ func (sw *swarm) release(model, keep string) error {
 	return errors.Join(errs...)
 }
 
+// manifest returns a shard's complete manifest, or nil.
 func (s *state) manifest(shardID string) (*p2p.Manifest, error) {
+	return s.readManifest(bucketManifests, shardID)
+}
+
+func (s *state) readManifest(bucket []byte, shardID string) (*p2p.Manifest, error) {
 	var m *p2p.Manifest
 	err := s.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketManifests).Get([]byte(shardID))
+		b := tx.Bucket(bucket).Get([]byte(shardID))
 		if b == nil {
 			return nil
 		}
@@ -739,29 +755,55 @@ func (s *state) manifest(shardID string) (*p2p.Manifest, error) {
 	return m, err
 }
 
-// hasManifests reports whether a shard of revision has a manifest: the
-// swarm began it.
+// hasManifests reports whether a shard of revision has a manifest, or a
+// layout stored when it was opened without one: the swarm began it.
 func (s *state) hasManifests(revision string) (bool, error) {
 	var found bool
 	err := s.db.View(func(tx *bolt.Tx) error {
 		prefix := []byte(revision + "/")
-		k, _ := tx.Bucket(bucketManifests).Cursor().Seek(prefix)
-		found = k != nil && bytes.HasPrefix(k, prefix)
+		for _, b := range [][]byte{bucketManifests, bucketShards} {
+			k, _ := tx.Bucket(b).Cursor().Seek(prefix)
+			found = found || k != nil && bytes.HasPrefix(k, prefix)
+		}
 		return nil
 	})
 	return found, err
 }
 
+// putManifest stores a shard's complete manifest, which replaces its layout.
 func (s *state) putManifest(shardID string, m *p2p.Manifest) error {
 	b, err := m.MarshalBinary()
 	if err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketManifests).Put([]byte(shardID), b) })
+	return s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketShards).Delete([]byte(shardID)); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketManifests).Put([]byte(shardID), b)
+	})
 }
 
-// deleteManifests drops the manifests of a model's revisions but keep, and
-// but those another model still uses: models cached from identical files
+// putLayout stores the layout (a manifest without hashes) of a shard this
+// node opens before its manifest is complete, so that a restart resumes it
+// through the swarm, cut the same way.
+func (s *state) putLayout(shardID string, skel *p2p.Manifest) error {
+	skel = &p2p.Manifest{ShardID: skel.ShardID, Name: skel.Name, FileSize: skel.FileSize, Offset: skel.Offset,
+		Length: skel.Length, PieceLength: skel.PieceLength, Algo: skel.Algo, Hashes: make([]byte, len(skel.Hashes))}
+	b, err := skel.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketShards).Put([]byte(shardID), b) })
+}
+
+// layout returns the layout putLayout stored for a shard, or nil.
+func (s *state) layout(shardID string) (*p2p.Manifest, error) {
+	return s.readManifest(bucketShards, shardID)
+}
+
+// deleteManifests drops the manifests (and layouts) of a model's revisions
+// but keep, and but those another model still uses: models cached from identical files
 // share their revision, and so their shards and manifests.
 func (s *state) deleteManifests(model string, revisions []string, keep string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
@@ -777,13 +819,14 @@ func (s *state) deleteManifests(model string, revisions []string, keep string) e
 		if err != nil {
 			return err
 		}
-		b := tx.Bucket(bucketManifests)
 		for _, rev := range revisions {
 			if rev == "" || rev == keep || inUse[rev] {
 				continue
 			}
-			if err := deletePrefix(b, []byte(rev+"/"), nil); err != nil {
-				return err
+			for _, b := range [][]byte{bucketManifests, bucketShards} {
+				if err := deletePrefix(tx.Bucket(b), []byte(rev+"/"), nil); err != nil {
+					return err
+				}
 			}
 		}
 		return nil

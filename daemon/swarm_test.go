@@ -131,3 +131,48 @@ func TestBypassedSwarm(t *testing.T) {
 		}
 	}
 }
+
+// A shard's layout, stored when it is opened without its manifest, makes
+// its revision one the swarm began until the manifest replaces it, and goes
+// with the revision's manifests.
+func TestShardLayoutState(t *testing.T) {
+	st, err := openState(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	spec := p2p.BuildSpec{ShardID: "rev1/f0.bin#0", Name: "f0.bin", FileSize: 5 << 20, Length: 5 << 20, PieceLength: 1 << 20}
+	if began, err := st.hasManifests("rev1"); err != nil || began {
+		t.Fatalf("hasManifests before any shard = %v, %v", began, err)
+	}
+	if err := st.putLayout(spec.ShardID, spec.Skeleton()); err != nil {
+		t.Fatal(err)
+	}
+	l, err := st.layout(spec.ShardID)
+	if err != nil || l == nil || l.SkeletonID() != spec.Skeleton().SkeletonID() {
+		t.Fatalf("layout = %+v, %v; want the skeleton stored", l, err)
+	}
+	if m, err := st.manifest(spec.ShardID); err != nil || m != nil {
+		t.Fatalf("a layout reads as a complete manifest: %v, %v", m, err)
+	}
+	if began, err := st.hasManifests("rev1"); err != nil || !began {
+		t.Fatalf("hasManifests with a layout = %v, %v; want true", began, err)
+	}
+	m := spec.Skeleton()
+	m.Hashes[0] = 1
+	if err := st.putManifest(spec.ShardID, m); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := st.layout(spec.ShardID); err != nil || l != nil {
+		t.Fatalf("layout after the manifest = %v, %v; want gone", l, err)
+	}
+	if err := st.putLayout("rev1/f1.bin#0", spec.Skeleton()); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.deleteManifests("m", []string{"rev1"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if began, err := st.hasManifests("rev1"); err != nil || began {
+		t.Fatalf("hasManifests after deleting the revision = %v, %v; want false", began, err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/internal/testutil/memnet"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+	"github.com/warmfleet/warmfleet/origin"
 	"github.com/warmfleet/warmfleet/p2p"
 )
 
@@ -48,11 +50,16 @@ type swarmMember struct {
 }
 
 // start runs a daemon named name on dir (an earlier member's dir resumes
-// it). alone keeps it out of the fleet until join.
-func (sf *swarmFleet) start(name, dir string, alone bool) *swarmMember {
+// it); alone keeps it out of the fleet. wrap, if given, wraps the origin
+// it reads.
+func (sf *swarmFleet) start(name, dir string, alone bool, wrap ...func(Origin) Origin) *swarmMember {
 	t := sf.t
 	t.Helper()
 	m := &swarmMember{name: name, dir: dir}
+	org := sf.fx.origin(t, func(n int) { m.s3.Add(int64(n)) })
+	for _, w := range wrap {
+		org = w(org)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	node, err := p2p.NewNode(p2p.Config{NodeID: name, ClusterKey: bytes.Repeat([]byte{9}, p2p.ClusterKeySize), StallTimeout: 2 * time.Second})
 	if err != nil {
@@ -82,7 +89,7 @@ func (sf *swarmFleet) start(name, dir string, alone bool) *swarmMember {
 	}
 	cfg := testConfig(dir)
 	cfg.NodeName = name
-	m.d = openDaemon(t, cfg, sf.fx.origin(t, func(n int) { m.s3.Add(int64(n)) }), Deps{Fleet: m.gossip, Swarm: node})
+	m.d = openDaemon(t, cfg, org, Deps{Fleet: m.gossip, Swarm: node})
 	stopDaemon := run(t, m.d)
 	var once sync.Once
 	m.stop = func() {
@@ -156,5 +163,67 @@ func TestFollowersTakeOverFromAnOriginThatWentDirect(t *testing.T) {
 	t.Logf("S3 bytes: a %d (direct), b %d, c %d; model %d", a.s3.Load(), b.s3.Load(), c.s3.Load(), size)
 	if got := b.s3.Load() + c.s3.Load(); got > size+size/10 {
 		t.Fatalf("b and c read %d bytes from S3 together for a %d-byte model: want each byte about once", got, size)
+	}
+}
+
+// stallRanges serves its first n range reads, then holds every later one
+// until its context ends: origins stopped part way into their shards.
+type stallRanges struct {
+	Origin
+	left atomic.Int64
+}
+
+func (o *stallRanges) OpenRange(ctx context.Context, obj origin.Object, off, n int64) (io.ReadCloser, error) {
+	if o.left.Add(-1) < 0 {
+		<-ctx.Done()
+		return nil, context.Cause(ctx)
+	}
+	return o.Origin.OpenRange(ctx, obj, off, n)
+}
+
+// A fleet stopped before any shard is complete (a power cut during the
+// warm-up) comes back one node at a time: the first one sees no member
+// and, once it has waited resumeSettle for the fleet, resumes through the
+// swarm from the pieces it verified (its own S3 reads and the ones it
+// followed), reading from S3 only the pieces it lacks. It held no complete
+// manifest, so it took the direct path and read the whole model again.
+func TestOriginRestartedBeforeAnyShardCompletesKeepsItsPieces(t *testing.T) {
+	// Two shards of one size: p2p.AssignOrigins gives one to each node.
+	files := map[string]int{"model-00000.safetensors": 4*swarmPieceSize + 1000, "model-00001.safetensors": 4*swarmPieceSize + 1000}
+	fx := newFixture(t, files)
+	var size int64
+	for _, data := range fx.files {
+		size += int64(len(data))
+	}
+	sf := newSwarmFleet(t, fx)
+	stall := func(org Origin) Origin {
+		s := &stallRanges{Origin: org}
+		s.left.Store(2)
+		return s
+	}
+	a := sf.start("a", t.TempDir(), false, stall)
+	b := sf.start("b", t.TempDir(), false, stall)
+	waitSees(t, a, b)
+	for _, m := range []*swarmMember{a, b} {
+		if err := m.d.AddCache(t.Context(), fx.spec()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each origin read two pieces of its shard, and each follower got them.
+	for _, m := range []*swarmMember{a, b} {
+		wait.For(t, m.name+" verified 4 pieces", func() bool { return m.p2p.Stats().PiecesVerified >= 4 })
+	}
+	a.stop()
+	b.stop()
+	verified := a.p2p.Stats().PiecesVerified
+	if verified >= 8 {
+		t.Fatalf("a verified %d pieces before the restart: the origins were to stop after 2 pieces each", verified)
+	}
+	a2 := sf.start("a", a.dir, true)
+	wait.For(t, "a ready again", func() bool { return status(t, a2.d, "meta/llama").Ready })
+	checkFiles(t, status(t, a2.d, "meta/llama").Path, fx.files)
+	t.Logf("a verified %d pieces before the restart, then read %d bytes from S3 for a %d-byte model", verified, a2.s3.Load(), size)
+	if left := size - verified*swarmPieceSize; a2.s3.Load() > left {
+		t.Fatalf("a read %d bytes from S3 after the restart where %d were missing: verified pieces fetched again", a2.s3.Load(), left)
 	}
 }
