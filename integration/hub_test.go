@@ -42,21 +42,7 @@ func TestSwarmPullsOnceFromHub(t *testing.T) {
 	}
 	commit := hub.Push("org/llama", "main", files)
 
-	key := writeKey(t, "cluster.key")
-	seed := hosts[0].IP.String() + ":7946"
-	var daemons []*netlab.Daemon
-	for _, h := range hosts[:3] {
-		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: bin, Args: []string{
-			"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
-			"--gossip", h.IP.String() + ":7946", "--join", seed, "--cluster-key-file", key,
-			"--p2p", h.IP.String() + ":7947", "--hf-endpoint", hub.Endpoint(),
-		}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		daemons = append(daemons, d)
-	}
-	waitMembers(t, ctx, daemons[0], 3)
+	daemons := startSwarmFleet(t, ctx, bin, hosts[:3], "--hf-endpoint", hub.Endpoint())
 	if _, err := daemons[0].CLI(ctx, "cache", "add", "llama", "--source", "hf://org/llama"); err != nil {
 		t.Fatal(err)
 	}
@@ -85,4 +71,27 @@ func TestSwarmPullsOnceFromHub(t *testing.T) {
 	}
 	st := hub.Stats()
 	t.Logf("hub: %d API requests, %d resolves, %d CDN GETs (%d with a token)", st.API, st.Resolves, st.CDNGets, st.CDNAuthorized)
+}
+
+// startSwarmFleet starts a daemon with the swarm on (gossip, a shared
+// cluster key, --p2p) on each of hosts, with extra flags, and waits for
+// them to see each other.
+func startSwarmFleet(t *testing.T, ctx context.Context, bin string, hosts []*netlab.Host, extra ...string) []*netlab.Daemon {
+	t.Helper()
+	key := writeKey(t, "cluster.key")
+	seed := hosts[0].IP.String() + ":7946"
+	var daemons []*netlab.Daemon
+	for _, h := range hosts {
+		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: bin, Args: append([]string{
+			"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
+			"--gossip", h.IP.String() + ":7946", "--join", seed, "--cluster-key-file", key,
+			"--p2p", h.IP.String() + ":7947",
+		}, extra...)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		daemons = append(daemons, d)
+	}
+	waitMembers(t, ctx, daemons[0], len(hosts))
+	return daemons
 }

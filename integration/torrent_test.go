@@ -42,21 +42,7 @@ func TestSwarmPullsOnceFromTorrent(t *testing.T) {
 	}
 	mi, magnet := seeder.Add(t, "llama", files, 256<<10)
 
-	key := writeKey(t, "cluster.key")
-	seed := hosts[0].IP.String() + ":7946"
-	var daemons []*netlab.Daemon
-	for _, h := range hosts[:3] {
-		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: bin, Args: []string{
-			"--reserve", "0", "--reserve-fraction", "0", "--containerd", "off",
-			"--gossip", h.IP.String() + ":7946", "--join", seed, "--cluster-key-file", key,
-			"--p2p", h.IP.String() + ":7947", "--torrent-stall-timeout", "5s",
-		}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		daemons = append(daemons, d)
-	}
-	waitMembers(t, ctx, daemons[0], 3)
+	daemons := startSwarmFleet(t, ctx, bin, hosts[:3], "--torrent-stall-timeout", "5s")
 	if _, err := daemons[0].CLI(ctx, "cache", "add", "llama", "--source", magnet); err != nil {
 		t.Fatal(err)
 	}

@@ -111,30 +111,19 @@ func TestCacheFromHubCommands(t *testing.T) {
 		"config.json":       {Data: []byte("{}")},
 	})
 	sock := startDaemon(t, "--hf-endpoint", hub.Endpoint())
-	cli := func(args ...string) (int, string, string) {
-		var out, errOut bytes.Buffer
-		code := Run(t.Context(), append(args, "--api", sock), &Env{Stdout: &out, Stderr: &errOut, Getenv: os.Getenv})
-		return code, out.String(), errOut.String()
-	}
+	cli := cliOn(t, sock)
 	if code, _, stderr := cli("cache", "add", "org/tiny", "--source", "hf://org/tiny", "--include", "*.safetensors", "--wait", "--timeout", "60s"); code != 0 {
 		t.Fatalf("cache add: %d %s", code, stderr)
 	}
-	code, stdout, stderr := cli("cache", "status", "org/tiny", "-o", "json")
-	if code != 0 {
-		t.Fatalf("cache status: %d %s", code, stderr)
-	}
-	var st api.CacheStatus
-	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
-		t.Fatalf("status JSON %q: %v", stdout, err)
-	}
+	st := statusJSON(t, cli, "org/tiny")
 	got, err := os.ReadFile(filepath.Join(st.Path, "model.safetensors"))
 	if !st.Ready || st.Commit != commit || st.Files != 1 || err != nil || !bytes.Equal(got, weights) {
 		t.Fatalf("status %+v (want commit %s, 1 file), read err %v", st, commit, err)
 	}
-	if code, stdout, _ = cli("cache", "status", "org/tiny"); code != 0 || !strings.Contains(stdout, st.RevisionID+" @"+commit) {
+	if code, stdout, _ := cli("cache", "status", "org/tiny"); code != 0 || !strings.Contains(stdout, st.RevisionID+" @"+commit) {
 		t.Fatalf("cache status table: %d %q, want the revision and @%s", code, stdout, commit)
 	}
-	if code, _, stderr = cli("cache", "add", "org/bad", "--source", "hf://org/tiny", "--include", "[x"); code != exitUsage || !strings.Contains(stderr, "include pattern") {
+	if code, _, stderr := cli("cache", "add", "org/bad", "--source", "hf://org/tiny", "--include", "[x"); code != exitUsage || !strings.Contains(stderr, "include pattern") {
 		t.Fatalf("a bad --include: %d %q, want a usage error", code, stderr)
 	}
 }

@@ -18,6 +18,29 @@ import (
 	"github.com/warmfleet/warmfleet/internal/testutil/torrentseed"
 )
 
+// cliOn runs the client commands against the daemon at sock.
+func cliOn(t *testing.T, sock string) func(args ...string) (int, string, string) {
+	return func(args ...string) (int, string, string) {
+		var out, errOut bytes.Buffer
+		code := Run(t.Context(), append(args, "--api", sock), &Env{Stdout: &out, Stderr: &errOut, Getenv: os.Getenv})
+		return code, out.String(), errOut.String()
+	}
+}
+
+// statusJSON is `cache status NAME -o json`, parsed.
+func statusJSON(t *testing.T, cli func(args ...string) (int, string, string), name string) api.CacheStatus {
+	t.Helper()
+	code, stdout, stderr := cli("cache", "status", name, "-o", "json")
+	if code != 0 {
+		t.Fatalf("cache status: %d %s", code, stderr)
+	}
+	var st api.CacheStatus
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
+		t.Fatalf("status JSON %q: %v", stdout, err)
+	}
+	return st
+}
+
 // TestTorrentExportFetchedBack runs `warmfleet torrent export` against a
 // daemon holding a Hub model and hands the .torrent it writes to a
 // separate anacrolix client, which fetches every byte from the web seed
@@ -40,22 +63,11 @@ func TestTorrentExportFetchedBack(t *testing.T) {
 	want := []string{"Zconfig.json", "a/b.json", "a/c/tok.model", "a.b", "model-00001.safetensors", "model-00002.safetensors"}
 	hub.Push("org/tiny", "main", files)
 	sock := startDaemon(t, "--hf-endpoint", hub.Endpoint())
-	cli := func(args ...string) (int, string, string) {
-		var out, errOut bytes.Buffer
-		code := Run(t.Context(), append(args, "--api", sock), &Env{Stdout: &out, Stderr: &errOut, Getenv: os.Getenv})
-		return code, out.String(), errOut.String()
-	}
+	cli := cliOn(t, sock)
 	if code, _, stderr := cli("cache", "add", "org/tiny", "--source", "hf://org/tiny", "--wait", "--timeout", "60s"); code != 0 {
 		t.Fatalf("cache add: %d %s", code, stderr)
 	}
-	code, stdout, stderr := cli("cache", "status", "org/tiny", "-o", "json")
-	if code != 0 {
-		t.Fatalf("cache status: %d %s", code, stderr)
-	}
-	var st api.CacheStatus
-	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
-		t.Fatalf("status JSON %q: %v", stdout, err)
-	}
+	st := statusJSON(t, cli, "org/tiny")
 	// The web seed: file PATH at URL + "org--tiny/" + PATH, served from the
 	// node's copy as the command tells the operator to.
 	mux := http.NewServeMux()
@@ -64,7 +76,7 @@ func TestTorrentExportFetchedBack(t *testing.T) {
 	defer seed.Close()
 
 	out := filepath.Join(t.TempDir(), "tiny.torrent")
-	code, stdout, stderr = cli("torrent", "export", "org/tiny", "--web-seed", seed.URL+"/mirror/", "--out", out, "--piece-length", "256KiB")
+	code, stdout, stderr := cli("torrent", "export", "org/tiny", "--web-seed", seed.URL+"/mirror/", "--out", out, "--piece-length", "256KiB")
 	if code != 0 {
 		t.Fatalf("torrent export: %d %s", code, stderr)
 	}

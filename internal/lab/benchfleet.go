@@ -31,6 +31,7 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	files := fs.Int("files", 4, "files in the model")
 	runs := fs.Int("runs", 1, "runs per mode; the figures are medians")
 	hostProcs := fs.Int("host-procs", 1, "every daemon's GOMAXPROCS: the hosts share this machine's cores, as daemons under a CPU limit share a node's (0: Go's default, all cores)")
+	runTimeout := fs.Duration("run-timeout", 0, "give up a warm-up after this long (0: twice the lower bound per 4 hosts, plus 2m)")
 	settle := fs.Duration("settle", 10*time.Second, "pause before each warm-up, once the previous run's data is deleted (0: back to back)")
 	output := fs.String("o", "table", "output format: table or json")
 	var daemonArgs cli.ListFlag
@@ -54,6 +55,9 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	}
 	if *hostProcs < 0 {
 		return cli.UsageError("--host-procs %d: want 0 or more", *hostProcs)
+	}
+	if *runTimeout < 0 {
+		return cli.UsageError("--run-timeout %v: want 0 or more", *runTimeout)
 	}
 	if *settle < 0 {
 		return cli.UsageError("--settle %v: want 0 or more", *settle)
@@ -80,7 +84,7 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	opts := fleetbench.Options{
 		Hosts: *hosts, Link: link, S3Link: s3Link, MTU: *mtu, ModelSize: int64(modelSize), Files: *files, Runs: *runs,
 		Bin: bin, Versitygw: *versitygw, Origin: *origin, DaemonArgs: append([]string{"--containerd", "off"}, daemonArgs...), Dir: *dir,
-		HostProcs: *hostProcs, Settle: *settle, SampleEvery: sampleEvery, PeerBytesMetric: `warmfleet_peer_bytes_total{direction="in"}`,
+		HostProcs: *hostProcs, Settle: *settle, RunTimeout: *runTimeout, SampleEvery: sampleEvery, PeerBytesMetric: `warmfleet_peer_bytes_total{direction="in"}`,
 		Logger: slog.New(slog.NewTextHandler(e.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	if *naiveOnly && *swarmOnly {
