@@ -126,13 +126,7 @@ func (x *Index) drop(v *view, h uint64) {
 	}
 	delete(v.blocks, h)
 	if v.id >= 0 {
-		s := x.holders[h]
-		s.remove(v.id)
-		if s.empty() {
-			delete(x.holders, h)
-		} else {
-			x.holders[h] = s
-		}
+		x.unhold(v.id, h)
 	}
 }
 
@@ -142,13 +136,18 @@ func (x *Index) dropAll(v *view) {
 		return
 	}
 	for h := range v.blocks {
-		s := x.holders[h]
-		s.remove(v.id)
-		if s.empty() {
-			delete(x.holders, h)
-		} else {
-			x.holders[h] = s
-		}
+		x.unhold(v.id, h)
+	}
+}
+
+// unhold takes view id out of block h's holders.
+func (x *Index) unhold(id int, h uint64) {
+	s := x.holders[h]
+	s.remove(id)
+	if s.empty() {
+		delete(x.holders, h)
+	} else {
+		x.holders[h] = s
 	}
 }
 
