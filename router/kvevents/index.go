@@ -344,6 +344,16 @@ func (x *Index) Holds(backend string, h uint64) bool {
 	return ok
 }
 
+// Blocks returns how many blocks backend's view holds (trusted or not).
+func (x *Index) Blocks(backend string) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if v := x.backends[backend]; v != nil {
+		return len(v.blocks)
+	}
+	return 0
+}
+
 // Stats returns a backend's counters and state.
 func (x *Index) Stats(backend string) Stats {
 	x.mu.RLock()
