@@ -40,10 +40,9 @@ const MaxMatched = 256
 // idSet is a set of view ids.
 type idSet [MaxMatched / 64]uint64
 
-func (s *idSet) add(i int)      { s[i>>6] |= 1 << (i & 63) }
-func (s *idSet) remove(i int)   { s[i>>6] &^= 1 << (i & 63) }
-func (s *idSet) has(i int) bool { return s[i>>6]&(1<<(i&63)) != 0 }
-func (s *idSet) empty() bool    { return s[0]|s[1]|s[2]|s[3] == 0 }
+func (s *idSet) add(i int)    { s[i>>6] |= 1 << (i & 63) }
+func (s *idSet) remove(i int) { s[i>>6] &^= 1 << (i & 63) }
+func (s *idSet) empty() bool  { return s[0]|s[1]|s[2]|s[3] == 0 }
 
 // firstFree is the lowest id not in s, -1 if none.
 func (s *idSet) firstFree() int {
