@@ -20,9 +20,10 @@ import (
 //     token ids) the router computes the engine's own block hashes
 //     (kvevents.AppendLLMDChain, with kv_block_size and kv_hash_seed) and
 //     uses them as the request's keys. A backend whose event view is
-//     trusted is then scored by the blocks it really holds; any other
-//     backend (no events, stream down, gap, restart) by the approximate
-//     index, over the same keys, and the fallback is counted.
+//     trusted is then scored by the blocks it really holds (and the
+//     router keeps no guesses of its own for it); any other backend (no
+//     events, stream down, gap, restart) by the approximate index, over
+//     the same keys, and the fallback is counted.
 //   - Whatever the prompt, each stream corrects the approximate index: when
 //     the engine's view is emptied (AllBlocksCleared, a restart, a gap, a
 //     reconnection) the backend's approximate entries are dropped too, and
@@ -239,6 +240,17 @@ func (rt *Router) kvApplyLocked(depth []int) {
 	}
 	clear(rt.kvPub) // no backend is kept alive by the scratch space
 	rt.kvURLs, rt.kvPub, rt.kvN, rt.kvOK = rt.kvURLs[:0], rt.kvPub[:0], rt.kvN[:0], rt.kvOK[:0]
+}
+
+// heldLocked is how many router blocks b is taken to hold for a decision
+// on a prompt whose keys are the engine's (exact) or not: its event view's
+// blocks while that scores it (the router keeps no guesses then), its
+// approximate index's otherwise.
+func (rt *Router) heldLocked(b *backend, exact bool) float64 {
+	if exact && b.kvTrusted {
+		return float64(rt.kv.index.Blocks(b.url)) * rt.keyScaleLocked(true)
+	}
+	return float64(rt.index.Len(b.slot))
 }
 
 // kvMetrics are the event streams' series.

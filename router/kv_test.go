@@ -397,3 +397,31 @@ func TestKVTrustedViewKeepsNoGuesses(t *testing.T) {
 		t.Fatalf("%d approximate guesses after a request with the view lost, want 8", n)
 	}
 }
+
+// Cache-aware's tree size for a backend its trusted event view scores is
+// that view's block count (the router keeps no guesses for it): a cold
+// token-id prompt goes to the backend whose engine holds less.
+func TestKVCacheAwareHeldFromEvents(t *testing.T) {
+	rt, cfg := kvRouter(t, 2)
+	if err := rt.SetStrategy("", balance.CacheAware); err != nil {
+		t.Fatal(err)
+	}
+	seqs := make([]uint64, 2)
+	hold := func(i, from, blocks int) {
+		seqs[i]++
+		chain := kvevents.LLMDChain(cfg.KVHashSeed, kvModel, seqTokens(from, blocks*16), cfg.KVBlockSize)
+		rt.kv.index.Apply(cfg.Backends[i].URL, seqs[i], kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored, Hashes: chain, BlockSize: cfg.KVBlockSize}}})
+	}
+	hold(0, 100000, 50)
+	hold(1, 200000, 1)
+	for round, want := range []int{1, 0} {
+		got, err := rt.Route(t.Context(), tokenBody(seqTokens(300000+round*1000, 4*16)), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Backend != cfg.Backends[want].URL || got.Reason != balance.Cold {
+			t.Fatalf("round %d: route %+v, want %s (its engine holds fewer blocks)", round, got, cfg.Backends[want].URL)
+		}
+		hold(1, 400000, 100) // now backend 1 holds more
+	}
+}

@@ -671,7 +671,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 			Pending: b.pending + b.peers.pending, Prefilling: b.prefilling + b.peers.prefilling,
 			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights, Recent: b.recent}
 		if req.strategy == balance.CacheAware {
-			c.Held = rt.index.Len(b.slot)
+			c.Held = int(rt.heldLocked(b, req.exact))
 		}
 		if len(req.keys) > 0 {
 			c.Matched = depth[b.slot]

@@ -204,7 +204,7 @@ func (rt *Router) estimatesLocked(in *balance.Input, members []*backend, exact b
 		case learned:
 			e.Theta = rt.tune.pooled.theta
 		}
-		e.Fill = float64(rt.index.Len(b.slot)) / float64(max(b.kvSize, 1))
+		e.Fill = rt.heldLocked(b, exact) / float64(max(b.kvSize, 1))
 		e.Reuse = b.stats.hitRate()
 		if es := &b.tune.engine; rt.engineFresh(es, now) {
 			e.Others = es.others

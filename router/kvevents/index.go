@@ -40,10 +40,9 @@ const MaxMatched = 256
 // idSet is a set of view ids.
 type idSet [MaxMatched / 64]uint64
 
-func (s *idSet) add(i int)      { s[i>>6] |= 1 << (i & 63) }
-func (s *idSet) remove(i int)   { s[i>>6] &^= 1 << (i & 63) }
-func (s *idSet) has(i int) bool { return s[i>>6]&(1<<(i&63)) != 0 }
-func (s *idSet) empty() bool    { return s[0]|s[1]|s[2]|s[3] == 0 }
+func (s *idSet) add(i int)    { s[i>>6] |= 1 << (i & 63) }
+func (s *idSet) remove(i int) { s[i>>6] &^= 1 << (i & 63) }
+func (s *idSet) empty() bool  { return s[0]|s[1]|s[2]|s[3] == 0 }
 
 // firstFree is the lowest id not in s, -1 if none.
 func (s *idSet) firstFree() int {
@@ -126,13 +125,7 @@ func (x *Index) drop(v *view, h uint64) {
 	}
 	delete(v.blocks, h)
 	if v.id >= 0 {
-		s := x.holders[h]
-		s.remove(v.id)
-		if s.empty() {
-			delete(x.holders, h)
-		} else {
-			x.holders[h] = s
-		}
+		x.unhold(v.id, h)
 	}
 }
 
@@ -142,13 +135,18 @@ func (x *Index) dropAll(v *view) {
 		return
 	}
 	for h := range v.blocks {
-		s := x.holders[h]
-		s.remove(v.id)
-		if s.empty() {
-			delete(x.holders, h)
-		} else {
-			x.holders[h] = s
-		}
+		x.unhold(v.id, h)
+	}
+}
+
+// unhold takes view id out of block h's holders.
+func (x *Index) unhold(id int, h uint64) {
+	s := x.holders[h]
+	s.remove(id)
+	if s.empty() {
+		delete(x.holders, h)
+	} else {
+		x.holders[h] = s
 	}
 }
 
@@ -343,6 +341,16 @@ func (x *Index) Holds(backend string, h uint64) bool {
 	}
 	_, ok := v.blocks[h]
 	return ok
+}
+
+// Blocks returns how many blocks backend's view holds (trusted or not).
+func (x *Index) Blocks(backend string) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if v := x.backends[backend]; v != nil {
+		return len(v.blocks)
+	}
+	return 0
 }
 
 // Stats returns a backend's counters and state.
