@@ -125,7 +125,7 @@ func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 	var boundBuf [64]int
 	var shareBuf [64]float64
 	bounds := LoadBounds(in.Candidates, in.loadFactor(), in.decodeWeight(), max(in.MinBound, 1), boundBuf[:0])
-	shares := Shares(in.Candidates, shareBuf[:0])
+	shares := tunedShares(in, shareBuf[:0])
 	sf := in.shareFactor()
 	n := len(in.Keys)
 	wsum := 0.0
@@ -160,6 +160,34 @@ func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 		tc.OverShare = shares[i] > sf
 		tc.Capped = tc.Over || tc.OverShare || (e.KVFree >= 0 && u > e.KVFree)
 		dst = append(dst, tc)
+	}
+	return dst
+}
+
+// tunedShares is each candidate's recent traffic over its fair share,
+// where a backend's fair share is in proportion to its weight and to the
+// speed its model learned (1 / the cost of an uncached block): a backend
+// twice as fast as another should take twice its requests. While any
+// candidate's speed is unknown, by weight alone (Shares).
+func tunedShares(in *Input, dst []float64) []float64 {
+	known := len(in.Estimates) == len(in.Candidates)
+	for i := range in.Estimates {
+		known = known && in.Estimates[i].coef(1) > 0
+	}
+	if !known {
+		return Shares(in.Candidates, dst)
+	}
+	sum, csum := 0.0, 0.0
+	for i := range in.Candidates {
+		sum += max(in.Candidates[i].Recent, 0)
+		csum += weight(&in.Candidates[i]) / in.Estimates[i].coef(1)
+	}
+	for i := range in.Candidates {
+		s := 0.0
+		if sum > 0 {
+			s = max(in.Candidates[i].Recent, 0) / sum * csum * in.Estimates[i].coef(1) / weight(&in.Candidates[i])
+		}
+		dst = append(dst, s)
 	}
 	return dst
 }
