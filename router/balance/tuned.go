@@ -125,7 +125,7 @@ func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 	var boundBuf [64]int
 	var shareBuf [64]float64
 	bounds := LoadBounds(in.Candidates, in.loadFactor(), in.decodeWeight(), max(in.MinBound, 1), boundBuf[:0])
-	shares := Shares(in.Candidates, shareBuf[:0])
+	shares := tunedShares(in, shareBuf[:0])
 	sf := in.shareFactor()
 	n := len(in.Keys)
 	wsum := 0.0
@@ -163,6 +163,50 @@ func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 	}
 	return dst
 }
+
+// tunedShares is each candidate's recent traffic over its fair share,
+// where a backend's fair share is in proportion to its weight and to the
+// speed its model learned (1 / the cost of an uncached block) relative to
+// the candidates' mean: a backend twice as fast as the others should take
+// more of their requests. Speeds within speedBand of the mean count as
+// equal: the fits of equal engines differ by their noise, and shares
+// weighted by it would load some backends more for nothing. While any
+// candidate's speed is unknown, by weight alone (Shares).
+func tunedShares(in *Input, dst []float64) []float64 {
+	known := len(in.Estimates) == len(in.Candidates) && len(in.Candidates) > 0
+	mean := 0.0
+	for i := range in.Estimates {
+		known = known && in.Estimates[i].coef(1) > 0
+		mean += in.Estimates[i].coef(1) / float64(len(in.Estimates))
+	}
+	if !known {
+		return Shares(in.Candidates, dst)
+	}
+	speed := func(i int) float64 {
+		r := mean / in.Estimates[i].coef(1)
+		if r > 1/speedBand && r < speedBand {
+			return 1
+		}
+		return r
+	}
+	sum, csum := 0.0, 0.0
+	for i := range in.Candidates {
+		sum += max(in.Candidates[i].Recent, 0)
+		csum += weight(&in.Candidates[i]) * speed(i)
+	}
+	for i := range in.Candidates {
+		s := 0.0
+		if sum > 0 {
+			s = max(in.Candidates[i].Recent, 0) / sum * csum / (weight(&in.Candidates[i]) * speed(i))
+		}
+		dst = append(dst, s)
+	}
+	return dst
+}
+
+// speedBand is how much faster or slower than the mean a backend's learned
+// speed must be for its fair share of traffic to change.
+const speedBand = 2
 
 // ScaleKeys converts a count of keys into the estimates' blocks (KeyScale).
 func (in *Input) ScaleKeys(k int) int {

@@ -69,6 +69,16 @@ func TestDecideTuned(t *testing.T) {
 			c[0].Matched, c[0].Recent, c[1].Recent = 128, 13, 7 // 1.3 x fair
 			in.ShareFactor = 1.2
 		}, want: 1, reason: Overflow, yielded: BoundShare},
+		{name: "a backend the model finds faster has a larger fair share", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Recent, c[1].Recent = 128, 13, 7 // 1.3 x fair by count, 0.87 x by speed
+			e[0].Theta[1] = 0.02
+			in.ShareFactor = 1.2
+		}, want: 0, reason: Hit},
+		{name: "speeds within the band of the mean are equal: noise in the fits moves no share", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[0].Recent, c[1].Recent = 128, 13, 7
+			e[0].Theta[1] = 0.06
+			in.ShareFactor = 1.2
+		}, want: 1, reason: Overflow, yielded: BoundShare},
 		{name: "within the share factor it keeps its cached prompt", setup: func(c []Candidate, e []Estimate, in *Input) {
 			c[0].Matched, c[0].Recent, c[1].Recent = 128, 11, 9 // 1.1 x fair
 			in.ShareFactor = 1.2
