@@ -74,8 +74,8 @@ $(BIN)/llm-d-inference-sim:
 # longer than it ("context deadline exceeded") on a loaded machine.
 CI_FUZZTIME ?= 2000x
 # VM_CUTS is the number of power cuts integration/vm makes (each a reboot
-# of a software-emulated VM, about half a minute on a busy two-core
-# machine; WARMFLEET_VM_CUTS in the environment counts too); more on
+# of a software-emulated VM, 10 to 50 s on a shared two-core machine by its
+# load; WARMFLEET_VM_CUTS in the environment counts too); more on
 # request: make test VM_CUTS=20.
 VM_CUTS ?= $(or $(WARMFLEET_VM_CUTS),2)
 test: deps
