@@ -73,10 +73,15 @@ $(BIN)/llm-d-inference-sim:
 # seed corpus against a time budget and fails a target whose seeds take
 # longer than it ("context deadline exceeded") on a loaded machine.
 CI_FUZZTIME ?= 2000x
+# VM_CUTS is the number of power cuts integration/vm makes (each a reboot
+# of a software-emulated VM, 10 to 50 s on a shared two-core machine by its
+# load; WARMFLEET_VM_CUTS in the environment counts too); more on
+# request: make test VM_CUTS=20.
+VM_CUTS ?= $(or $(WARMFLEET_VM_CUTS),2)
 test: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	WARMFLEET_VM_CUTS=$(VM_CUTS) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@if [ "$$CI" = true ]; then FUZZTIME=$(CI_FUZZTIME) GO=$(GO) scripts/fuzz-short.sh; fi
 
 # golangci-lint v2 (errcheck, govet, ineffassign, staticcheck with every

@@ -34,8 +34,12 @@
 // CrashMonkey and ALICE style), or everything (KeepAll). A flushed write
 // always survives.
 //
-// # The run (TestPowerCuts)
+// # The run (RunPowerCuts)
 //
+// RunPowerCuts is the one driver of the cuts: TestPowerCuts calls it, and
+// so does `warmfleet-lab bench chaos --vm-cuts N` (its power_cuts figures:
+// cuts, recovered, corrupt_ready), which runs its own static binary in the
+// guest as both the daemon and, through its vm-agent command, the agent.
 // One machine boots (the Debian cloud kernel, an initramfs of
 // busybox-static and the virtio modules, the static warmfleet binary and
 // the guest agent on a read-only tools disk) and runs the daemon, which
@@ -67,15 +71,26 @@
 // The suite needs qemu-system-x86_64, Debian's cloud kernel
 // (linux-image-cloud-amd64), busybox-static, mkfs.ext4 and versitygw;
 // `make test` installs them as root. Without one it skips, except in CI
-// (CI=true), where it fails. It needs no KVM (software emulation, two
-// virtual CPUs) and no root. WARMFLEET_VM_CUTS sets the number of cuts
-// (default 2: one in a warm-up, one in its publish; each costs a boot and
-// a warm-up, about a minute and a half on a busy two-core machine),
-// WARMFLEET_VM_SEED the seed (default 1):
+// (CI=true), where it fails; bench chaos says why it made no cut
+// (power_cuts_skipped) instead of printing a figure. It needs no KVM
+// (software emulation, two virtual CPUs) and no root (TestBenchChaosPowerCuts
+// does: its chaos scenario runs in network namespaces).
+// WARMFLEET_VM_CUTS sets the number of cuts (default DefaultCuts, 2: one
+// in a warm-up, one in its publish; `make test VM_CUTS=N` passes it),
+// WARMFLEET_VM_SEED the seed (default 1; bench chaos --vm-seed):
 //
 //	WARMFLEET_VM_CUTS=20 WARMFLEET_VM_SEED=7 go test -run TestPowerCuts -v -timeout 60m ./integration/vm
 //
+// Every cut costs a boot of the emulated machine (a cut leaves a guest
+// kernel whose page cache no longer matches its disk, so no two cuts can
+// share one boot), the daemon's start, the audit, the resume and a
+// warm-up to the next cut point. The boot is most of it: firmware, the
+// kernel's decompression and start and two Go programs' start, all
+// emulated; the summary line splits the time into setup, the first
+// warm-up, boots, recoveries and warm-ups.
+//
 // The test logs each cut (where it fell, the crash mode, what the disk
 // lost, whether the model was ready after the reboot) and a summary: cuts,
-// ready at reboot, resumed, corrupt ready, entries lost, median boot time.
+// ready at reboot, resumed, corrupt ready, entries lost, median boot time,
+// where the time went; a failure names the seed and count that replay it.
 package vm
