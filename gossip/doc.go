@@ -14,4 +14,10 @@
 // over a reliable stream. Push/pull anti-entropy carries the desired state,
 // the sender's own inventory and a digest of every inventory version it holds,
 // and the receiver fetches what it lacks.
+//
+// A member's metadata (Meta) also carries its swarm identity key. The first
+// key seen for a name is pinned to it: metadata announcing another is
+// refused and counted (dropped, reason key_change) unless the member comes
+// back after it left or was declared dead, and Node.PeerKey gives the swarm
+// the pinned key, so a member cannot pass itself off as another there.
 package gossip

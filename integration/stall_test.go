@@ -20,7 +20,7 @@ import (
 const stallDialers = 8
 
 // stalledHandshakes keeps n connections from attacker to each of addrs,
-// each sending the p2p handshake magic and then nothing; one the node
+// each sending nothing, stalled in the handshake; one the node
 // closes is opened again after redial. A few threads, entered into the
 // attacker's namespace once, dial them all, in parallel as an attacker
 // racing the members for slots would: the attacker runs on the fleet's
@@ -68,7 +68,9 @@ func stalledHandshakes(attacker *netlab.Host, addrs []string, n int, redial time
 					if c := <-reply; c != nil {
 						count.Add(1)
 						closeOnStop := context.AfterFunc(ctx, func() { c.Close() })
-						_, _ = c.Write([]byte("WFP2P2"))
+						// Nothing is sent: the node waits for a TLS ClientHello
+						// (or, in plaintext, the hello) until its handshake
+						// timeout. A wrong first byte would be refused at once.
 						_, _ = io.Copy(io.Discard, c) // until the node closes it
 						closeOnStop()
 						c.Close()
@@ -138,8 +140,8 @@ func (sl *stallLab) remove(tb testing.TB, ctx context.Context, name string) {
 }
 
 // TestSwarmCompletesUnderStalledHandshakes warms a swarm fleet while an
-// attacker host keeps 300 connections to every node's peer port that send
-// the handshake magic and stall: the strangers hold only their small
+// attacker host keeps 300 connections to every node's peer port that stall
+// in the handshake, sending nothing: the strangers hold only their small
 // handshake budget, the members keep their slots, and the swarm completes
 // with the content read from S3 about once.
 func TestSwarmCompletesUnderStalledHandshakes(t *testing.T) {

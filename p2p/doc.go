@@ -24,6 +24,31 @@
 // until its handshake proves the cluster key or HandshakeTimeout cuts it,
 // and only then one of the members' slots (MaxConns).
 //
+// Every member holds the cluster key, so the key proves membership, not
+// which member. Each node also has an ed25519 identity key of its own
+// (LoadIdentity keeps it in the data directory), and the handshake
+// (version 3, see handshake.go) has both sides prove both: an HMAC under
+// the cluster key and a signature with the identity key, over a transcript
+// of both fresh nonces, both node IDs and keys, the cluster key's ID, the
+// node the dialer means to reach, and over TLS the TLS session itself. A
+// recorded handshake replays nowhere, and a member cannot pass another's
+// handshake through as its own (over TLS the sessions differ; in plaintext
+// the dialer names the member it dialed, NamedPeerSource). A node ID counts
+// only with the key it is pinned to: Config.PeerKeys (the daemon's gossip
+// pins each member's name to the first key it announces) or, without one,
+// the first key this node saw for it. Bans and the one-connection-per-peer
+// rule hold the proven key, so a member claiming another's ID is refused in
+// the handshake, cannot take its place, and cannot get it banned. A peer
+// speaking another handshake version is told which version this node
+// speaks, and the connection ends at once.
+//
+// Config.Encrypt (the daemon's default) runs the handshake and everything
+// after inside mutual TLS 1.3 under a CA derived from the cluster key. In
+// plaintext the handshake authenticates both ends the same way, but an
+// attacker on the path can read the pieces and take over the connection
+// afterwards; a piece it alters still fails its hash, but gets the member
+// it came through banned.
+//
 // The bulk data plane is a small range-request protocol rather than the
 // BitTorrent wire protocol: the sender uses sendfile, and on plain TCP the
 // receiver splices piece bodies from the socket into the (preallocated)

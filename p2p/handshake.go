@@ -234,14 +234,26 @@ func checkProof(role string, mk []byte, key ed25519.PublicKey, t []byte, mac [ma
 	return nil
 }
 
-// tlsBinding is the value that ties the handshake to one TLS session.
-func tlsBinding(tc *tls.Conn) ([]byte, error) {
+// secure wraps c in TLS when encrypting (as the dialer when client), and
+// returns the connection to speak on and the value that ties the handshake
+// to that TLS session (nil in plaintext).
+func (a *auth) secure(c net.Conn, client bool) (net.Conn, []byte, error) {
+	if a.tlsConf == nil {
+		return c, nil, nil
+	}
+	tc := tls.Server(c, a.tlsConf)
+	if client {
+		tc = tls.Client(c, a.tlsConf)
+	}
+	if err := tc.Handshake(); err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrUnauthenticated, err)
+	}
 	cs := tc.ConnectionState()
 	b, err := cs.ExportKeyingMaterial("EXPORTER-warmfleet-p2p-v3", nil, 32)
 	if err != nil {
-		return nil, fmt.Errorf("p2p: tls binding: %w", err)
+		return nil, nil, fmt.Errorf("p2p: tls binding: %w", err)
 	}
-	return b, nil
+	return tc, b, nil
 }
 
 func (a *auth) pub() [ed25519.PublicKeySize]byte {
@@ -265,17 +277,9 @@ func (a *auth) client(c net.Conn, deadline time.Time, want string) (net.Conn, pe
 		return nil, peerIdentity{}, err
 	}
 	defer func() { _ = c.SetDeadline(time.Time{}) }() // the connection fails its next IO if this did
-	conn, binding := c, []byte(nil)
-	if a.tlsConf != nil {
-		tc := tls.Client(c, a.tlsConf)
-		if err := tc.Handshake(); err != nil {
-			return nil, peerIdentity{}, fmt.Errorf("%w: %w", ErrUnauthenticated, err)
-		}
-		var err error
-		if binding, err = tlsBinding(tc); err != nil {
-			return nil, peerIdentity{}, err
-		}
-		conn = tc
+	conn, binding, err := a.secure(c, true)
+	if err != nil {
+		return nil, peerIdentity{}, err
 	}
 	key, err := a.dialKey()
 	if err != nil {
@@ -327,17 +331,9 @@ func (a *auth) server(c net.Conn, deadline time.Time) (net.Conn, peerIdentity, e
 		return nil, peerIdentity{}, err
 	}
 	defer func() { _ = c.SetDeadline(time.Time{}) }() // the connection fails its next IO if this did
-	conn, binding := c, []byte(nil)
-	if a.tlsConf != nil {
-		tc := tls.Server(c, a.tlsConf)
-		if err := tc.Handshake(); err != nil {
-			return nil, peerIdentity{}, fmt.Errorf("%w: %w", ErrUnauthenticated, err)
-		}
-		var err error
-		if binding, err = tlsBinding(tc); err != nil {
-			return nil, peerIdentity{}, err
-		}
-		conn = tc
+	conn, binding, err := a.secure(c, false)
+	if err != nil {
+		return nil, peerIdentity{}, err
 	}
 	h, raw, err := readHello(conn)
 	if err != nil {

@@ -57,7 +57,7 @@ func LoadIdentity(path string) (ed25519.PrivateKey, error) {
 func readIdentity(path string) (ed25519.PrivateKey, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("p2p: identity: %w", err)
 	}
 	k, err := parseIdentity(b)
 	if err != nil {
