@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	mrand "math/rand/v2"
 	"net"
@@ -63,7 +64,7 @@ type PowerCutOptions struct {
 	AgentArgs     []string
 	// S3 is the server the models come from (the guest reaches it on the
 	// host's loopback); RunPowerCuts makes its bucket.
-	S3 *testenv.S3
+	S3 S3
 	// Dir holds the images and sockets; it must exist.
 	Dir string
 	// Cuts is the number of power cuts; Seed makes their points, crash
@@ -72,6 +73,15 @@ type PowerCutOptions struct {
 	Seed uint64
 	// Logf gets a line per cut and the summary; nil discards.
 	Logf func(format string, args ...any)
+}
+
+// S3 is the host's S3 server as RunPowerCuts uses it (*testenv.S3 is
+// one): a bucket to make, objects to put, and where the guest finds it.
+type S3 interface {
+	MakeBucket(ctx context.Context, bucket string) error
+	Put(ctx context.Context, bucket, key string, body io.Reader, size int64) error
+	// Access is the server's host:port and the credentials to use.
+	Access() (addr, accessKey, secretKey, region string)
 }
 
 // PowerCutResult is what a run found.
@@ -179,11 +189,12 @@ func (r *run) setup(ctx context.Context) error {
 		return fmt.Errorf("power cuts: %w", err)
 	}
 	r.token = hex.EncodeToString(tok)
-	_, port, err := net.SplitHostPort(r.opts.S3.Addr)
+	addr, accessKey, secretKey, region := r.opts.S3.Access()
+	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("power cuts: %w", err)
 	}
-	env := testenv.AWSEnv("http://"+net.JoinHostPort(HostFromVM, port), r.opts.S3.AccessKey, r.opts.S3.SecretKey, r.opts.S3.Region)
+	env := testenv.AWSEnv("http://"+net.JoinHostPort(HostFromVM, port), accessKey, secretKey, region)
 	agentBin, agentCmd := r.opts.Agent, []string{"/opt/guestagent"}
 	if agentBin == "" || agentBin == r.opts.Daemon {
 		agentBin, agentCmd = "", []string{"/opt/warmfleet"}

@@ -244,6 +244,12 @@ func (s *S3) CreateBucket(tb testing.TB, name string) {
 	}
 }
 
+// Access is the gateway's host:port and the credentials to use: for code
+// that takes an S3 server through an interface.
+func (s *S3) Access() (addr, accessKey, secretKey, region string) {
+	return s.Addr, s.AccessKey, s.SecretKey, s.Region
+}
+
 // MakeBucket creates a bucket.
 func (s *S3) MakeBucket(ctx context.Context, name string) error {
 	return s3put.MakeBucket(ctx, s.NewClient(), name)
