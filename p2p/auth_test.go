@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"path/filepath"
@@ -175,7 +176,9 @@ func tcpPair(t *testing.T) (client, server net.Conn) {
 func oneKey(k []byte) func() [][]byte { return func() [][]byte { return [][]byte{k} } }
 
 // During a rotation nodes dial with different keys; a node accepts any key
-// it holds, and refuses one it does not.
+// it holds, and refuses one it does not, encrypted or not (TLS once came
+// from the key a node started with, so a rotation cut encrypted nodes off
+// from each other until they restarted).
 func TestAuthAcceptsEveryInstalledKey(t *testing.T) {
 	oldKey, newKey := testKey, bytes.Repeat([]byte{9}, ClusterKeySize)
 	both := func() [][]byte { return [][]byte{oldKey, newKey} }
@@ -190,34 +193,40 @@ func TestAuthAcceptsEveryInstalledKey(t *testing.T) {
 		{"new client, server that removed it", oneKey(newKey), oneKey(oldKey), false},
 		{"old client, server that removed it", oneKey(oldKey), oneKey(newKey), false},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			srvAuth, err := newAuth("server", c.server, false)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cliAuth, err := newAuth("client", c.client, false)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cc, sc := tcpPair(t)
-			srvErr := make(chan error, 1)
-			go func() {
-				_, _, err := srvAuth.server(sc, time.Now().Add(time.Second))
-				sc.Close()
-				srvErr <- err
-			}()
-			_, id, err := cliAuth.client(cc, time.Now().Add(time.Second), "")
-			serr := <-srvErr
-			if c.accepted {
-				if err != nil || serr != nil || id.ID != "server" {
-					t.Fatalf("client %q %v, server %v", id, err, serr)
-				}
-				return
-			}
-			if serr == nil || err == nil {
-				t.Fatalf("accepted: client %v, server %v", err, serr)
-			}
-		})
+	for _, encrypt := range []bool{false, true} {
+		for _, c := range cases {
+			testAuthKeys(t, encrypt, c.name, c.client, c.server, c.accepted)
+		}
 	}
+}
+
+func testAuthKeys(t *testing.T, encrypt bool, name string, client, server func() [][]byte, accepted bool) {
+	t.Run(fmt.Sprintf("%s/encrypt=%v", name, encrypt), func(t *testing.T) {
+		srvAuth, err := newAuth("server", server, encrypt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cliAuth, err := newAuth("client", client, encrypt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc, sc := tcpPair(t)
+		srvErr := make(chan error, 1)
+		go func() {
+			_, _, err := srvAuth.server(sc, time.Now().Add(time.Second))
+			sc.Close()
+			srvErr <- err
+		}()
+		_, id, err := cliAuth.client(cc, time.Now().Add(time.Second), "")
+		serr := <-srvErr
+		if accepted {
+			if err != nil || serr != nil || id.ID != "server" {
+				t.Fatalf("client %q %v, server %v", id, err, serr)
+			}
+			return
+		}
+		if serr == nil || err == nil {
+			t.Fatalf("accepted: client %v, server %v", err, serr)
+		}
+	})
 }

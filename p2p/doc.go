@@ -43,7 +43,10 @@
 // speaks, and the connection ends at once.
 //
 // Config.Encrypt (the daemon's default) runs the handshake and everything
-// after inside mutual TLS 1.3 under a CA derived from the cluster key. In
+// after inside TLS 1.3. TLS only encrypts: its certificates are throwaway
+// and unchecked, because the handshake inside it authenticates both ends
+// and is bound to the session, so encrypted connections follow a key
+// rotation like plaintext ones. In
 // plaintext the handshake authenticates both ends the same way, but an
 // attacker on the path can read the pieces and take over the connection
 // afterwards; a piece it alters still fails its hash, but gets the member

@@ -35,8 +35,8 @@ type Config struct {
 	// (the one to dial with first; all are accepted), read at every
 	// handshake, so the swarm follows a key rotation.
 	Keyring func() [][]byte
-	// Encrypt wraps connections in mutual TLS 1.3 under a CA derived from the
-	// cluster key, and binds the handshake to the TLS session. Off, the
+	// Encrypt wraps connections in TLS 1.3 and binds the handshake, which
+	// authenticates both ends, to the TLS session. Off, the
 	// handshake is the same but the bulk bytes go in the clear with sendfile,
 	// and an attacker on the path can read them or take over the connection
 	// once it is authenticated; pieces are verified against the manifest

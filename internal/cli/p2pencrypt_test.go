@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/warmfleet/warmfleet/gossip"
@@ -30,14 +31,32 @@ func clusterKeyFile(t *testing.T) (key []byte, path string) {
 }
 
 // pinnedFleet is a fleet as the swarm sees it: no keyring of its own, and
-// the identity keys gossip would have pinned to member names.
-type pinnedFleet map[string][]byte
+// the identity keys gossip would have pinned to member names. The swarm
+// reads it from its connections' goroutines while the test pins.
+type pinnedFleet struct {
+	mu   sync.Mutex
+	keys map[string][]byte
+}
 
-func (pinnedFleet) Keys() [][]byte               { return nil }
-func (p pinnedFleet) PeerKey(name string) []byte { return p[name] }
+func (*pinnedFleet) Keys() [][]byte { return nil }
+
+func (p *pinnedFleet) PeerKey(name string) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.keys[name]
+}
+
+func (p *pinnedFleet) pin(name string, key []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.keys == nil {
+		p.keys = map[string][]byte{}
+	}
+	p.keys[name] = key
+}
 
 // TestP2PEncryptFlag: peer connections are encrypted by default, and the
-// peer port then speaks mutual TLS only: a member dialing with TLS is
+// peer port then speaks TLS only: a member dialing with TLS is
 // admitted (asked for an unknown shard, it is told so), one dialing without
 // is refused, and the other way round with --p2p-encrypt=false.
 func TestP2PEncryptFlag(t *testing.T) {
@@ -48,7 +67,7 @@ func TestP2PEncryptFlag(t *testing.T) {
 			args = append(args, "--p2p-encrypt=false")
 		}
 		f := parseDaemonFlags(t, args)
-		fleet := pinnedFleet{}
+		fleet := &pinnedFleet{}
 		ctx := t.Context()
 		ln, node, err := startSwarm(ctx, slog.New(slog.DiscardHandler), f, func() swarmFleet { return fleet })
 		if err != nil {
@@ -61,7 +80,7 @@ func TestP2PEncryptFlag(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			fleet["client"] = client.PublicKey()
+			fleet.pin("client", client.PublicKey())
 			_, err = client.FetchManifest(ctx, ln.Addr().String(), "no-such-shard")
 			if admitted := errors.Is(err, p2p.ErrNoManifest); admitted != (clientTLS == encrypt) {
 				t.Errorf("server --p2p-encrypt=%v, client TLS %v: FetchManifest err = %v; want admitted only when they agree", encrypt, clientTLS, err)
@@ -90,7 +109,7 @@ func TestSwarmIdentity(t *testing.T) {
 	key, keyFile := clusterKeyFile(t)
 	dataDir := t.TempDir()
 	f := parseDaemonFlags(t, []string{"--node-name", "server", "--gossip", "127.0.0.1:0", "--cluster-key-file", keyFile, "--p2p", "127.0.0.1:0", "--data-dir", dataDir})
-	fleet := pinnedFleet{}
+	fleet := &pinnedFleet{}
 	start := func() (net.Listener, *p2p.Node) {
 		ln, node, err := startSwarm(t.Context(), slog.New(slog.DiscardHandler), f, func() swarmFleet { return fleet })
 		if err != nil {
@@ -122,7 +141,7 @@ func TestSwarmIdentity(t *testing.T) {
 	if _, err := member.FetchManifest(ctx, ln.Addr().String(), "x"); !errors.Is(err, p2p.ErrUnauthenticated) {
 		t.Fatalf("a member the fleet has no key for: err = %v", err)
 	}
-	fleet["member"] = member.PublicKey()
+	fleet.pin("member", member.PublicKey())
 	if _, err := member.FetchManifest(ctx, ln.Addr().String(), "x"); !errors.Is(err, p2p.ErrNoManifest) {
 		t.Fatalf("the member: err = %v", err)
 	}

@@ -77,7 +77,7 @@ func orchestrate() error {
 	runs := flag.Int("runs", 3, "measurements per mode")
 	dir := flag.String("dir", "/var/tmp/wfbench", "work directory")
 	algo := flag.String("algo", "blake3", "piece hash: sha1, sha256 or blake3")
-	tlsOn := flag.Bool("tls", false, "also measure mutual TLS 1.3 connections")
+	tlsOn := flag.Bool("tls", false, "also measure TLS 1.3 (encrypted) connections")
 	pause := flag.Duration("pause", time.Second, "pause after deleting output")
 	syncEvery := flag.Duration("sync", 0, "receiver's FetchOptions.SyncInterval (0: the default)")
 	flag.Parse()
