@@ -48,7 +48,7 @@ func handshakePair(t *testing.T, cli, srv *auth, want string, wrap func(net.Conn
 			sc.Close()
 		}
 	}()
-	var c net.Conn = cc
+	c := cc
 	if wrap != nil {
 		c = wrap(cc)
 	}
