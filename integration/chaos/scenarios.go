@@ -122,10 +122,11 @@ func Scenarios() []Scenario {
 			Run:    s3Storm,
 		},
 		{
-			Name:  "corrupting-peer",
-			Fault: "a warm member serves corrupt piece bytes (a proxy in front of its peer port flips bits past the handshake), then comes back under another node name and ports",
+			Name: "corrupting-peer",
+			Fault: "a warm member serves corrupt piece bytes (a proxy in front of its peer port flips bits past the handshake; the fleet runs with --p2p-encrypt=false, " +
+				"since under TLS the flipped bits end the connection before any piece is read), then comes back under another node name and ports",
 			Expect: "a joining node detects the bad pieces, bans that member and fills verified from the honest one, reading nothing from S3; " +
-				"the banned member, back under another node name and other ports, still gets no piece taken from it (the ban follows its host)",
+				"the banned member, back under another node name and other ports, still gets no piece taken from it (the ban follows its identity key, kept in its data directory)",
 			Lab: netlab.Options{Hosts: 3, Link: 400 * netlab.Mbit, S3: true},
 			Run: corruptingPeer,
 		},
@@ -359,11 +360,11 @@ func corruptingPeer(ctx context.Context, f *Fleet) error {
 		return err
 	}
 	defer proxy.Close()
-	badD, err := f.Start(ctx, bad, []string{"--p2p", bad.Addr(7948), "--p2p-advertise", bad.Addr(7947)})
+	badD, err := f.Start(ctx, bad, []string{"--p2p", bad.Addr(7948), "--p2p-advertise", bad.Addr(7947)}, plaintextP2P)
 	if err != nil {
 		return err
 	}
-	honest, err := f.Start(ctx, hosts[1], nil)
+	honest, err := f.Start(ctx, hosts[1], nil, plaintextP2P)
 	if err != nil {
 		return err
 	}
@@ -378,7 +379,7 @@ func corruptingPeer(ctx context.Context, f *Fleet) error {
 	}
 	// From now on the bad member's piece bytes are corrupt.
 	proxy.SetMangle(flipBits)
-	joiner, err := f.Start(ctx, hosts[2], nil)
+	joiner, err := f.Start(ctx, hosts[2], nil, plaintextP2P)
 	if err != nil {
 		return err
 	}
@@ -408,7 +409,8 @@ func corruptingPeer(ctx context.Context, f *Fleet) error {
 // other gossip and peer ports, still corrupting, and has it warm a second
 // model with the honest member while the joiner is cut off; then the joiner
 // fills that model and must not take one piece from it: the ban follows
-// its host, not the name it gives.
+// the identity key it proves (the same data directory), not the name it
+// gives.
 func comesBackRenamed(ctx context.Context, f *Fleet, badD, honest, joiner *netlab.Daemon, failedBefore float64) error {
 	model, err := f.Seed(ctx, "corrupt2/", 2, 8<<20, 14)
 	if err != nil {
@@ -429,7 +431,7 @@ func comesBackRenamed(ctx context.Context, f *Fleet, badD, honest, joiner *netla
 		return err
 	}
 	renamed, err := f.Start(ctx, bad, []string{"--p2p", bad.Addr(7958), "--p2p-advertise", bad.Addr(7957)},
-		"--node-name", bad.Name+"-renamed", "--gossip", bad.Addr(7956), "--join", honest.Host().Addr(7946))
+		plaintextP2P, "--node-name", bad.Name+"-renamed", "--gossip", bad.Addr(7956), "--join", honest.Host().Addr(7946))
 	if err != nil {
 		return errors.Join(err, link.Restore(ctx))
 	}
@@ -454,6 +456,11 @@ func comesBackRenamed(ctx context.Context, f *Fleet, badD, honest, joiner *netla
 	}
 	return nil
 }
+
+// plaintextP2P runs a daemon's peer connections without TLS, so that bytes
+// altered on the path reach piece verification (under TLS they end the
+// connection instead).
+const plaintextP2P = "--p2p-encrypt=false"
 
 // flipBits flips every 256 KiB-th byte a member sends past its first 64
 // KiB: handshakes and bitfields pass, piece bytes do not.
