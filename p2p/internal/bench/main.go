@@ -454,7 +454,9 @@ func leech(args []string) error {
 	if err != nil {
 		return err
 	}
-	n, err := p2p.NewNode(p2p.Config{NodeID: "leech", ClusterKey: key, Encrypt: *encrypt,
+	// Each leech process has a fresh identity key, so it needs a name of
+	// its own: the seed pins a name to the first key it sees.
+	n, err := p2p.NewNode(p2p.Config{NodeID: fmt.Sprintf("leech-%d", os.Getpid()), ClusterKey: key, Encrypt: *encrypt,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return err
