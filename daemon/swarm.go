@@ -286,6 +286,12 @@ func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, 
 			return addrs
 		}),
 	}
+	if s := sw.held(f.spec.Name, spec.ShardID, path); s != nil {
+		// An earlier attempt of this run completed it, then failed on
+		// another shard, and kept it open for peers: opening it again at
+		// the same path would be refused.
+		return s, nil
+	}
 	if m, err := f.d.state.manifest(spec.ShardID); err != nil {
 		return nil, err
 	} else if m != nil {
@@ -705,15 +711,35 @@ func (d *Daemon) reseed(ctx context.Context) error {
 }
 
 // keep holds a model's open shards so they are served to peers; they close
-// when the model is removed or replaced.
+// when the model is removed or replaced. A shard held already (handed out
+// again by held) is kept once.
 func (sw *swarm) keep(model string, shards []*p2p.Shard) {
 	sw.mu.Lock()
 	defer sw.mu.Unlock()
 	for _, s := range shards {
-		if s != nil {
+		if s != nil && !slices.Contains(sw.seeding[model], s) {
 			sw.seeding[model] = append(sw.seeding[model], s)
 		}
 	}
+}
+
+// held returns the complete shard id that model holds open at path, if
+// any. A held shard that is not complete is closed and forgotten, so the
+// caller opens it afresh from its completion record.
+func (sw *swarm) held(model, id, path string) *p2p.Shard {
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	k := slices.IndexFunc(sw.seeding[model], func(s *p2p.Shard) bool { return s.ShardID() == id && s.Path() == path })
+	if k < 0 {
+		return nil
+	}
+	s := sw.seeding[model][k]
+	if s.Complete() {
+		return s
+	}
+	sw.seeding[model] = slices.Delete(sw.seeding[model], k, k+1)
+	_ = s.Close()
+	return nil
 }
 
 // release stops serving a model's shards except those of revision keep.

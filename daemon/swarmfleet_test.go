@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -225,5 +226,62 @@ func TestOriginRestartedBeforeAnyShardCompletesKeepsItsPieces(t *testing.T) {
 	t.Logf("a verified %d pieces before the restart, then read %d bytes from S3 for a %d-byte model", verified, a2.s3.Load(), size)
 	if left := size - verified*swarmPieceSize; a2.s3.Load() > left {
 		t.Fatalf("a read %d bytes from S3 after the restart where %d were missing: verified pieces fetched again", a2.s3.Load(), left)
+	}
+}
+
+// failRanges fails every range read of the object at path while failing is
+// set: a source that cannot deliver one file for a while.
+type failRanges struct {
+	Origin
+	path    string
+	failing *atomic.Bool
+}
+
+func (o *failRanges) OpenRange(ctx context.Context, obj origin.Object, off, n int64) (io.ReadCloser, error) {
+	if obj.Path == o.path && o.failing.Load() {
+		return nil, fmt.Errorf("%s: source unavailable for the test", obj.Path)
+	}
+	return o.Origin.OpenRange(ctx, obj, off, n)
+}
+
+// An attempt that completes some files through the swarm and fails on
+// another keeps the complete shards open for its peers. The next attempt
+// uses them as they are: it opened them again at the same path, was
+// refused ("already open"), and so failed on every retry, for good.
+func TestRetryAfterAFailedFileReusesTheShardsItCompleted(t *testing.T) {
+	files := map[string]int{"config.json": 1000, "model-00000.safetensors": 2*swarmPieceSize + 1000, "model-00001.safetensors": 2*swarmPieceSize + 2000}
+	fx := newFixture(t, files)
+	sf := newSwarmFleet(t, fx)
+	var failing atomic.Bool
+	failing.Store(true)
+	unavailable := func(org Origin) Origin { return &failRanges{Origin: org, path: "config.json", failing: &failing} }
+	a := sf.start("a", t.TempDir(), false, unavailable)
+	b := sf.start("b", t.TempDir(), false, unavailable)
+	waitSees(t, a, b)
+	for _, m := range []*swarmMember{a, b} {
+		if err := m.d.AddCache(t.Context(), fx.spec()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// config.json's origin fails; its follower waits for it meanwhile.
+	wait.For(t, "a node failed on config.json with the model files in", func() bool {
+		for _, m := range []*swarmMember{a, b} {
+			st := status(t, m.d, "meta/llama")
+			if st.Attempts > 0 && strings.Contains(st.Error, "config.json") && m.p2p.Stats().PiecesVerified >= 6 {
+				return true
+			}
+		}
+		return false
+	})
+	failing.Store(false)
+	for _, m := range []*swarmMember{a, b} {
+		wait.For(t, m.name+" ready on a retry", func() bool {
+			st := status(t, m.d, "meta/llama")
+			if strings.Contains(st.Error, "already open") {
+				t.Fatalf("%s: a retry refused its own open shard: %s", m.name, st.Error)
+			}
+			return st.Ready
+		})
+		checkFiles(t, status(t, m.d, "meta/llama").Path, fx.files)
 	}
 }

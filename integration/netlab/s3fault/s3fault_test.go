@@ -89,8 +89,10 @@ func TestProxy(t *testing.T) {
 		if err == nil {
 			t.Fatalf("read %d bytes without error, want a broken body", len(got))
 		}
-		if len(got) != 100000 || !bytes.Equal(got, data[:100000]) {
-			t.Errorf("got %d bytes before the reset, want the first 100000", len(got))
+		// A reset discards what the client had not read yet: it may get
+		// fewer bytes than were sent, never other ones or more.
+		if len(got) > 100000 || !bytes.Equal(got, data[:len(got)]) {
+			t.Errorf("got %d bytes before the reset, want a prefix of the first 100000", len(got))
 		}
 		// A short response does not use up a fault; the next long one does
 		// not break either once the fault is spent.
