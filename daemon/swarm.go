@@ -724,8 +724,9 @@ func (sw *swarm) keep(model string, shards []*p2p.Shard) {
 }
 
 // held returns the complete shard id that model holds open at path, if
-// any. A held shard that is not complete is closed and forgotten, so the
-// caller opens it afresh from its completion record.
+// any. A held shard that is not complete, or whose file is no longer the
+// one at path, is closed and forgotten, so the caller opens it afresh
+// from its completion record (which names the file's identity).
 func (sw *swarm) held(model, id, path string) *p2p.Shard {
 	sw.mu.Lock()
 	defer sw.mu.Unlock()
@@ -734,7 +735,7 @@ func (sw *swarm) held(model, id, path string) *p2p.Shard {
 		return nil
 	}
 	s := sw.seeding[model][k]
-	if s.Complete() {
+	if s.Complete() && s.HoldsFileAt(path) {
 		return s
 	}
 	sw.seeding[model] = slices.Delete(sw.seeding[model], k, k+1)

@@ -359,6 +359,18 @@ func (s *Shard) learn(i int, h []byte) error {
 // Path returns the file holding the shard.
 func (s *Shard) Path() string { return s.path }
 
+// HoldsFileAt reports whether the file now at path is the one the shard
+// holds open: not removed, replaced or recreated since it was opened.
+func (s *Shard) HoldsFileAt(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	return err == nil && fileIdentity(f, st) == s.ino
+}
+
 // Have returns a copy of the set of verified pieces.
 func (s *Shard) Have() Bitfield {
 	s.mu.Lock()

@@ -477,3 +477,28 @@ func TestRecheckCountsOnlyMatchingPieces(t *testing.T) {
 		t.Fatalf("after reopen %d pieces", s.Have().Count())
 	}
 }
+
+// A shard knows whether the file at its path is still the one it holds:
+// a file removed and written again under the same name is not.
+func TestHoldsFileAt(t *testing.T) {
+	data := randomData(t, 1<<20)
+	m := manifestFor(t, data, 0, int64(len(data)), 256<<10, BLAKE3)
+	a := startNode(t, "a", nil)
+	s := seedNode(t, a, data, m, nil)
+	path := filepath.Join(a.dir, "f")
+	if !s.HoldsFileAt(path) {
+		t.Fatal("the shard does not hold the file it opened")
+	}
+	if s.HoldsFileAt(filepath.Join(a.dir, "other")) {
+		t.Fatal("the shard holds a file that does not exist")
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if s.HoldsFileAt(path) {
+		t.Fatal("a file recreated under the shard's path counts as the one it holds")
+	}
+}
