@@ -25,6 +25,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
+	"github.com/warmfleet/warmfleet/internal/testutil/bg"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 	"github.com/warmfleet/warmfleet/origin"
@@ -158,24 +159,8 @@ func openDaemon(t *testing.T, cfg Config, org Origin, deps Deps) *Daemon {
 
 // run starts the daemon's loop; the returned func stops it and closes it.
 func run(t *testing.T, d *Daemon) func() {
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	var once atomic.Bool
-	stop := func() {
-		if once.Swap(true) {
-			return
-		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-		if err := d.Close(); err != nil {
-			t.Error(err)
-		}
-	}
-	t.Cleanup(stop)
-	return stop
+	t.Helper()
+	return bg.Run(t, d.Run, d.Close)
 }
 
 func status(t *testing.T, d *Daemon, name string) api.CacheStatus {

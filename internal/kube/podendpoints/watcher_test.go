@@ -1,7 +1,6 @@
 package podendpoints
 
 import (
-	"context"
 	"errors"
 	"slices"
 	"sync"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/warmfleet/warmfleet/internal/testutil/bg"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,15 +34,7 @@ func start(t *testing.T, cs *fake.Clientset, mod func(*Config)) *Watcher {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	bg.Run(t, w.Run)
 	return w
 }
 
