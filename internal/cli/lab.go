@@ -42,10 +42,10 @@ type ByteSize = byteSize
 // ListFlag is a repeatable flag that also takes comma-separated values.
 type ListFlag = listFlag
 
-// NewFlagSet returns a flag set (Go's flag package) for command name that
+// NewFlagSet returns a flag set (Go's flag package) for the lab command name that
 // reports errors instead of exiting.
 func NewFlagSet(e *Env, name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("warmfleet "+name, flag.ContinueOnError)
+	fs := flag.NewFlagSet("warmfleet-lab "+name, flag.ContinueOnError)
 	fs.SetOutput(e.Stderr)
 	return fs
 }
