@@ -29,8 +29,8 @@ type Index struct {
 	resync   time.Duration
 	now      func() time.Time
 
-	holders map[uint64]idSet // views (by id) holding each block
-	ids     idSet            // ids in use
+	holders holders // views (by id) holding each block
+	ids     idSet   // ids in use
 }
 
 // MaxMatched is how many backends' views the index matches in one walk;
@@ -92,7 +92,7 @@ func NewIndex(lim Limits, resync time.Duration, now func() time.Time) *Index {
 	if now == nil {
 		now = time.Now
 	}
-	return &Index{backends: map[string]*view{}, lim: lim, resync: resync, now: now, holders: map[uint64]idSet{}}
+	return &Index{backends: map[string]*view{}, lim: lim, resync: resync, now: now}
 }
 
 func (x *Index) viewLocked(backend string) *view {
@@ -113,9 +113,7 @@ func (x *Index) hold(v *view, h uint64) {
 	}
 	v.blocks[h] = struct{}{}
 	if v.id >= 0 {
-		s := x.holders[h]
-		s.add(v.id)
-		x.holders[h] = s
+		x.holders.add(h, v.id)
 	}
 }
 
@@ -141,13 +139,7 @@ func (x *Index) dropAll(v *view) {
 
 // unhold takes view id out of block h's holders.
 func (x *Index) unhold(id int, h uint64) {
-	s := x.holders[h]
-	s.remove(id)
-	if s.empty() {
-		delete(x.holders, h)
-	} else {
-		x.holders[h] = s
-	}
+	x.holders.remove(h, id)
 }
 
 // reset empties a view; trusted says whether the empty view is known to
@@ -299,7 +291,7 @@ func (x *Index) MatchAll(backends []string, chain []uint64, n []int, ok []bool) 
 		if alive.empty() {
 			break
 		}
-		s := x.holders[h]
+		s := x.holders.get(h)
 		for w := range alive {
 			for gone := alive[w] &^ s[w]; gone != 0; gone &= gone - 1 {
 				depth[w*64+bits.TrailingZeros64(gone)] = int32(i)

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"math/bits"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -161,6 +162,9 @@ func FuzzScan(f *testing.F) {
 		if !slices.Equal(got.Tokens, want) || (got.Tokens == nil) != (want == nil) {
 			t.Fatalf("Tokens %v, want %v (prompt %q)", got.Tokens, want, got.Prompt)
 		}
+		if got.HasPrompt {
+			checkTokens(t, got.Prompt, got.Tokens)
+		}
 		if raw, ok := top["messages"]; ok {
 			var msgs []map[string]json.RawMessage
 			if e := json.Unmarshal(raw, &msgs); e != nil {
@@ -177,6 +181,33 @@ func FuzzScan(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkTokens: the token ids a scan read from a prompt are what
+// encoding/json reads from it as an array of unsigned 32-bit integers (each
+// element on its own, so that a null is not taken for a 0), and a prompt
+// encoding/json reads so, if not empty, gave token ids.
+func checkTokens(t *testing.T, prompt []byte, got []uint32) {
+	t.Helper()
+	if want := jsonTokens(prompt); !slices.Equal(got, want) || (got == nil) != (want == nil) {
+		t.Fatalf("Tokens %v, encoding/json reads %v (prompt %q)", got, want, prompt)
+	}
+}
+
+// jsonTokens is what encoding/json reads from a prompt as a non-empty
+// array of unsigned 32-bit integers, nil if it is not one.
+func jsonTokens(prompt []byte) []uint32 {
+	var elems []json.RawMessage
+	if len(prompt) == 0 || prompt[0] != '[' || json.Unmarshal(prompt, &elems) != nil || len(elems) == 0 {
+		return nil
+	}
+	want := make([]uint32, len(elems))
+	for i, e := range elems {
+		if len(e) == 0 || !isDigit(e[0]) || json.Unmarshal(e, &want[i]) != nil {
+			return nil
+		}
+	}
+	return want
 }
 
 func checkString(t *testing.T, raw json.RawMessage, got string) {
@@ -281,6 +312,94 @@ func TestScanTokens(t *testing.T) {
 	b, _ := sc.Scan([]byte(`{"prompt":"text"}`))
 	if b.Tokens != nil || !slices.Equal(first, []uint32{1, 2, 3}) {
 		t.Fatalf("second scan: tokens %v", b.Tokens)
+	}
+}
+
+// TestScanTokensAgreesWithJSON: on token-id arrays of every shape (ids of
+// 1 to 12 digits, leading zeros, signs, fractions, exponents, nulls,
+// spaces, missing and extra commas, cut short anywhere) the scan accepts
+// the body exactly when encoding/json does and reads the ids encoding/json
+// reads, wherever the array falls in the body.
+func TestScanTokensAgreesWithJSON(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	id := func() string { return strconv.FormatUint(rng.Uint64N(1<<(4*(1+rng.IntN(8)))), 10) }
+	elem := func() string {
+		switch r := rng.IntN(40); {
+		case r < 30:
+			return id()
+		case r < 31:
+			return "0" + strconv.Itoa(rng.IntN(100))
+		case r < 32:
+			return "-" + strconv.Itoa(rng.IntN(100))
+		case r < 33:
+			return strconv.Itoa(rng.IntN(100)) + ".5"
+		case r < 34:
+			return strconv.Itoa(rng.IntN(100)) + "e2"
+		case r < 35:
+			return "null"
+		case r < 36:
+			return `"7"`
+		case r < 37:
+			return "4294967296"
+		case r < 38:
+			return ""
+		default:
+			return []string{" 5", "6 ", "\n7", "\t8\r"}[rng.IntN(4)]
+		}
+	}
+	read := 0
+	for round := range 20000 {
+		clean := round%2 == 0 // ids and commas only: most arrays are read
+		var p []byte
+		p = append(p, '[')
+		for i := range rng.IntN(60) {
+			if i > 0 {
+				sep := ","
+				if !clean && rng.IntN(10) == 0 {
+					sep = []string{",,", " ,", ", ", ""}[rng.IntN(4)]
+				}
+				p = append(p, sep...)
+			}
+			e := elem()
+			if clean {
+				e = id()
+			}
+			p = append(p, e...)
+		}
+		p = append(p, ']')
+		if !clean && rng.IntN(10) == 0 {
+			p = p[:rng.IntN(len(p)+1)]
+		}
+		for _, body := range [][]byte{
+			append(append([]byte(`{"model":"m","prompt":`), p...), '}'),
+			append(append([]byte(`{"prompt":`), p...), `,"model":"mmmmmmmmmmmmmmmm"}`...),
+		} {
+			got, err := Scan(body)
+			valid := json.Valid(body)
+			if IsSyntax(err) == valid {
+				t.Fatalf("round %d: %q: err %v, but json.Valid says %v", round, body, err, valid)
+			}
+			if !valid {
+				continue
+			}
+			var top map[string]json.RawMessage
+			if e := json.Unmarshal(body, &top); e != nil {
+				t.Fatal(e)
+			}
+			want := jsonTokens(top["prompt"])
+			if err != nil {
+				got.Tokens = nil // a field error: the prompt holds no ids
+			}
+			if !slices.Equal(got.Tokens, want) || (got.Tokens == nil) != (want == nil) {
+				t.Fatalf("round %d: %q: tokens %v (err %v), encoding/json reads %v", round, body, got.Tokens, err, want)
+			}
+			if want != nil {
+				read++
+			}
+		}
+	}
+	if read < 10000 {
+		t.Fatalf("only %d bodies held token ids: the test checks too little", read)
 	}
 }
 
@@ -439,15 +558,18 @@ func TestSyntaxErrorsSayWhat(t *testing.T) {
 	}
 }
 
-// TestLeadingDigits: the word-at-a-time digit reading agrees with a byte
-// at a time for every byte that can follow a run of digits.
-func TestLeadingDigits(t *testing.T) {
+// TestNonDigits: the word-at-a-time reading finds every byte that is not a
+// digit, whatever follows a run of digits, and reads the run's value.
+func TestNonDigits(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for k := range 8 {
 		for c := range 256 {
 			var w [8]byte
 			for i := range w {
 				w[i] = byte(rng.IntN(256))
+				if rng.IntN(2) == 0 {
+					w[i] = '0' + byte(rng.IntN(10))
+				}
 			}
 			for i := range k {
 				w[i] = '0' + byte(rng.IntN(10))
@@ -455,18 +577,27 @@ func TestLeadingDigits(t *testing.T) {
 			if k < 8 {
 				w[k] = byte(c)
 			}
-			want := 0
-			for want < 8 && isDigit(w[want]) {
-				want++
+			var want uint64
+			for i, b := range w {
+				if !isDigit(b) {
+					want |= 0x80 << (8 * i)
+				}
 			}
 			x := binary.LittleEndian.Uint64(w[:])
-			if got := leadingDigits(x); got != want {
-				t.Fatalf("leadingDigits(%q) = %d, want %d", w, got, want)
+			if got := nonDigits(x); got != want {
+				t.Fatalf("nonDigits(%q) = %#x, want %#x", w, got, want)
 			}
-			if want > 0 && want < 8 {
-				n, _ := strconv.ParseUint(string(w[:want]), 10, 32)
-				if got := parseDigits(x, want); uint64(got) != n {
-					t.Fatalf("parseDigits(%q, %d) = %d, want %d", w, want, got, n)
+			var gathered uint64
+			for i := range 8 {
+				gathered |= want >> (8*i + 7) & 1 << i
+			}
+			if got := highBits(want); got != gathered {
+				t.Fatalf("highBits(%#x) = %#x, want %#x", want, got, gathered)
+			}
+			if n := bits.TrailingZeros64(want) / 8; n > 0 && n < 8 {
+				v, _ := strconv.ParseUint(string(w[:n]), 10, 32)
+				if got := parseDigits(x, n); uint64(got) != v {
+					t.Fatalf("parseDigits(%q, %d) = %d, want %d", w, n, got, v)
 				}
 			}
 		}
