@@ -103,7 +103,8 @@ type PowerCutResult struct {
 	Modes                              map[string]int
 	LossPending, LossTorn, LossSectors int
 	Boots                              []time.Duration
-	// Setup is the time to build the guest's images, First the first boot
+	// Setup is the time to build the guest's images and boot it once to
+	// save the state every boot restores, First the first boot
 	// and uncut warm-up; the cuts share the rest: Booting, Recovering
 	// (the daemon's start, the audit, the resume to ready and its check)
 	// and WarmingUp (a new model's warm-up up to its cut).
@@ -151,6 +152,7 @@ type run struct {
 	opts                  PowerCutOptions
 	dir, initramfs, image string
 	toolsImg, token       string
+	state                 string // the guest's saved state (saveState)
 	res                   PowerCutResult
 	logf                  func(format string, args ...any)
 	models                []sourceModel
@@ -179,7 +181,8 @@ func RunPowerCuts(ctx context.Context, opts PowerCutOptions) (PowerCutResult, er
 	return r.res, err
 }
 
-// setup makes the guest's initramfs, tools disk and data disk.
+// setup makes the guest's initramfs, tools disk and data disk, and the
+// saved state every boot restores.
 func (r *run) setup(ctx context.Context) error {
 	if err := r.opts.S3.MakeBucket(ctx, bucket); err != nil {
 		return fmt.Errorf("power cuts: %w", err)
@@ -220,7 +223,10 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 	r.image = filepath.Join(r.dir, "base.img")
-	return MakeImage(ctx, r.opts.Tools.Mkfs, r.image, 256<<20)
+	if err := MakeImage(ctx, r.opts.Tools.Mkfs, r.image, 256<<20); err != nil {
+		return err
+	}
+	return r.saveState(ctx)
 }
 
 // sourceModel is one model in the host's S3 server, with what its files
