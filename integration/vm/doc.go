@@ -85,7 +85,8 @@
 // (software emulation, two virtual CPUs) and no root (TestBenchChaosPowerCuts
 // does: its chaos scenario runs in network namespaces).
 // WARMFLEET_VM_CUTS sets the number of cuts (default DefaultCuts, 2: one
-// in a warm-up, one in its publish; `make test` runs 20, VM_CUTS=N N),
+// in a warm-up, one in its publish; `make test` runs 20, `make test
+// VM_CUTS=N` N),
 // WARMFLEET_VM_SEED the seed (default 1; bench chaos --vm-seed):
 //
 //	WARMFLEET_VM_CUTS=20 WARMFLEET_VM_SEED=7 go test -run TestPowerCuts -v -timeout 60m ./integration/vm

@@ -137,7 +137,7 @@ func (m *machine) wait(ctx context.Context, what string, timeout time.Duration, 
 		cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
 		defer ccancel()
 		return cond(cctx)
-	}, wait.Timeout(timeout), wait.MaxInterval(500*time.Millisecond))
+	}, wait.Timeout(timeout))
 	if err == nil {
 		return nil
 	}

@@ -400,19 +400,22 @@ func (r *run) cut(ctx context.Context, m *machine, i, warmup int) (*machine, err
 	if err := m.waitAPI(ctx); err != nil { // the daemon started: its bbolt state opened
 		return m, err
 	}
+	t2 := time.Now()
 	// What the daemon says right after the reboot.
 	readyBefore, lost, corrupt, err := m.audit(ctx, r.models, poweredOff)
 	if err != nil {
 		return m, err
 	}
+	took := fmt.Sprintf("boot %v, daemon's API %v, audit of %d models %v", m.booted.Round(100*time.Millisecond),
+		t2.Sub(t1).Round(100*time.Millisecond), len(r.models), time.Since(t2).Round(100*time.Millisecond))
 	r.res.Lost += len(lost)
 	r.res.CorruptReady += len(corrupt)
 	for _, v := range append(lost, corrupt...) {
 		r.violation("cut %d: %s", i, v)
 	}
 	wasReady := slices.Contains(readyBefore, mod.name)
-	r.logf("cut %d (%s) at write or flush %d of the warm-up (the disk's last ones: %s), %v: %d unflushed writes, %d kept whole, %d torn, %d sectors lost; %s was ready before the cut: %v",
-		i, aim, cutAfter, lastEvents, mode, loss.Pending, loss.Kept, loss.Torn, loss.LostSectors, mod.name, wasReady)
+	r.logf("cut %d (%s) at write or flush %d of the warm-up (the disk's last ones: %s), %v: %d unflushed writes, %d kept whole, %d torn, %d sectors lost; %s was ready before the cut: %v; %s",
+		i, aim, cutAfter, lastEvents, mode, loss.Pending, loss.Kept, loss.Torn, loss.LostSectors, mod.name, wasReady, took)
 	if err := m.waitReady(ctx, mod); err != nil {
 		return m, err
 	}
