@@ -122,4 +122,4 @@ func (q *qmpClient) poll(ctx context.Context, cmd string, out any, done func() (
 	}
 }
 
-func (q *qmpClient) close() error { return q.conn.Close() }
+func (q *qmpClient) close() { _ = q.conn.Close() }
