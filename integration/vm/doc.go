@@ -95,8 +95,8 @@
 // kernel whose page cache no longer matches its disk, so no two cuts can
 // share one boot), the daemon's start, the audit, the resume and a
 // warm-up to the next cut point. A boot is a restore of the saved state
-// (some 180 MB, most of it the two binaries read into the page cache so
-// that no boot reads them through the emulated disk again), the hot-plug
+// (most of it the two binaries, read into the page cache before the save
+// so that no boot reads them through the emulated disk again), the hot-plug
 // and two Go programs' start; the firmware and the kernel's start are paid
 // once, in the setup. The summary line splits the time into setup, the
 // first warm-up, boots, recoveries and warm-ups.
