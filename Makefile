@@ -74,10 +74,10 @@ $(BIN)/llm-d-inference-sim:
 # longer than it ("context deadline exceeded") on a loaded machine.
 CI_FUZZTIME ?= 2000x
 # VM_CUTS is the number of power cuts integration/vm makes (each a reboot
-# of a software-emulated VM, 10 to 50 s on a shared two-core machine by its
-# load; WARMFLEET_VM_CUTS in the environment counts too); more on
-# request: make test VM_CUTS=20.
-VM_CUTS ?= $(or $(WARMFLEET_VM_CUTS),2)
+# of a software-emulated VM restored from a saved state, some 5 s on a
+# two-core machine at a low load; WARMFLEET_VM_CUTS in the environment
+# counts too): make test VM_CUTS=2 for a quicker run.
+VM_CUTS ?= $(or $(WARMFLEET_VM_CUTS),20)
 test: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...

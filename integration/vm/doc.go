@@ -42,7 +42,16 @@
 // guest as both the daemon and, through its vm-agent command, the agent.
 // One machine boots (the Debian cloud kernel, an initramfs of
 // busybox-static and the virtio modules, the static warmfleet binary and
-// the guest agent on a read-only tools disk) and runs the daemon, which
+// the guest agent on a read-only tools disk) up to where its init waits for
+// the data disk, and the host saves that state (qemu's migration into a
+// file, VM.Save): every boot after restores it, plugs the data disk in
+// (VM.AttachDisk over QMP, PCIe hot-plug) and lets init go on: the clock
+// from the emulated RTC, the mount, the daemon and the agent. The guest
+// never saw the data disk before the restore, so nothing of it is in its
+// page cache; a cut is still qemu killed and a machine started afresh on
+// what the disk's medium kept. (The restored kernel starts each boot from
+// the same random state; the daemon's draws may repeat from one boot to
+// the next, which a check of files does not mind.) The daemon
 // reaches a real S3 server (versitygw) on the host's loopback through
 // qemu's user networking. A first model is warmed up without a cut; the
 // number of writes and flushes that took places the cuts. Then, for each
@@ -76,7 +85,8 @@
 // (software emulation, two virtual CPUs) and no root (TestBenchChaosPowerCuts
 // does: its chaos scenario runs in network namespaces).
 // WARMFLEET_VM_CUTS sets the number of cuts (default DefaultCuts, 2: one
-// in a warm-up, one in its publish; `make test VM_CUTS=N` passes it),
+// in a warm-up, one in its publish; `make test` runs 20, `make test
+// VM_CUTS=N` N),
 // WARMFLEET_VM_SEED the seed (default 1; bench chaos --vm-seed):
 //
 //	WARMFLEET_VM_CUTS=20 WARMFLEET_VM_SEED=7 go test -run TestPowerCuts -v -timeout 60m ./integration/vm
@@ -84,10 +94,12 @@
 // Every cut costs a boot of the emulated machine (a cut leaves a guest
 // kernel whose page cache no longer matches its disk, so no two cuts can
 // share one boot), the daemon's start, the audit, the resume and a
-// warm-up to the next cut point. The boot is most of it: firmware, the
-// kernel's decompression and start and two Go programs' start, all
-// emulated; the summary line splits the time into setup, the first
-// warm-up, boots, recoveries and warm-ups.
+// warm-up to the next cut point. A boot is a restore of the saved state
+// (most of it the two binaries, read into the page cache before the save
+// so that no boot reads them through the emulated disk again), the hot-plug
+// and two Go programs' start; the firmware and the kernel's start are paid
+// once, in the setup. The summary line splits the time into setup, the
+// first warm-up, boots, recoveries and warm-ups.
 //
 // The test logs each cut (where it fell, the crash mode, what the disk
 // lost, whether the model was ready after the reboot) and a summary: cuts,

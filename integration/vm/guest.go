@@ -158,11 +158,15 @@ const (
 
 // BuildInitramfs writes the guest's initramfs to path: busybox, the
 // modules and an init script that loads the modules, sets up the network,
-// mounts the data disk (/dev/vda, ext4) on DataDir and the tools disk
-// (/dev/vdb, see BuildToolsImage) on /opt, starts the daemon with its
-// output on the console and hands over to the agent. The two Go binaries
-// are on the tools disk: in the initramfs, the emulated CPU would spend
-// seconds of every boot copying them.
+// mounts the tools disk (/dev/vda, see BuildToolsImage) on /opt, reads its
+// binaries into the page cache and says so on the console
+// (markerWaiting): the state the host saves (VM.Save) and every later
+// boot restores. Then it waits for the data disk, which the host plugs in
+// after the restore (VM.AttachDisk, /dev/vdb, ext4), sets the clock from
+// the emulated RTC (the saved clock is as old as the save), mounts the data
+// disk on DataDir, starts the daemon with its output on the console and
+// hands over to the agent. The two Go binaries are on the tools disk: in
+// the initramfs, the emulated CPU would spend seconds copying them.
 func BuildInitramfs(path string, spec GuestSpec) error {
 	mods, err := moduleLoadOrder(spec.Kernel.Modules, guestModules)
 	if err != nil {
@@ -213,13 +217,16 @@ func BuildInitramfs(path string, spec GuestSpec) error {
 
 // Console markers the init script prints, which the test waits for.
 const (
+	markerWaiting     = "warmfleet-vm: waiting for the data disk"
 	markerMounted     = "warmfleet-vm: data disk mounted"
 	markerMountFailed = "warmfleet-vm: data disk mount failed"
 )
 
-// initScript is the guest's /init. It waits for the data disk with a
-// bounded poll (the driver probes it asynchronously); a disk that does not
-// mount powers the guest off, which the test sees as qemu's exit.
+// initScript is the guest's /init. It waits for the tools disk with a
+// bounded poll (the driver probes it asynchronously) and for the data disk
+// without a bound (the host plugs it in after a restore, or kills the
+// machine); a data disk that does not mount powers the guest off, which
+// the test sees as qemu's exit.
 func initScript(insmods, daemonArgs, env, agent []string) string {
 	var b strings.Builder
 	b.WriteString(`#!/bin/busybox sh
@@ -239,14 +246,18 @@ ip link set eth0 up
 ip addr add %s/24 dev eth0
 ip route add default via %s
 i=0
-while { [ ! -b /dev/vda ] || [ ! -b /dev/vdb ]; } && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done
-mount -t ext4 -o ro,noload /dev/vdb /opt || echo 'warmfleet-vm: tools disk mount failed'
-if ! mount -t ext4 /dev/vda %s; then
+while [ ! -b /dev/vda ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done
+mount -t ext4 -o ro,noload /dev/vda /opt || echo 'warmfleet-vm: tools disk mount failed'
+cat /opt/* >/dev/null 2>&1
+echo '%s'
+while [ ! -b /dev/vdb ]; do sleep 0.02; done
+hwclock -s -u
+if ! mount -t ext4 /dev/vdb %s; then
 	echo '%s'
 	poweroff -f
 fi
-echo "%s (write cache: $(cat /sys/block/vda/queue/write_cache), guest uptime $(cut -d' ' -f1 /proc/uptime) s)"
-`, GuestIP, HostFromVM, DataDir, markerMountFailed, markerMounted)
+echo "%s (write cache: $(cat /sys/block/vdb/queue/write_cache), guest uptime $(cut -d' ' -f1 /proc/uptime) s)"
+`, GuestIP, HostFromVM, markerWaiting, DataDir, markerMountFailed, markerMounted)
 	for _, kv := range env {
 		fmt.Fprintf(&b, "export %s\n", shellQuote(kv))
 	}

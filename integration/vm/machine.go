@@ -33,9 +33,10 @@ type machine struct {
 	stopped bool
 }
 
-// boot starts the guest on image; cutAt > 0 cuts the disk's power at that
-// write or flush. It returns once the agent answers (the disk is mounted).
-// The caller stops the machine (stop), also after an error.
+// boot restores the guest from the saved state and plugs in image as its
+// data disk; cutAt > 0 cuts the disk's power at that write or flush. It
+// returns once the agent answers (the disk is mounted). The caller stops
+// the machine (stop), also after an error.
 func (r *run) boot(ctx context.Context, cutAt int) (*machine, error) {
 	disk, err := OpenDisk(r.image)
 	if err != nil {
@@ -50,19 +51,8 @@ func (r *run) boot(ctx context.Context, cutAt int) (*machine, error) {
 	}
 	m := &machine{disk: disk, nbd: ln, served: make(chan error, 1)}
 	go func() { m.served <- ServeNBD(ln, disk) }()
-	apiAddr, err := testenv.PickFreeAddr()
-	if err != nil {
-		return nil, errors.Join(err, m.close())
-	}
-	agentAddr, err := testenv.PickFreeAddr()
-	if err != nil {
-		return nil, errors.Join(err, m.close())
-	}
 	start := time.Now()
-	m.vm, err = Start(VMSpec{
-		Qemu: r.opts.Tools.Qemu, Kernel: r.opts.Tools.Kernel.Image, Initramfs: r.initramfs, Tools: r.toolsImg,
-		DiskSocket: sock, APIAddr: apiAddr, AgentAddr: agentAddr,
-	})
+	apiAddr, agentAddr, err := r.start(m, r.state)
 	if err != nil {
 		return nil, errors.Join(err, m.close())
 	}
@@ -70,12 +60,65 @@ func (r *run) boot(ctx context.Context, cutAt int) (*machine, error) {
 		return m, err
 	}
 	m.agent = "http://" + agentAddr
-	err = m.wait(ctx, "the guest agent (boot, data disk mounted)", 3*time.Minute, func(ctx context.Context) error {
-		_, err := m.get(ctx, "/ready")
-		return err
-	})
+	actx, cancel := context.WithTimeout(ctx, time.Minute)
+	err = m.vm.AttachDisk(actx, sock)
+	cancel()
+	if err != nil {
+		err = fmt.Errorf("%w\nconsole:\n%s", err, tail(m.vm.Console(), 4000))
+	} else {
+		err = m.wait(ctx, "the guest agent (data disk mounted)", 3*time.Minute, func(ctx context.Context) error {
+			_, err := m.get(ctx, "/ready")
+			return err
+		})
+	}
 	m.booted = time.Since(start)
 	return m, err
+}
+
+// start starts qemu for m, restoring the state saved at restore ("": a
+// boot of the kernel), and returns the host addresses of the daemon's API
+// and of the agent.
+func (r *run) start(m *machine, restore string) (apiAddr, agentAddr string, err error) {
+	if apiAddr, err = testenv.PickFreeAddr(); err != nil {
+		return "", "", err
+	}
+	if agentAddr, err = testenv.PickFreeAddr(); err != nil {
+		return "", "", err
+	}
+	qmp := filepath.Join(r.dir, "qmp.sock")
+	_ = os.Remove(qmp)
+	m.vm, err = Start(VMSpec{
+		Qemu: r.opts.Tools.Qemu, Kernel: r.opts.Tools.Kernel.Image, Initramfs: r.initramfs, Tools: r.toolsImg,
+		QMP: qmp, Restore: restore, APIAddr: apiAddr, AgentAddr: agentAddr,
+	})
+	return apiAddr, agentAddr, err
+}
+
+// saveState boots the kernel once, up to where the guest's init waits for
+// the data disk, and saves that state for every boot to restore: a cut's
+// reboot then costs the state's load instead of the firmware, the
+// kernel's start, the modules and init, all emulated.
+func (r *run) saveState(ctx context.Context) error {
+	m := &machine{}
+	if _, _, err := r.start(m, ""); err != nil {
+		return fmt.Errorf("power cuts: %w", err)
+	}
+	defer m.vm.Kill()
+	err := m.wait(ctx, "the guest's init (waiting for the data disk)", 3*time.Minute, func(context.Context) error {
+		if !m.vm.ConsoleHas(markerWaiting) {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("power cuts: first boot: %w", err)
+	}
+	state := filepath.Join(r.dir, "booted.state")
+	if err := m.vm.Save(ctx, state); err != nil {
+		return fmt.Errorf("power cuts: %w\nconsole:\n%s", err, tail(m.vm.Console(), 4000))
+	}
+	r.state = state
+	return nil
 }
 
 // wait polls cond until it holds; qemu's exit ends the wait at once. The
@@ -94,7 +137,7 @@ func (m *machine) wait(ctx context.Context, what string, timeout time.Duration, 
 		cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
 		defer ccancel()
 		return cond(cctx)
-	}, wait.Timeout(timeout), wait.MaxInterval(500*time.Millisecond))
+	}, wait.Timeout(timeout))
 	if err == nil {
 		return nil
 	}

@@ -103,7 +103,8 @@ type PowerCutResult struct {
 	Modes                              map[string]int
 	LossPending, LossTorn, LossSectors int
 	Boots                              []time.Duration
-	// Setup is the time to build the guest's images, First the first boot
+	// Setup is the time to build the guest's images and boot it once to
+	// save the state every boot restores, First the first boot
 	// and uncut warm-up; the cuts share the rest: Booting, Recovering
 	// (the daemon's start, the audit, the resume to ready and its check)
 	// and WarmingUp (a new model's warm-up up to its cut).
@@ -151,6 +152,7 @@ type run struct {
 	opts                  PowerCutOptions
 	dir, initramfs, image string
 	toolsImg, token       string
+	state                 string // the guest's saved state (saveState)
 	res                   PowerCutResult
 	logf                  func(format string, args ...any)
 	models                []sourceModel
@@ -179,7 +181,8 @@ func RunPowerCuts(ctx context.Context, opts PowerCutOptions) (PowerCutResult, er
 	return r.res, err
 }
 
-// setup makes the guest's initramfs, tools disk and data disk.
+// setup makes the guest's initramfs, tools disk and data disk, and the
+// saved state every boot restores.
 func (r *run) setup(ctx context.Context) error {
 	if err := r.opts.S3.MakeBucket(ctx, bucket); err != nil {
 		return fmt.Errorf("power cuts: %w", err)
@@ -220,7 +223,10 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 	r.image = filepath.Join(r.dir, "base.img")
-	return MakeImage(ctx, r.opts.Tools.Mkfs, r.image, 256<<20)
+	if err := MakeImage(ctx, r.opts.Tools.Mkfs, r.image, 256<<20); err != nil {
+		return err
+	}
+	return r.saveState(ctx)
 }
 
 // sourceModel is one model in the host's S3 server, with what its files
@@ -394,19 +400,22 @@ func (r *run) cut(ctx context.Context, m *machine, i, warmup int) (*machine, err
 	if err := m.waitAPI(ctx); err != nil { // the daemon started: its bbolt state opened
 		return m, err
 	}
+	t2 := time.Now()
 	// What the daemon says right after the reboot.
 	readyBefore, lost, corrupt, err := m.audit(ctx, r.models, poweredOff)
 	if err != nil {
 		return m, err
 	}
+	took := fmt.Sprintf("boot %v, daemon's API %v, audit of %d models %v", m.booted.Round(100*time.Millisecond),
+		t2.Sub(t1).Round(100*time.Millisecond), len(r.models), time.Since(t2).Round(100*time.Millisecond))
 	r.res.Lost += len(lost)
 	r.res.CorruptReady += len(corrupt)
 	for _, v := range append(lost, corrupt...) {
 		r.violation("cut %d: %s", i, v)
 	}
 	wasReady := slices.Contains(readyBefore, mod.name)
-	r.logf("cut %d (%s) at write or flush %d of the warm-up (the disk's last ones: %s), %v: %d unflushed writes, %d kept whole, %d torn, %d sectors lost; %s was ready before the cut: %v",
-		i, aim, cutAfter, lastEvents, mode, loss.Pending, loss.Kept, loss.Torn, loss.LostSectors, mod.name, wasReady)
+	r.logf("cut %d (%s) at write or flush %d of the warm-up (the disk's last ones: %s), %v: %d unflushed writes, %d kept whole, %d torn, %d sectors lost; %s was ready before the cut: %v; %s",
+		i, aim, cutAfter, lastEvents, mode, loss.Pending, loss.Kept, loss.Torn, loss.LostSectors, mod.name, wasReady, took)
 	if err := m.waitReady(ctx, mod); err != nil {
 		return m, err
 	}

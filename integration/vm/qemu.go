@@ -1,7 +1,7 @@
 package vm
 
 import (
-	"encoding/json"
+	"context"
 	"fmt"
 	"net"
 	"os/exec"
@@ -17,8 +17,13 @@ type VMSpec struct {
 	// Kernel and Initramfs are what it boots; Tools the read-only tools
 	// disk (BuildToolsImage).
 	Kernel, Initramfs, Tools string
-	// DiskSocket is the unix socket of the NBD server holding the data disk.
-	DiskSocket string
+	// QMP is the path of qemu's machine-protocol socket (AttachDisk,
+	// Save); it must not exist yet.
+	QMP string
+	// Restore is a state saved by Save: the machine resumes from it
+	// instead of booting the kernel. The rest of the spec must be the
+	// saved machine's.
+	Restore string
 	// APIAddr and AgentAddr are loopback host:port the daemon's API and
 	// the agent are forwarded to.
 	APIAddr, AgentAddr string
@@ -33,10 +38,15 @@ type VM struct {
 	console *consoleBuffer
 	exited  chan struct{}
 	waitErr error
+	qmpPath string
 }
 
+// dataPort is the PCIe root port the data disk is plugged into.
+const dataPort = "dataport"
+
 // Start boots a VM under software emulation (TCG: the test machines have
-// no KVM), with the data disk on virtio-blk over NBD and qemu's user
+// no KVM), or resumes a saved one (spec.Restore), with the tools disk, a
+// free hot-plug slot for the data disk (AttachDisk) and qemu's user
 // networking, from which the guest reaches the host's loopback as
 // HostFromVM. qemu dies with the test process.
 func Start(spec VMSpec) (*VM, error) {
@@ -45,16 +55,6 @@ func Start(spec VMSpec) (*VM, error) {
 	}
 	if spec.MemoryMiB == 0 {
 		spec.MemoryMiB = 768
-	}
-	// The raw format over the nbd protocol driver. qemu's default cache
-	// mode is writeback, so the guest sees a volatile write cache and
-	// sends flushes, which reach the NBD server as FLUSH.
-	disk, err := json.Marshal(map[string]any{
-		"driver": "raw", "node-name": "data",
-		"file": map[string]any{"driver": "nbd", "server": map[string]any{"type": "unix", "path": spec.DiskSocket}},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("vm: %w", err)
 	}
 	fwd, err := hostForward(spec.APIAddr, APIPort)
 	if err != nil {
@@ -73,12 +73,16 @@ func Start(spec VMSpec) (*VM, error) {
 			// Less for an emulated CPU to do at boot: no side-channel
 			// mitigations, crypto self-tests or probing of absent devices.
 			"mitigations=off cryptomgr.notests i8042.noaux i8042.nokbd 8250.nr_uarts=1 no_timer_check tsc=reliable",
-		// The data disk first: the guest names it vda, the tools vdb.
-		"-blockdev", string(disk), "-device", "virtio-blk-pci,drive=data",
 		"-drive", "file=" + spec.Tools + ",format=raw,if=none,id=tools,readonly=on", "-device", "virtio-blk-pci,drive=tools",
+		// The slot the data disk is plugged into (AttachDisk).
+		"-device", "pcie-root-port,id=" + dataPort + ",chassis=1,slot=1",
 		"-netdev", "user,id=net0," + fwd + "," + afwd, "-device", "virtio-net-pci,netdev=net0",
+		"-qmp", "unix:" + spec.QMP + ",server=on,wait=off",
 	}
-	v := &VM{cmd: exec.Command(spec.Qemu, args...), console: &consoleBuffer{max: 256 << 10}, exited: make(chan struct{})}
+	if spec.Restore != "" {
+		args = append(args, "-incoming", "exec:cat "+shellQuote(spec.Restore))
+	}
+	v := &VM{cmd: exec.Command(spec.Qemu, args...), console: &consoleBuffer{max: 256 << 10}, exited: make(chan struct{}), qmpPath: spec.QMP}
 	v.cmd.Stdout, v.cmd.Stderr = v.console, v.console
 	v.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := v.cmd.Start(); err != nil {
@@ -94,6 +98,90 @@ func hostForward(hostAddr string, guestPort int) (string, error) {
 		return "", fmt.Errorf("vm: forward %q: %w", hostAddr, err)
 	}
 	return fmt.Sprintf("hostfwd=tcp:%s:%s-%s:%d", host, port, GuestIP, guestPort), nil
+}
+
+// Save saves the running guest's state (its memory and devices, not its
+// disks) to path, for Start's spec.Restore, and leaves the guest paused.
+// It is qemu's migration into a file: every boot that restores it skips
+// the firmware, the kernel's start and init up to where the state was
+// saved.
+func (v *VM) Save(ctx context.Context, path string) error {
+	q, err := dialQMP(ctx, v.qmpPath, v.exited)
+	if err != nil {
+		return fmt.Errorf("vm: save: %w", err)
+	}
+	defer q.close()
+	if err := q.run(ctx, "stop", nil, nil); err != nil {
+		return fmt.Errorf("vm: save: %w", err)
+	}
+	// Paused, nothing changes: one pass at the host's speed.
+	if err := q.run(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
+		return fmt.Errorf("vm: save: %w", err)
+	}
+	if err := q.run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}, nil); err != nil {
+		return fmt.Errorf("vm: save: %w", err)
+	}
+	var st struct {
+		Status    string `json:"status"`
+		ErrorDesc string `json:"error-desc"`
+	}
+	err = q.poll(ctx, "query-migrate", &st, func() (bool, error) {
+		switch st.Status {
+		case "completed":
+			return true, nil
+		case "failed", "cancelled":
+			return false, fmt.Errorf("migration %s: %s", st.Status, st.ErrorDesc)
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("vm: save: %w", err)
+	}
+	return nil
+}
+
+// AttachDisk waits until a restored guest's state is loaded, plugs in the
+// data disk and lets the guest run: the disk is
+// virtio-blk over NBD from the unix socket. qemu's default write-back
+// cache mode makes the guest see a volatile write cache, so it sends
+// flushes, which reach the NBD server as FLUSH. The guest never saw the
+// disk before, so no page of it is in the guest's cache.
+func (v *VM) AttachDisk(ctx context.Context, socket string) error {
+	q, err := dialQMP(ctx, v.qmpPath, v.exited)
+	if err != nil {
+		return fmt.Errorf("vm: attach disk: %w", err)
+	}
+	defer q.close()
+	// The state loads first (status inmigrate); the guest saved paused
+	// stays paused after it.
+	var st struct{ Status string }
+	err = q.poll(ctx, "query-status", &st, func() (bool, error) {
+		switch st.Status {
+		case "running", "paused":
+			return true, nil
+		case "inmigrate", "prelaunch", "restore-vm":
+			return false, nil
+		}
+		return false, fmt.Errorf("guest %s", st.Status)
+	})
+	if err != nil {
+		return fmt.Errorf("vm: attach disk: %w", err)
+	}
+	// The raw format over the nbd protocol driver.
+	err = q.run(ctx, "blockdev-add", map[string]any{
+		"driver": "raw", "node-name": "data",
+		"file": map[string]any{"driver": "nbd", "server": map[string]any{"type": "unix", "path": socket}},
+	}, nil)
+	if err == nil {
+		err = q.run(ctx, "device_add", map[string]any{"driver": "virtio-blk-pci", "drive": "data", "bus": dataPort, "id": "datadisk"}, nil)
+	}
+	if err == nil && st.Status == "paused" {
+		err = q.run(ctx, "cont", nil, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("vm: attach disk: %w", err)
+	}
+	return nil
 }
 
 // Exited is closed when qemu has exited.
