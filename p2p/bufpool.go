@@ -12,10 +12,12 @@ import "context"
 type bufPool struct {
 	slots chan struct{} // one per buffer that may exist
 	free  chan []byte
+	size  int // of every buffer
 }
 
-func newBufPool(n int) *bufPool {
-	return &bufPool{slots: make(chan struct{}, n), free: make(chan []byte, n)}
+// newBufPool returns a pool of at most n buffers of size bytes.
+func newBufPool(n, size int) *bufPool {
+	return &bufPool{slots: make(chan struct{}, n), free: make(chan []byte, n), size: size}
 }
 
 // get returns a free buffer, allocating one while under the bound, or
@@ -30,7 +32,7 @@ func (p *bufPool) get(ctx context.Context) ([]byte, error) {
 	case b := <-p.free:
 		return b, nil
 	case p.slots <- struct{}{}:
-		return make([]byte, chunkSize), nil
+		return make([]byte, p.size), nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}

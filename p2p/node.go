@@ -127,6 +127,7 @@ type Node struct {
 	// handshakes, a line per refusalLogEvery at most.
 	refusedLog, failedLog *throttledLog
 	recv                  *bufPool
+	sendBufs              *bufPool // one per upload slot, for connections without sendfile
 	c                     counters
 	mu                    sync.Mutex
 	shards                map[string]*Shard            // by ShardID: the one served
@@ -138,6 +139,11 @@ type Node struct {
 
 // chunkSize is the unit of reads, writes, hashing and rate limiting.
 const chunkSize = 256 << 10
+
+// copyBufSize is the buffer an upload copies a piece through when it cannot
+// sendfile (TLS). A TLS record holds at most 16 KiB, so a larger buffer
+// only saves file reads, and a few per upload slot are all a node holds.
+const copyBufSize = 64 << 10
 
 // NewNode checks cfg and builds a node; call Serve to accept peers.
 func NewNode(cfg Config) (*Node, error) {
@@ -205,7 +211,8 @@ func NewNode(cfg Config) (*Node, error) {
 		upLim:      limiter(cfg.UploadLimit),
 		downLim:    limiter(cfg.DownloadLimit),
 		conns:      make(chan struct{}, cfg.MaxConns),
-		recv:       newBufPool(cfg.ReceiveBuffers),
+		recv:       newBufPool(cfg.ReceiveBuffers, chunkSize),
+		sendBufs:   newBufPool(cfg.MaxUploads, copyBufSize),
 		shards:     map[string]*Shard{},
 		twins:      map[string][]*Shard{},
 		held:       map[net.Conn]*time.Timer{},
@@ -419,10 +426,6 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 	defer close(done)
 	go sc.sendHaves(done)
 
-	buf := make([]byte, 0)
-	if _, isTCP := c.(*net.TCPConn); !isTCP {
-		buf = make([]byte, chunkSize)
-	}
 	for {
 		f, err := readFrame(br)
 		if err != nil {
@@ -437,7 +440,7 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 			n.log.Info("p2p: bad request", "peer", peerID, "err", err)
 			return
 		}
-		if err := sc.upload(ctx, i, buf); err != nil {
+		if err := sc.upload(ctx, i); err != nil {
 			n.log.Debug("p2p: upload ended", "peer", peerID, "err", err)
 			return
 		}
@@ -597,7 +600,7 @@ func (sc *serverConn) pace() {
 	sc.paced = share
 }
 
-func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {
+func (sc *serverConn) upload(ctx context.Context, i int) error {
 	n := sc.n
 	t := time.NewTimer(uploadSlotWait)
 	defer t.Stop()
@@ -611,6 +614,17 @@ func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {
 		return ctx.Err()
 	}
 	defer func() { <-n.uploads }()
+	// sendfile needs no buffer; anything else (TLS) copies through one of
+	// the upload slot's, so a node holds copy buffers per upload in
+	// progress rather than per connection.
+	var buf []byte
+	if _, isTCP := sc.c.(*net.TCPConn); !isTCP {
+		var err error
+		if buf, err = n.sendBufs.get(ctx); err != nil {
+			return err
+		}
+		defer n.sendBufs.put(buf)
+	}
 	f, release := sc.s.readFile(i)
 	if f == nil {
 		// Never requested legitimately: we only announce verified pieces.
