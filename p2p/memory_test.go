@@ -2,11 +2,15 @@ package p2p
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
+	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 // liveHeap is the heap still reachable after a full collection (two, so
@@ -80,4 +84,49 @@ func TestTLSServingHoldsNoBufferPerConnection(t *testing.T) {
 	if perConn > 96<<10 {
 		t.Fatalf("%d KiB live per connection: the seed holds a copy buffer per member rather than per upload", perConn>>10)
 	}
+}
+
+// Over TLS, piece bytes pass through the receive pool on their way to the
+// hasher and the disk. While the disk lags, a connection keeps reading
+// until it holds its share of buffers: what that share costs is what every
+// encrypted connection may hold, and it need not be more than a few TLS
+// records per buffer.
+func TestTLSReceiveHoldsLittleWhileTheDiskLags(t *testing.T) {
+	const piece = 1 << 20
+	data := randomData(t, 4*piece)
+	m := manifestFor(t, data, 0, int64(len(data)), piece, BLAKE3)
+	tlsOn := func(c *Config) { c.Encrypt = true }
+	seed := startNode(t, "seed", tlsOn)
+	seedNode(t, seed, data, m, nil)
+	x := startNode(t, "x", tlsOn)
+	s, err := x.Open(context.Background(), m, filepath.Join(x.dir, "f"), x.comp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.fileMu.Lock() // the disk stalls: no piece bytes can be written
+	locked := true
+	defer func() {
+		if locked {
+			s.fileMu.Unlock()
+		}
+	}()
+	fetched := make(chan error, 1)
+	go func() {
+		_, err := s.Fetch(context.Background(), FetchOptions{Peers: peers(seed.addr)})
+		fetched <- err
+	}()
+	wait.For(t, "the connection to hold all the buffers it may", func() bool {
+		return len(x.recv.slots) == buffersPerPeerConn
+	})
+	held := len(x.recv.slots) * x.recv.size
+	t.Logf("%d KiB held by one encrypted connection while the disk lags", held>>10)
+	if held > 512<<10 {
+		t.Errorf("one encrypted connection holds %d KiB of piece bytes while the disk lags", held>>10)
+	}
+	s.fileMu.Unlock()
+	locked = false
+	if err := <-fetched; err != nil {
+		t.Fatal(err)
+	}
+	assertFileRange(t, filepath.Join(x.dir, "f"), data, m)
 }

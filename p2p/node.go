@@ -64,9 +64,9 @@ type Config struct {
 	// RefusedHold is how long a connection refused for a full handshake
 	// budget is held, unread, before it is reset (default 1s).
 	RefusedHold time.Duration
-	// ReceiveBuffers bounds the 256 KiB buffers holding piece bytes between
-	// the socket, the hasher and the disk, over all connections (default
-	// 64, 16 MiB).
+	// ReceiveBuffers bounds the 64 KiB buffers holding piece bytes between
+	// the socket, the hasher and the disk, over all connections that cannot
+	// splice (TLS), default 64 (4 MiB).
 	ReceiveBuffers int
 	// DialTimeout bounds dial plus handshake (default 3s).
 	DialTimeout time.Duration
@@ -140,9 +140,13 @@ type Node struct {
 // chunkSize is the unit of reads, writes, hashing and rate limiting.
 const chunkSize = 256 << 10
 
-// copyBufSize is the buffer an upload copies a piece through when it cannot
-// sendfile (TLS). A TLS record holds at most 16 KiB, so a larger buffer
-// only saves file reads, and a few per upload slot are all a node holds.
+// copyBufSize is the size of the buffers piece bytes pass through in user
+// space where the kernel cannot move them (TLS; splice elsewhere than
+// Linux): an upload reads the file into one and writes it to the
+// connection, a download reads into one and hands it to the hasher and the
+// disk. A TLS record holds at most 16 KiB, so larger buffers save only a
+// few system calls, while every buffer a node allocates stays in its heap
+// and, with Go's collector, counts about twice in its memory.
 const copyBufSize = 64 << 10
 
 // NewNode checks cfg and builds a node; call Serve to accept peers.
@@ -211,7 +215,7 @@ func NewNode(cfg Config) (*Node, error) {
 		upLim:      limiter(cfg.UploadLimit),
 		downLim:    limiter(cfg.DownloadLimit),
 		conns:      make(chan struct{}, cfg.MaxConns),
-		recv:       newBufPool(cfg.ReceiveBuffers, chunkSize),
+		recv:       newBufPool(cfg.ReceiveBuffers, copyBufSize),
 		sendBufs:   newBufPool(cfg.MaxUploads, copyBufSize),
 		shards:     map[string]*Shard{},
 		twins:      map[string][]*Shard{},
