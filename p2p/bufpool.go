@@ -8,7 +8,9 @@ import "context"
 // many peers and shards are open (per-connection buffers allowed 2 MiB per
 // connection, ~110 MiB at 8 shards x 7 peers) and reuses it. The daemons'
 // measured peak RSS did not move much (93-135 MiB before, 96-118 MiB after,
-// 8 hosts, noisy): the bound is the point, not a figure.
+// 8 hosts, noisy): the bound is the point, not a figure. Uploads that
+// cannot sendfile take their copy buffers from a pool of their own, one
+// buffer per upload slot, for the same reason.
 type bufPool struct {
 	slots chan struct{} // one per buffer that may exist
 	free  chan []byte
