@@ -1,17 +1,20 @@
 package p2p
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"math/big"
+	"sync"
 	"time"
 )
 
@@ -38,6 +41,65 @@ type auth struct {
 	// trust decides whether a peer that proved an identity is the node it
 	// names (nil: any proven identity is taken).
 	trust func(peerIdentity) error
+	// derived holds the HMAC keys of the keys installed now (see macKeys).
+	derived keyCache
+}
+
+// keyCache remembers the HMAC keys and IDs derived from the cluster keys
+// installed at the last handshake, so an acceptor does not run HKDF for
+// every installed key on every connection (a stranger's included) nor a
+// dialer on every dial. The derivation depends on nothing but the key, so
+// a cached one is the one a fresh derivation would give; the cache follows
+// the keyring exactly (any change derives the new set and forgets the old),
+// and so holds no key that has been removed.
+type keyCache struct {
+	mu   sync.Mutex
+	from [][]byte // the cluster keys of out, copied
+	out  []derivedKey
+	// derive is macKey; tests count its calls.
+	derive func(clusterKey []byte) []byte
+}
+
+// derivedKey is a cluster key's HMAC key and the ID that names it in the
+// handshake; mac is nil for a key of the wrong size, which is never used.
+type derivedKey struct {
+	mac, id []byte
+}
+
+// macKeys returns the derived keys of ks, in order.
+func (c *keyCache) macKeys(ks [][]byte) []derivedKey {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sameKeys(c.from, ks) {
+		return c.out
+	}
+	derive := c.derive
+	if derive == nil {
+		derive = macKey
+	}
+	from, out := make([][]byte, len(ks)), make([]derivedKey, len(ks))
+	for i, k := range ks {
+		from[i] = bytes.Clone(k)
+		if len(k) == ClusterKeySize {
+			mk := derive(k)
+			out[i] = derivedKey{mac: mk, id: keyID(mk)}
+		}
+	}
+	c.from, c.out = from, out
+	return out
+}
+
+// sameKeys reports whether a and b are the same keys in the same order,
+// in time that does not depend on where they differ.
+func sameKeys(a, b [][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	same := 1
+	for i := range a {
+		same &= subtle.ConstantTimeCompare(a[i], b[i])
+	}
+	return same == 1
 }
 
 const tlsServerName = "warmfleet-p2p"
@@ -83,23 +145,21 @@ func keyID(mk []byte) []byte {
 	return h.Sum(nil)[:8]
 }
 
-// dialKey returns the HMAC key to dial with: the first cluster key's.
-func (a *auth) dialKey() ([]byte, error) {
-	ks := a.keys()
-	if len(ks) == 0 || len(ks[0]) != ClusterKeySize {
-		return nil, errors.New("p2p: no usable cluster key")
+// dialKey returns the HMAC key to dial with, the first cluster key's, and
+// its ID.
+func (a *auth) dialKey() (mac, id []byte, err error) {
+	ks := a.derived.macKeys(a.keys())
+	if len(ks) == 0 || ks[0].mac == nil {
+		return nil, nil, errors.New("p2p: no usable cluster key")
 	}
-	return macKey(ks[0]), nil
+	return ks[0].mac, ks[0].id, nil
 }
 
 // acceptKey returns the HMAC key among ours whose ID is id, or nil.
 func (a *auth) acceptKey(id []byte) []byte {
-	for _, k := range a.keys() {
-		if len(k) != ClusterKeySize {
-			continue
-		}
-		if mk := macKey(k); hmac.Equal(keyID(mk), id) {
-			return mk
+	for _, k := range a.derived.macKeys(a.keys()) {
+		if k.mac != nil && hmac.Equal(k.id, id) {
+			return k.mac
 		}
 	}
 	return nil

@@ -8,14 +8,18 @@ import "context"
 // many peers and shards are open (per-connection buffers allowed 2 MiB per
 // connection, ~110 MiB at 8 shards x 7 peers) and reuses it. The daemons'
 // measured peak RSS did not move much (93-135 MiB before, 96-118 MiB after,
-// 8 hosts, noisy): the bound is the point, not a figure.
+// 8 hosts, noisy): the bound is the point, not a figure. Uploads that
+// cannot sendfile take their copy buffers from a pool of their own, one
+// buffer per upload slot, for the same reason.
 type bufPool struct {
 	slots chan struct{} // one per buffer that may exist
 	free  chan []byte
+	size  int // of every buffer
 }
 
-func newBufPool(n int) *bufPool {
-	return &bufPool{slots: make(chan struct{}, n), free: make(chan []byte, n)}
+// newBufPool returns a pool of at most n buffers of size bytes.
+func newBufPool(n, size int) *bufPool {
+	return &bufPool{slots: make(chan struct{}, n), free: make(chan []byte, n), size: size}
 }
 
 // get returns a free buffer, allocating one while under the bound, or
@@ -30,7 +34,7 @@ func (p *bufPool) get(ctx context.Context) ([]byte, error) {
 	case b := <-p.free:
 		return b, nil
 	case p.slots <- struct{}{}:
-		return make([]byte, chunkSize), nil
+		return make([]byte, p.size), nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}

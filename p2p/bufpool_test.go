@@ -8,7 +8,7 @@ import (
 )
 
 func TestBufPoolBoundsAndReuses(t *testing.T) {
-	p := newBufPool(2)
+	p := newBufPool(2, chunkSize)
 	a, err := p.get(context.Background())
 	if err != nil {
 		t.Fatal(err)

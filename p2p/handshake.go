@@ -281,13 +281,13 @@ func (a *auth) client(c net.Conn, deadline time.Time, want string) (net.Conn, pe
 	if err != nil {
 		return nil, peerIdentity{}, err
 	}
-	key, err := a.dialKey()
+	key, id, err := a.dialKey()
 	if err != nil {
 		return nil, peerIdentity{}, err
 	}
 	h := hello{key: a.pub(), id: a.nodeID, want: want}
 	_, _ = rand.Read(h.nonce[:])
-	copy(h.keyID[:], keyID(key))
+	copy(h.keyID[:], id)
 	raw := h.marshal()
 	if _, err := conn.Write(raw); err != nil {
 		return nil, peerIdentity{}, fmt.Errorf("p2p: handshake: %w", err)

@@ -64,9 +64,9 @@ type Config struct {
 	// RefusedHold is how long a connection refused for a full handshake
 	// budget is held, unread, before it is reset (default 1s).
 	RefusedHold time.Duration
-	// ReceiveBuffers bounds the 256 KiB buffers holding piece bytes between
-	// the socket, the hasher and the disk, over all connections (default
-	// 64, 16 MiB).
+	// ReceiveBuffers bounds the 64 KiB buffers holding piece bytes between
+	// the socket, the hasher and the disk, over all connections that cannot
+	// splice (TLS), default 64 (4 MiB).
 	ReceiveBuffers int
 	// DialTimeout bounds dial plus handshake (default 3s).
 	DialTimeout time.Duration
@@ -127,6 +127,7 @@ type Node struct {
 	// handshakes, a line per refusalLogEvery at most.
 	refusedLog, failedLog *throttledLog
 	recv                  *bufPool
+	sendBufs              *bufPool // one per upload slot, for connections without sendfile
 	c                     counters
 	mu                    sync.Mutex
 	shards                map[string]*Shard            // by ShardID: the one served
@@ -138,6 +139,15 @@ type Node struct {
 
 // chunkSize is the unit of reads, writes, hashing and rate limiting.
 const chunkSize = 256 << 10
+
+// copyBufSize is the size of the buffers piece bytes pass through in user
+// space where the kernel cannot move them (TLS; splice elsewhere than
+// Linux): an upload reads the file into one and writes it to the
+// connection, a download reads into one and hands it to the hasher and the
+// disk. A TLS record holds at most 16 KiB, so larger buffers save only a
+// few system calls, while every buffer a node allocates stays in its heap
+// and, with Go's collector, counts about twice in its memory.
+const copyBufSize = 64 << 10
 
 // NewNode checks cfg and builds a node; call Serve to accept peers.
 func NewNode(cfg Config) (*Node, error) {
@@ -205,7 +215,8 @@ func NewNode(cfg Config) (*Node, error) {
 		upLim:      limiter(cfg.UploadLimit),
 		downLim:    limiter(cfg.DownloadLimit),
 		conns:      make(chan struct{}, cfg.MaxConns),
-		recv:       newBufPool(cfg.ReceiveBuffers),
+		recv:       newBufPool(cfg.ReceiveBuffers, copyBufSize),
+		sendBufs:   newBufPool(cfg.MaxUploads, copyBufSize),
 		shards:     map[string]*Shard{},
 		twins:      map[string][]*Shard{},
 		held:       map[net.Conn]*time.Timer{},
@@ -419,10 +430,6 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 	defer close(done)
 	go sc.sendHaves(done)
 
-	buf := make([]byte, 0)
-	if _, isTCP := c.(*net.TCPConn); !isTCP {
-		buf = make([]byte, chunkSize)
-	}
 	for {
 		f, err := readFrame(br)
 		if err != nil {
@@ -437,7 +444,7 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 			n.log.Info("p2p: bad request", "peer", peerID, "err", err)
 			return
 		}
-		if err := sc.upload(ctx, i, buf); err != nil {
+		if err := sc.upload(ctx, i); err != nil {
 			n.log.Debug("p2p: upload ended", "peer", peerID, "err", err)
 			return
 		}
@@ -597,7 +604,7 @@ func (sc *serverConn) pace() {
 	sc.paced = share
 }
 
-func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {
+func (sc *serverConn) upload(ctx context.Context, i int) error {
 	n := sc.n
 	t := time.NewTimer(uploadSlotWait)
 	defer t.Stop()
@@ -611,6 +618,17 @@ func (sc *serverConn) upload(ctx context.Context, i int, buf []byte) error {
 		return ctx.Err()
 	}
 	defer func() { <-n.uploads }()
+	// sendfile needs no buffer; anything else (TLS) copies through one of
+	// the upload slot's, so a node holds copy buffers per upload in
+	// progress rather than per connection.
+	var buf []byte
+	if _, isTCP := sc.c.(*net.TCPConn); !isTCP {
+		var err error
+		if buf, err = n.sendBufs.get(ctx); err != nil {
+			return err
+		}
+		defer n.sendBufs.put(buf)
+	}
 	f, release := sc.s.readFile(i)
 	if f == nil {
 		// Never requested legitimately: we only announce verified pieces.
