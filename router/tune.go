@@ -201,6 +201,8 @@ func (rt *Router) estimatesLocked(in *balance.Input, members []*backend, exact b
 		switch {
 		case b.tune.model.n >= tuneMinSamples:
 			e.Theta = b.tune.model.theta
+			// Its own fit may price a miss near 0 (balance.Estimate.MinUncached).
+			e.MinUncached = rt.tune.pooled.theta[1] / balance.SpeedBand
 		case learned:
 			e.Theta = rt.tune.pooled.theta
 		}

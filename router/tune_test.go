@@ -353,3 +353,26 @@ func TestReadEngines(t *testing.T) {
 		t.Fatalf("a reading 10 intervals old still used: %+v", e)
 	}
 }
+
+// A backend with a fit of its own has its uncached block priced at no less
+// than the fleet's fit's over balance.SpeedBand; one scored with the
+// fleet's fit needs no floor.
+func TestEstimatesFloorUncached(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	cfg := Defaults()
+	cfg.Strategy = balance.SelfTuning
+	h := newHarness(t, cfg, Options{Now: clock.Now}, "http://127.0.0.1:1", "http://127.0.0.1:2")
+	h.rt.mu.Lock()
+	defer h.rt.mu.Unlock()
+	own, fleet := h.rt.backends["http://127.0.0.1:1"], h.rt.backends["http://127.0.0.1:2"]
+	h.rt.tune.pooled.n, h.rt.tune.pooled.theta[1] = 10*tuneMinSamples, 0.2
+	own.tune.model.n, own.tune.model.theta[1] = tuneMinSamples, 0.001
+	var in balance.Input
+	h.rt.estimatesLocked(&in, []*backend{own, fleet}, false, clock.Now())
+	if got, want := in.Estimates[0].MinUncached, 0.2/balance.SpeedBand; got != want {
+		t.Fatalf("own fit: MinUncached %v, want %v", got, want)
+	}
+	if e := in.Estimates[1]; e.MinUncached != 0 || e.Theta[1] != 0.2 {
+		t.Fatalf("fleet's fit: %+v, want its theta and no floor", e)
+	}
+}

@@ -72,6 +72,14 @@ type Estimate struct {
 	// Reuse is the fraction of prompt blocks found cached there lately
 	// (the engine's prefix cache hit rate, or the router's estimate).
 	Reuse float64
+	// MinUncached is the least an uncached block may cost there, in
+	// Theta's unit per FeatureBlocks blocks (0: no floor); the router
+	// sets it to the fleet's fitted price over SpeedBand. A backend's own
+	// fit can price its uncached blocks near 0 when the requests it saw
+	// had similar features (the constant and the cached blocks take the
+	// time instead), and a backend where a miss looks free draws every
+	// large uncached prompt until its queue is many seconds long.
+	MinUncached float64
 }
 
 // TunedCost is one candidate's cost under SelfTuning, in the unit of its
@@ -83,11 +91,26 @@ type TunedCost struct {
 	Capped, Over, OverShare bool
 }
 
+// coef is the model's coefficient i as the decision reads it: negative,
+// infinite and NaN ones as 0 (more work never makes a backend faster),
+// an uncached block at least MinUncached, and a cached block at most an
+// uncached one (reading a block from the cache never costs more than
+// computing it; a fit that says otherwise has mistaken which of two
+// features that moved together took the time).
 func (e *Estimate) coef(i int) float64 {
-	if t := e.Theta[i]; t > 0 && !math.IsInf(t, 1) {
-		return t
+	t := e.Theta[i]
+	if !(t > 0) || math.IsInf(t, 1) {
+		t = 0
 	}
-	return 0
+	switch i {
+	case 1:
+		if m := e.MinUncached; m > 0 && !math.IsInf(m, 1) {
+			t = max(t, m)
+		}
+	case 2:
+		t = min(t, e.coef(1))
+	}
+	return t
 }
 
 // queueCoef is what a block queued ahead costs: at least what one of the
@@ -168,7 +191,7 @@ func TunedCosts(in *Input, dst []TunedCost) []TunedCost {
 // where a backend's fair share is in proportion to its weight and to the
 // speed its model learned (1 / the cost of an uncached block) relative to
 // the candidates' mean: a backend twice as fast as the others should take
-// more of their requests. Speeds within speedBand of the mean count as
+// more of their requests. Speeds within SpeedBand of the mean count as
 // equal: the fits of equal engines differ by their noise, and shares
 // weighted by it would load some backends more for nothing. While any
 // candidate's speed is unknown, by weight alone (Shares).
@@ -184,7 +207,7 @@ func tunedShares(in *Input, dst []float64) []float64 {
 	}
 	speed := func(i int) float64 {
 		r := mean / in.Estimates[i].coef(1)
-		if r > 1/speedBand && r < speedBand {
+		if r > 1/SpeedBand && r < SpeedBand {
 			return 1
 		}
 		return r
@@ -204,9 +227,11 @@ func tunedShares(in *Input, dst []float64) []float64 {
 	return dst
 }
 
-// speedBand is how much faster or slower than the mean a backend's learned
-// speed must be for its fair share of traffic to change.
-const speedBand = 2
+// SpeedBand is how much faster or slower than the mean a backend's learned
+// speed must be for its fair share of traffic to change, and how much
+// cheaper than the fleet's a backend's own fit may price an uncached block
+// (Estimate.MinUncached).
+const SpeedBand = 2
 
 // ScaleKeys converts a count of keys into the estimates' blocks (KeyScale).
 func (in *Input) ScaleKeys(k int) int {

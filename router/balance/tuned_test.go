@@ -91,6 +91,15 @@ func TestDecideTuned(t *testing.T) {
 			c[0].Inflight, c[0].Recent, c[1].Recent = 1, 1, 1.1
 			e[0].Theta[4], e[1].Theta[4] = 0.01, 0.01 // 0.220 s against 0.210 s
 		}, want: 1, reason: Cold},
+		{name: "a fit that prices a miss near 0 is held to the fleet's price over SpeedBand", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Pending = 96 // 0.15 s queued: with misses at 0.001 per 64 blocks it would look cheaper than the idle one
+			e[0].Theta[1] = 0.001
+			e[0].MinUncached, e[1].MinUncached = 0.05, 0.05
+		}, want: 1, reason: Cold},
+		{name: "a fit that prices a cached block above an uncached one: it costs no more than one", setup: func(c []Candidate, e []Estimate, in *Input) {
+			c[0].Matched, c[1].Pending = 128, 32
+			e[0].Theta[2] = 0.5 // read as 0.1: the whole prompt cached costs what computing it would, less than computing it behind a queue
+		}, want: 0, reason: Hit},
 		{name: "too little free KV cache caps it", setup: func(c []Candidate, e []Estimate, in *Input) {
 			c[0].Matched, e[0].KVFree = 120, 4
 		}, want: 1, reason: Overflow, yielded: BoundKV},
