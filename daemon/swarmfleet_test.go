@@ -106,6 +106,22 @@ func (sf *swarmFleet) start(name, dir string, alone bool, wrap ...func(Origin) O
 	return m
 }
 
+// cachingPair starts members a and b reading the origin through wrap,
+// waits until they see each other and adds the fixture's cache to both.
+func (sf *swarmFleet) cachingPair(wrap func(Origin) Origin) (a, b *swarmMember) {
+	t := sf.t
+	t.Helper()
+	a = sf.start("a", t.TempDir(), false, wrap)
+	b = sf.start("b", t.TempDir(), false, wrap)
+	waitSees(t, a, b)
+	for _, m := range []*swarmMember{a, b} {
+		if err := m.d.AddCache(t.Context(), sf.fx.spec()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, b
+}
+
 // waitSees waits until every member sees all of them alive.
 func waitSees(t *testing.T, ms ...*swarmMember) {
 	t.Helper()
@@ -201,14 +217,7 @@ func TestOriginRestartedBeforeAnyShardCompletesKeepsItsPieces(t *testing.T) {
 		s.left.Store(2)
 		return s
 	}
-	a := sf.start("a", t.TempDir(), false, stall)
-	b := sf.start("b", t.TempDir(), false, stall)
-	waitSees(t, a, b)
-	for _, m := range []*swarmMember{a, b} {
-		if err := m.d.AddCache(t.Context(), fx.spec()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a, b := sf.cachingPair(stall)
 	// Each origin read two pieces of its shard, and each follower got them.
 	for _, m := range []*swarmMember{a, b} {
 		wait.For(t, m.name+" verified 4 pieces", func() bool { return m.p2p.Stats().PiecesVerified >= 4 })
@@ -287,14 +296,7 @@ func TestReadBackCheckRunsWhileTheFileFills(t *testing.T) {
 		origins = append(origins, o)
 		return o
 	}
-	a := sf.start("a", t.TempDir(), false, hold)
-	b := sf.start("b", t.TempDir(), false, hold)
-	waitSees(t, a, b)
-	for _, m := range []*swarmMember{a, b} {
-		if err := m.d.AddCache(t.Context(), fx.spec()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a, b := sf.cachingPair(hold)
 	for i, o := range origins {
 		wait.For(t, fmt.Sprintf("node %d's check read the first shard while the last is held", i), func() bool {
 			return o.readTo.Load() >= swarmShardSize
