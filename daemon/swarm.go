@@ -231,12 +231,33 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 		}
 	}
 	shards := make([]*p2p.Shard, len(mine))
+	spans := make([]fillSpan, len(mine))
+	for i, sh := range mine {
+		spans[i] = fillSpan{off: sh.rng.Offset, n: sh.rng.Length}
+	}
+	gate := newFillGate(spans)
+	// Without a range check the origin reads the copy back: it does so
+	// shard by shard as they complete (see fillGate), not after the fill.
+	vctx, stopVerify := context.WithCancel(ctx)
+	defer stopVerify()
+	type verified struct {
+		v   origin.Verification
+		err error
+	}
+	readBack := make(chan verified, 1)
+	if check == nil {
+		go func() {
+			v, err := f.origin.Verify(vctx, obj, gate.reader(vctx, file))
+			readBack <- verified{v, err}
+		}()
+	}
 	for i, sh := range mine {
 		g.Go(func() error {
 			s, err := f.fetchShard(gctx, obj, path, sh, pieceCRC)
 			shards[i] = s
 			if err == nil {
 				f.done.Add(sh.rng.Length)
+				gate.done(i)
 			}
 			return err
 		})
@@ -244,6 +265,10 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 	err = g.Wait()
 	f.d.swarm.keep(f.spec.Name, shards)
 	if err != nil {
+		if check == nil {
+			stopVerify()
+			<-readBack
+		}
 		return fmt.Errorf("%s: %w", fr.Path, err)
 	}
 	filled := f.d.now()
@@ -257,7 +282,8 @@ func (f *fetch) fetchFileSwarm(ctx context.Context, stage *nvme.Staging, revisio
 		}
 		v, err = check.Verify(ctx, file, known)
 	} else {
-		v, err = f.origin.Verify(ctx, obj, file)
+		r := <-readBack
+		v, err = r.v, r.err
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", fr.Path, err)

@@ -107,6 +107,22 @@ func (sf *swarmFleet) start(name, dir string, alone bool, wrap ...func(Origin) O
 	return m
 }
 
+// cachingPair starts members a and b reading the origin through wrap,
+// waits until they see each other and adds the fixture's cache to both.
+func (sf *swarmFleet) cachingPair(wrap func(Origin) Origin) (a, b *swarmMember) {
+	t := sf.t
+	t.Helper()
+	a = sf.start("a", t.TempDir(), false, wrap)
+	b = sf.start("b", t.TempDir(), false, wrap)
+	waitSees(t, a, b)
+	for _, m := range []*swarmMember{a, b} {
+		if err := m.d.AddCache(t.Context(), sf.fx.spec()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, b
+}
+
 // waitSees waits until every member sees all of them alive.
 func waitSees(t *testing.T, ms ...*swarmMember) {
 	t.Helper()
@@ -202,14 +218,7 @@ func TestOriginRestartedBeforeAnyShardCompletesKeepsItsPieces(t *testing.T) {
 		s.left.Store(2)
 		return s
 	}
-	a := sf.start("a", t.TempDir(), false, stall)
-	b := sf.start("b", t.TempDir(), false, stall)
-	waitSees(t, a, b)
-	for _, m := range []*swarmMember{a, b} {
-		if err := m.d.AddCache(t.Context(), fx.spec()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a, b := sf.cachingPair(stall)
 	// Each origin read two pieces of its shard, and each follower got them.
 	for _, m := range []*swarmMember{a, b} {
 		wait.For(t, m.name+" verified 4 pieces", func() bool { return m.p2p.Stats().PiecesVerified >= 4 })
@@ -255,14 +264,7 @@ func TestRetryAfterAFailedFileReusesTheShardsItCompleted(t *testing.T) {
 	var failing atomic.Bool
 	failing.Store(true)
 	unavailable := func(org Origin) Origin { return &failRanges{Origin: org, path: "config.json", failing: &failing} }
-	a := sf.start("a", t.TempDir(), false, unavailable)
-	b := sf.start("b", t.TempDir(), false, unavailable)
-	waitSees(t, a, b)
-	for _, m := range []*swarmMember{a, b} {
-		if err := m.d.AddCache(t.Context(), fx.spec()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a, b := sf.cachingPair(unavailable)
 	// config.json's origin fails; its follower waits for it meanwhile.
 	wait.For(t, "a node failed on config.json with the model files in", func() bool {
 		for _, m := range []*swarmMember{a, b} {
@@ -283,5 +285,82 @@ func TestRetryAfterAFailedFileReusesTheShardsItCompleted(t *testing.T) {
 			return st.Ready
 		})
 		checkFiles(t, status(t, m.d, "meta/llama").Path, fx.files)
+	}
+}
+
+// readBackOrigin is an origin whose digest no piece CRCs combine into (a
+// Hub file's sha256): NewRangeCheck is nil, so Verify reads the copy back.
+// It records how far Verify has read, and holds every origin read that
+// reaches holdFrom until release is closed.
+type readBackOrigin struct {
+	Origin
+	holdFrom int64
+	release  chan struct{}
+	readTo   atomic.Int64
+}
+
+func (o *readBackOrigin) NewRangeCheck(context.Context, origin.Object) (origin.RangeCheck, error) {
+	return nil, nil
+}
+
+func (o *readBackOrigin) OpenRange(ctx context.Context, obj origin.Object, off, n int64) (io.ReadCloser, error) {
+	if off+n > o.holdFrom {
+		select {
+		case <-o.release:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}
+	return o.Origin.OpenRange(ctx, obj, off, n)
+}
+
+func (o *readBackOrigin) Verify(ctx context.Context, obj origin.Object, r io.ReaderAt) (origin.Verification, error) {
+	return o.Origin.Verify(ctx, obj, readerAtFunc(func(p []byte, off int64) (int, error) {
+		n, err := r.ReadAt(p, off)
+		for end := off + int64(n); ; {
+			if cur := o.readTo.Load(); end <= cur || o.readTo.CompareAndSwap(cur, end) {
+				break
+			}
+		}
+		return n, err
+	}))
+}
+
+type readerAtFunc func([]byte, int64) (int, error)
+
+func (f readerAtFunc) ReadAt(p []byte, off int64) (int, error) { return f(p, off) }
+
+// A file whose origin checks it by reading it back (no range check, as a
+// Hub's sha256) is read back shard by shard while the swarm fills it, not
+// all at once after the fill: at the fleet bench's scale that read-back,
+// done after the last byte arrived, added seconds to every host's warm-up.
+// The test holds the file's last shard at the origin and waits for the
+// check to have read the first shard on both nodes.
+func TestReadBackCheckRunsWhileTheFileFills(t *testing.T) {
+	const size = swarmShardSize + 2*swarmPieceSize
+	fx := newFixture(t, map[string]int{"model-00000.safetensors": size})
+	sf := newSwarmFleet(t, fx)
+	release := make(chan struct{})
+	var origins []*readBackOrigin
+	hold := func(org Origin) Origin {
+		o := &readBackOrigin{Origin: org, holdFrom: swarmShardSize, release: release}
+		origins = append(origins, o)
+		return o
+	}
+	a, b := sf.cachingPair(hold)
+	for i, o := range origins {
+		wait.For(t, fmt.Sprintf("node %d's check read the first shard while the last is held", i), func() bool {
+			return o.readTo.Load() >= swarmShardSize
+		}, wait.Timeout(30*time.Second))
+	}
+	close(release)
+	for _, m := range []*swarmMember{a, b} {
+		wait.For(t, m.name+" ready", func() bool { return status(t, m.d, "meta/llama").Ready })
+		checkFiles(t, status(t, m.d, "meta/llama").Path, fx.files)
+	}
+	for i, o := range origins {
+		if got := o.readTo.Load(); got != size {
+			t.Errorf("node %d's check read up to byte %d of %d", i, got, size)
+		}
 	}
 }
