@@ -10,11 +10,10 @@ import "math/bits"
 // a group's control word and then the slot, and calls a function to do so.
 // A zero hash, which marks a free slot, is kept on its own.
 type holders struct {
-	slots   []holderSlot // a power of two long; nil until the first block
-	shift   uint         // 64 - log2(len(slots))
-	n       int          // slots in use
-	zero    idSet        // the views holding block 0
-	hasZero bool
+	slots []holderSlot // a power of two long; nil until the first block
+	shift uint         // 64 - log2(len(slots))
+	n     int          // slots in use
+	zero  idSet        // the views holding block 0
 }
 
 type holderSlot struct {
@@ -41,6 +40,14 @@ func (t *holders) find(h uint64) int {
 	return i
 }
 
+// len is how many blocks some view holds.
+func (t *holders) len() int {
+	if t.zero.empty() {
+		return t.n
+	}
+	return t.n + 1
+}
+
 // get is the set of views holding h (empty when none does).
 func (t *holders) get(h uint64) idSet {
 	if h == 0 {
@@ -56,7 +63,6 @@ func (t *holders) get(h uint64) idSet {
 func (t *holders) add(h uint64, id int) {
 	if h == 0 {
 		t.zero.add(id)
-		t.hasZero = true
 		return
 	}
 	if (t.n+1)*4 > len(t.slots)*3 { // at most three quarters full
@@ -75,7 +81,6 @@ func (t *holders) add(h uint64, id int) {
 func (t *holders) remove(h uint64, id int) {
 	if h == 0 {
 		t.zero.remove(id)
-		t.hasZero = !t.zero.empty()
 		return
 	}
 	if t.slots == nil {

@@ -31,11 +31,7 @@ func TestHoldersAgreeWithMap(t *testing.T) {
 				t.Fatalf("round %d: get(%#x) = %v, want %v", round, h, got, want)
 			}
 		}
-		n := tab.n
-		if tab.hasZero {
-			n++
-		}
-		if n != len(model) {
+		if n := tab.len(); n != len(model) {
 			t.Fatalf("round %d: %d blocks held, want %d", round, n, len(model))
 		}
 	}
