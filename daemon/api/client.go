@@ -62,19 +62,39 @@ func IsNotFound(err error) bool {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
+	var body []byte
 	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
 			return err
 		}
-		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
-	if err != nil {
+	data, err := c.send(ctx, method, path, body)
+	if err != nil || out == nil {
 		return err
 	}
-	if in != nil {
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("daemon at %s: bad answer: %w", c.addr, err)
+	}
+	return nil
+}
+
+// maxAnswer bounds what the client reads of one answer.
+const maxAnswer = 64 << 20
+
+// send makes one request (with a JSON body when body is not nil) and
+// returns the answer's body, read up to maxAnswer; a non-2xx answer is a
+// *StatusError carrying the daemon's message.
+func (c *Client) send(ctx context.Context, method, path string, body []byte) ([]byte, error) {
+	var r io.Reader
+	if body != nil {
+		r = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, r)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if c.token != "" {
@@ -83,29 +103,23 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("daemon at %s: no answer within %s (is it stopped or stuck?): %w", c.addr, requestTimeout, err)
+			return nil, fmt.Errorf("daemon at %s: no answer within %s (is it stopped or stuck?): %w", c.addr, requestTimeout, err)
 		}
-		return fmt.Errorf("daemon at %s: %w", c.addr, err)
+		return nil, fmt.Errorf("daemon at %s: %w", c.addr, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
-		return fmt.Errorf("daemon at %s: %w", c.addr, err)
+		return nil, fmt.Errorf("daemon at %s: %w", c.addr, err)
 	}
 	if resp.StatusCode/100 != 2 {
 		var e Error
 		if json.Unmarshal(data, &e) != nil || e.Error == "" {
 			e.Error = strings.TrimSpace(string(data))
 		}
-		return &StatusError{Code: resp.StatusCode, Message: e.Error}
+		return nil, &StatusError{Code: resp.StatusCode, Message: e.Error}
 	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("daemon at %s: bad answer: %w", c.addr, err)
-	}
-	return nil
+	return data, nil
 }
 
 // AddCache asks the daemon (and through it the fleet) to cache a model.
@@ -198,20 +212,14 @@ func (c *Client) Node(ctx context.Context) (NodeInfo, error) {
 
 // Metrics returns the Prometheus text exposition.
 func (c *Client) Metrics(ctx context.Context) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/metrics", nil)
-	if err != nil {
-		return "", err
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("daemon at %s: %w", c.addr, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	b, err := c.send(ctx, http.MethodGet, "/metrics", nil)
 	return string(b), err
+}
+
+// Health asks /healthz whether the daemon's API is up.
+func (c *Client) Health(ctx context.Context) error {
+	_, err := c.send(ctx, http.MethodGet, "/healthz", nil)
+	return err
 }
 
 // escapeName keeps the one '/' of "org/model" as a path separator.

@@ -3,8 +3,13 @@ package api
 import (
 	"bufio"
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -55,4 +60,37 @@ func TestClientGivesUpOnSilentDaemon(t *testing.T) {
 			t.Fatal("the client still waits for a silent daemon after an hour")
 		}
 	})
+}
+
+// Every call reads a bounded answer and reports a non-2xx one as a
+// *StatusError, /metrics included: a 403 page is not a metrics text.
+func TestMetricsAndHealthReportRefusals(t *testing.T) {
+	var code atomic.Int32
+	code.Store(http.StatusForbidden)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c := int(code.Load()); c != http.StatusOK {
+			http.Error(w, `{"error":"token required"}`, c)
+			return
+		}
+		fmt.Fprintln(w, "warmfleet_up 1")
+	}))
+	t.Cleanup(srv.Close)
+	c, err := NewClient(strings.TrimPrefix(srv.URL, "http://"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var se *StatusError
+	if text, err := c.Metrics(t.Context()); !errors.As(err, &se) || se.Code != http.StatusForbidden || se.Message != "token required" {
+		t.Fatalf("Metrics on a 403 = %q, %v; want a StatusError 403 with the daemon's message", text, err)
+	}
+	if err := c.Health(t.Context()); !errors.As(err, &se) || se.Code != http.StatusForbidden {
+		t.Fatalf("Health on a 403 = %v; want a StatusError 403", err)
+	}
+	code.Store(http.StatusOK)
+	if text, err := c.Metrics(t.Context()); err != nil || text != "warmfleet_up 1\n" {
+		t.Fatalf("Metrics = %q, %v", text, err)
+	}
+	if err := c.Health(t.Context()); err != nil {
+		t.Fatalf("Health = %v", err)
+	}
 }

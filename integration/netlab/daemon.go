@@ -6,13 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	daemonapi "github.com/warmfleet/warmfleet/daemon/api"
 )
 
 // DaemonSpec says how to run the warmfleet daemon on a host.
@@ -31,8 +30,8 @@ type Daemon struct {
 	*Process
 	Bin string
 	// API is the --api address the daemon and its clients use.
-	API  string
-	http *http.Client
+	API    string
+	client *daemonapi.Client
 }
 
 // StartDaemon runs `warmfleet daemon` inside the host with the host's data
@@ -62,22 +61,14 @@ func (h *Host) StartDaemon(ctx context.Context, spec DaemonSpec) (*Daemon, error
 // arguments (a chart's, say) and --api api, a unix:// socket, without
 // waiting for the API. bin is the warmfleet binary CLI runs.
 func AttachDaemon(p *Process, bin, api string) (*Daemon, error) {
-	sock, ok := strings.CutPrefix(api, "unix://")
-	if !ok {
+	if !strings.HasPrefix(api, "unix://") {
 		return nil, fmt.Errorf("attach daemon on %s: API %q is not a unix:// socket", p.host.Name, api)
 	}
-	return &Daemon{
-		Process: p,
-		Bin:     bin,
-		API:     api,
-		http: &http.Client{Transport: &http.Transport{
-			Proxy: nil,
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				var dl net.Dialer
-				return dl.DialContext(ctx, "unix", sock)
-			},
-		}},
-	}, nil
+	client, err := daemonapi.NewClient(api, "")
+	if err != nil {
+		return nil, fmt.Errorf("attach daemon on %s: %w", p.host.Name, err)
+	}
+	return &Daemon{Process: p, Bin: bin, API: api, client: client}, nil
 }
 
 // WaitAPI waits until the daemon's API answers /healthz, e.g. after Restart.
@@ -86,7 +77,7 @@ func (d *Daemon) WaitAPI(ctx context.Context) error {
 	defer cancel()
 	var last error
 	for {
-		_, err := d.get(ctx, "/healthz")
+		err := d.client.Health(ctx)
 		if err == nil {
 			return nil
 		}
@@ -108,26 +99,6 @@ func (d *Daemon) Restart(ctx context.Context, timeout time.Duration) error {
 		return err
 	}
 	return d.WaitAPI(ctx)
-}
-
-func (d *Daemon) get(ctx context.Context, path string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://warmfleet"+path, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := d.http.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s: %s", path, resp.Status, tail(string(body), 512))
-	}
-	return body, nil
 }
 
 // CLI runs `warmfleet ARGS... --api API` inside the daemon's host and
@@ -188,11 +159,11 @@ func parseCacheStatus(out []byte) (CacheStatus, error) {
 
 // Metrics fetches the daemon's /metrics text.
 func (d *Daemon) Metrics(ctx context.Context) (string, error) {
-	b, err := d.get(ctx, "/metrics")
+	text, err := d.client.Metrics(ctx)
 	if err != nil {
 		return "", fmt.Errorf("metrics of %s: %w", d.host.Name, err)
 	}
-	return string(b), nil
+	return text, nil
 }
 
 // Metric returns the sum of a metric over all its label sets, and whether
