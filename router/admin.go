@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/pprof"
 	"slices"
 	"time"
 
@@ -86,9 +87,10 @@ func (rt *Router) snapshot(ttft *[][]time.Duration) State {
 // AdminHandler serves /metrics (from gatherer), GET /admin/state, the
 // status page (GET /ui, polling GET /ui/router.json: the same state), PUT
 // /admin/strategy {"model":"","strategy":"random"} and, if reload is not
-// nil, POST /admin/reload. Serve it on a separate, private listener. With
-// a token, all but /healthz and /readyz (for orchestrators' probes) need
-// it as a bearer token.
+// nil, POST /admin/reload, and Go's profiles under /debug/pprof/ (the heap
+// profile with ?gc=1 collects first, so its MemStats say what is live).
+// Serve it on a separate, private listener. With a token, all but /healthz
+// and /readyz (for orchestrators' probes) need it as a bearer token.
 func (rt *Router) AdminHandler(gatherer prometheus.Gatherer, reload func() error, token string) http.Handler {
 	mux := http.NewServeMux()
 	if gatherer != nil {
@@ -99,6 +101,7 @@ func (rt *Router) AdminHandler(gatherer prometheus.Gatherer, reload func() error
 		_ = json.NewEncoder(w).Encode(rt.Snapshot())
 	})
 	ui.Mount(mux, "router", func() (any, error) { return rt.Snapshot(), nil })
+	mountPprof(mux)
 	mux.HandleFunc("PUT /admin/strategy", func(w http.ResponseWriter, r *http.Request) {
 		var in struct {
 			Model    string `json:"model"`
@@ -129,4 +132,14 @@ func (rt *Router) AdminHandler(gatherer prometheus.Gatherer, reload func() error
 		oai.WriteError(w, &oai.APIError{Status: http.StatusUnauthorized, Type: oai.TypeInvalidRequest, Code: "unauthorized",
 			Message: "missing or wrong bearer token"})
 	}))
+}
+
+// mountPprof serves net/http/pprof on mux (not on http.DefaultServeMux,
+// which the API listener must never expose).
+func mountPprof(mux *http.ServeMux) {
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 }

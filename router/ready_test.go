@@ -157,6 +157,15 @@ func TestReadyzAndAdminToken(t *testing.T) {
 	if code, _ := get(t, admin.URL+"/admin/state", "Authorization", "Bearer "+token); code != 200 {
 		t.Fatalf("admin state with the token: %d", code)
 	}
+	if code, _ := get(t, admin.URL+"/debug/pprof/heap?gc=1&debug=1"); code != http.StatusUnauthorized {
+		t.Fatalf("heap profile without a token: %d", code)
+	}
+	if code, body := get(t, admin.URL+"/debug/pprof/heap?gc=1&debug=1", "Authorization", "Bearer "+token); code != 200 || !strings.Contains(body, "# HeapAlloc = ") {
+		t.Fatalf("heap profile with the token: %d %.200q", code, body)
+	}
+	if code, _ := get(t, h.srv.URL+"/debug/pprof/heap"); code == 200 {
+		t.Fatal("the API listener serves profiles")
+	}
 }
 
 // TestIdleTimeoutBreaksStream: a backend that begins a stream and then

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -34,10 +35,16 @@ const (
 	rowsGoroutineSlack = 2*2*rowsInflight + 24
 	// rowsRSSPerConn bounds the router's resident memory after a storm:
 	// its idle memory and this much per connection of the storm. The
-	// router runs with GOGC=400 and nothing forces a collection, so memory
-	// after a storm follows its peak, not what is live: this bounds the
-	// cost of a storm, while the goroutine count is what shows a leak.
-	rowsRSSPerConn = 64 << 10
+	// router runs with GOGC=400, so memory after a storm follows its peak,
+	// not what is live: this bounds the cost of a storm. A leak shows in
+	// the goroutine count and in the live heap (after a collection), which
+	// may grow by rowsLiveSlack and rowsLivePerConn per connection of the
+	// storm at most: the router's connections to the backends, and the
+	// descriptor of every goroutine the storm started, which the runtime
+	// keeps for reuse.
+	rowsRSSPerConn  = 64 << 10
+	rowsLiveSlack   = 2 << 20
+	rowsLivePerConn = 1 << 10
 )
 
 // rowsConns is the size of a connection storm: short in the test suite,
@@ -136,24 +143,58 @@ func (r *rowsRig) post(ctx context.Context, body io.Reader) (int, string, error)
 
 // metric reads one of the router's metrics from its admin listener.
 func (r *rowsRig) metric(ctx context.Context, name string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9180/metrics", nil)
+	text, err := r.adminGet(ctx, "/metrics")
 	if err != nil {
 		return 0, err
 	}
-	resp, err := r.admin.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	text, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
-	}
-	v, found, err := netlab.MetricSum(string(text), name)
+	v, found, err := netlab.MetricSum(text, name)
 	if err == nil && !found {
 		err = fmt.Errorf("router does not export %s", name)
 	}
 	return v, err
+}
+
+// liveHeap is the router's heap in use right after a collection: its heap
+// profile with gc=1 collects first and then prints the runtime's MemStats.
+// It is read twice: what sync.Pools held survives one collection (in their
+// victim caches) and is dropped by the next.
+func (r *rowsRig) liveHeap(ctx context.Context) (float64, error) {
+	text, err := r.adminGet(ctx, "/debug/pprof/heap?gc=1&debug=1")
+	if err == nil {
+		text, err = r.adminGet(ctx, "/debug/pprof/heap?gc=1&debug=1")
+	}
+	if err != nil {
+		return 0, err
+	}
+	const key = "\n# HeapAlloc = "
+	i := strings.Index(text, key)
+	if i < 0 {
+		return 0, errors.New("router heap profile: no HeapAlloc line")
+	}
+	line, _, _ := strings.Cut(text[i+len(key):], "\n")
+	v, err := strconv.ParseUint(line, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("router heap profile: %w", err)
+	}
+	return float64(v), nil
+}
+
+// adminGet reads path from the router's admin listener.
+func (r *rowsRig) adminGet(ctx context.Context, path string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9180"+path, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := r.admin.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	text, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("router admin GET %s: %s", path, resp.Status)
+	}
+	return string(text), err
 }
 
 func routerRows(ctx context.Context, f *Fleet) error {
@@ -413,8 +454,9 @@ func (r *rowsRig) holdStream(ctx context.Context, s *stream, started chan<- stru
 // connStorms opens n connections at once, each asking for a completion
 // and held until all are answered, twice; each answer must be a 200 or a
 // 429. After each storm the router's goroutines return to their idle count
-// (within rowsGoroutineSlack), and its resident memory stays within
-// rowsRSSPerConn per connection of what it was before the storms.
+// (within rowsGoroutineSlack), its live heap within rowsLiveSlack and
+// rowsLivePerConn per connection of what it was before, and its resident memory within rowsRSSPerConn per
+// connection of what it was before the storms.
 func connStorms(ctx context.Context, r *rowsRig, n int) error {
 	idle, err := r.metric(ctx, "go_goroutines")
 	if err != nil {
@@ -424,9 +466,14 @@ func connStorms(ctx context.Context, r *rowsRig, n int) error {
 	if err != nil {
 		return err
 	}
+	liveBefore, err := r.liveHeap(ctx)
+	if err != nil {
+		return err
+	}
 	r.f.Figure("conns", float64(n))
 	r.f.Figure("goroutines_idle", idle)
 	r.f.Figure("rss_mib_before", rssBefore/(1<<20))
+	r.f.Figure("live_heap_mib_before", liveBefore/(1<<20))
 	var rss [2]float64
 	for round := range 2 {
 		peak, err := r.storm(ctx, n)
@@ -450,6 +497,15 @@ func connStorms(ctx context.Context, r *rowsRig, n int) error {
 		r.f.Figure(fmt.Sprintf("goroutines_peak_%d", round+1), peak)
 		r.f.Figure(fmt.Sprintf("goroutines_after_%d", round+1), after)
 		r.f.Figure(fmt.Sprintf("rss_mib_after_%d", round+1), rss[round]/(1<<20))
+		live, err := r.liveHeap(ctx)
+		if err != nil {
+			return err
+		}
+		r.f.Figure(fmt.Sprintf("live_heap_mib_after_%d", round+1), live/(1<<20))
+		if live > liveBefore+float64(rowsLiveSlack+n*rowsLivePerConn) {
+			return fmt.Errorf("router keeps %.1f MiB live after a storm of %d connections, %.1f MiB before: over %d MiB and %d KiB per connection more",
+				live/(1<<20), n, liveBefore/(1<<20), rowsLiveSlack>>20, rowsLivePerConn>>10)
+		}
 	}
 	if limit := rssBefore + float64(n*rowsRSSPerConn); max(rss[0], rss[1]) > limit {
 		return fmt.Errorf("router holds %.0f MiB after storms of %d connections, %.0f MiB before: over %d KiB per connection",
