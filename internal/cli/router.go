@@ -83,7 +83,8 @@ func routerCommand(e *Env) *cobra.Command {
 a backend of its model that likely holds the prompt's prefix in its KV cache.
 Backends come from --backend, a --config file, or the fleet (--join): then
 every endpoint the daemons register is a backend once its node has the model
-ready. The admin listener serves /metrics, /admin/* and the /ui status page.`,
+ready. The admin listener serves /metrics, /admin/*, the /ui status page and
+/debug/pprof/.`,
 		Example: `  warmfleet router --backend http://10.0.0.5:8000 --backend http://10.0.0.6:8000
   warmfleet router --join 10.0.0.5:7946 --cluster-key-file /etc/warmfleet/cluster.key --gossip 0.0.0.0:7948
   warmfleet router --config /etc/warmfleet/router.yaml`,
@@ -157,7 +158,7 @@ type routerFlags struct {
 
 func (f *routerFlags) register(fs *flagSet) {
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address for the OpenAI-compatible API")
-	fs.StringVar(&f.adminListen, "admin-listen", "127.0.0.1:9180", "private address for /metrics, /admin/* and the /ui status page (empty: off)")
+	fs.StringVar(&f.adminListen, "admin-listen", "127.0.0.1:9180", "private address for /metrics, /admin/*, the /ui status page and /debug/pprof/ (empty: off)")
 	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "file holding the bearer token the admin listener requires (needed for a non-loopback --admin-listen)")
 	fs.Var(&f.forward, "forward-path", "path prefix the API forwards to backends (repeatable, or comma-separated; replaces the default "+strings.Join(router.DefaultForwardPaths, ",")+"; config key forward_paths)")
 	fs.DurationVar(&f.firstByte, "first-byte-timeout", router.Defaults().FirstByteTimeout, "longest wait for a backend's first byte of a streamed answer (or another path's) before trying another backend")
