@@ -366,19 +366,27 @@ func (d *Daemon) Kick() {
 }
 
 func (d *Daemon) reconcile(ctx context.Context) error {
-	recs, err := d.state.records()
-	if err != nil {
-		return err
-	}
-	w := world{records: recs, running: map[string]spec.Spec{}, now: d.now(), resync: d.cfg.ResyncInterval}
 	targeted := d.targeter()
+	w := world{running: map[string]spec.Spec{}, now: d.now(), resync: d.cfg.ResyncInterval}
 	for _, s := range d.desired.List() {
 		if s.Kind == spec.KindModel && targeted(s) {
 			w.desired = append(w.desired, s)
 		}
 	}
 	defer d.publishInventory()
+	// The records are read under d.mu with the running fetches and claims,
+	// as one snapshot: a fetch writes its last record before it leaves
+	// d.fetches (under d.mu), and a Verify claims before it writes and
+	// writes before it lets go. Read apart, a fetch that failed between the
+	// reads would look like one a restart interrupted (in progress, none
+	// running) and start again at once, skipping its backoff.
 	d.mu.Lock()
+	recs, err := d.state.records()
+	if err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	w.records = recs
 	for name, f := range d.fetches {
 		w.running[name] = f.spec
 	}

@@ -209,3 +209,41 @@ func TestHubBranchMovedMidDownloadIsOneRevision(t *testing.T) {
 	}
 	checkFiles(t, st2.Path, fileData(second, all))
 }
+
+// A failed fetch waits for its backoff, even when the loop looks at the
+// caches just as it fails: the loop reads the records and the running
+// fetches as one snapshot, or a fetch that wrote its failure and left
+// between the two reads looks like one a restart interrupted ("downloading",
+// none running) and starts again at once. Here the test is the loop,
+// reconciling back to back while the one attempt fails on a corrupt file.
+func TestFailedFetchWaitsForItsBackoffWhileTheLoopRuns(t *testing.T) {
+	hub := hubserver.New(t)
+	files := hubFiles(2)
+	hub.Push("org/m", "main", files)
+	good := files["model-00001.safetensors"].Data
+	hub.CorruptCDN(hubserver.SHA256(good), append(bytes.Clone(good[:len(good)-1]), good[len(good)-1]^1))
+	clock := testclock.New()
+	d := newDaemonCfg(t, t.TempDir(), hubOrigin(t, hub, nil), func(c *Config) { c.Clock = clock.Now })
+	t.Cleanup(func() { _ = d.Close() })
+	if err := d.AddCache(t.Context(), spec.Spec{Kind: spec.KindModel, Name: "org/m", Source: "hf://org/m"}); err != nil {
+		t.Fatal(err)
+	}
+	failed := func() float64 { return testutil.ToFloat64(d.metrics.fetches.WithLabelValues("failed")) }
+	wait.For(t, "the attempt failed", func() bool {
+		if err := d.reconcile(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		return failed() > 0
+	})
+	for range 200 {
+		if err := d.reconcile(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.mu.Lock()
+	_, running := d.fetches["org/m"]
+	d.mu.Unlock()
+	if st := status(t, d, "org/m"); running || failed() != 1 || st.Attempts != 1 {
+		t.Fatalf("with the clock still: a fetch running %v, %v failed, %d attempts, want none running, 1 and 1", running, failed(), st.Attempts)
+	}
+}
