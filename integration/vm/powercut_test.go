@@ -21,8 +21,9 @@ import (
 // Environment knobs of the suite: how many cuts (default vm.DefaultCuts)
 // and the seed of the run (default 1).
 const (
-	envCuts = "WARMFLEET_VM_CUTS"
-	envSeed = "WARMFLEET_VM_SEED"
+	envCuts      = "WARMFLEET_VM_CUTS"
+	envImageCuts = "WARMFLEET_VM_IMAGE_CUTS"
+	envSeed      = "WARMFLEET_VM_SEED"
 )
 
 // binDir holds the static binaries built once per test binary.
@@ -81,22 +82,34 @@ func findTools(t *testing.T) vm.Tools {
 // guest again on what the disk kept; see the package documentation.
 func TestPowerCuts(t *testing.T) {
 	cuts := envInt(t, envCuts, vm.DefaultCuts)
+	imageCuts := envInt(t, envImageCuts, vm.DefaultImageCuts)
 	seed := uint64(envInt(t, envSeed, 1))
 	tl := findTools(t)
 	wf, ag := staticBinaries(t)
-	t.Logf("seed %d, %d cuts (%s, %s)", seed, cuts, envSeed, envCuts)
-	res, err := vm.RunPowerCuts(t.Context(), vm.PowerCutOptions{
+	opts := vm.PowerCutOptions{
 		Tools: tl, Daemon: wf, Agent: ag, S3: testenv.StartS3(t), Dir: t.TempDir(),
-		Cuts: cuts, Seed: seed, Logf: t.Logf,
-	})
+		Cuts: cuts, ImageCuts: imageCuts, Seed: seed, Logf: t.Logf,
+	}
+	if imageCuts > 0 {
+		opts.Containerd = testenv.Bin(t, "containerd") // skip, or fail in CI, when it is missing
+		opts.Registry = testenv.StartRegistry(t).Addr
+	}
+	rerun := fmt.Sprintf("rerun: %s=%d %s=%d %s=%d", envSeed, seed, envCuts, cuts, envImageCuts, imageCuts)
+	t.Logf("seed %d, %d cuts in model warm-ups, %d in image pulls (%s)", seed, cuts, imageCuts, rerun)
+	res, err := vm.RunPowerCuts(t.Context(), opts)
 	if err != nil {
-		t.Fatalf("%v (rerun: %s=%d %s=%d)", err, envSeed, seed, envCuts, cuts)
+		t.Fatalf("%v (%s)", err, rerun)
 	}
 	for _, v := range res.Violations {
 		t.Error(v)
 	}
-	if res.CorruptReady > 0 || res.Lost > 0 {
-		t.Errorf("%d corrupt ready, %d entries lost: both must be 0 (rerun: %s=%d %s=%d)", res.CorruptReady, res.Lost, envSeed, seed, envCuts, cuts)
+	for _, c := range []struct {
+		what string
+		vm.CutCounts
+	}{{"model warm-ups", res.CutCounts}, {"image pulls", res.Images}} {
+		if c.CorruptReady > 0 || c.Lost > 0 {
+			t.Errorf("%s: %d corrupt ready, %d entries lost: both must be 0 (%s)", c.what, c.CorruptReady, c.Lost, rerun)
+		}
 	}
 }
 
