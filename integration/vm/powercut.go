@@ -449,7 +449,7 @@ func (r *run) cut(ctx context.Context, m *machine, w workload, i, length int) (*
 	}
 	if !cut {
 		cc.Missed++
-		r.logf("cut %d (%s): %s was ready before the cut point", i, aim, name)
+		r.logf("%s cut %d (%s): %s was ready before the cut point, after %d writes and flushes", w.what(), i, aim, name, m.disk.Events()-added)
 		return m, nil
 	}
 	mode := []CrashMode{LoseAll, KeepSome, KeepSome, LoseAll, KeepAll}[rng.IntN(5)]
