@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/content"
@@ -89,4 +90,40 @@ func (e *env) checkBlobs(t *testing.T, blobs []ocispec.Descriptor) {
 			t.Errorf("%s after ensure: read %v, hashes to %s", d.Digest, err, v.Digest())
 		}
 	}
+}
+
+// TestListReportsAnImageWithoutItsBlobsIncomplete restarts the cache (a
+// new Cache on the same containerd, as a daemon's start after a power
+// cut) on an image whose record stayed while a layer's file went: List
+// must not call it ready, and Ensure must make it whole again.
+func TestListReportsAnImageWithoutItsBlobsIncomplete(t *testing.T) {
+	e := newEnv(t, nil, Options{Namespace: testNS})
+	ref, _ := e.push(t, "warmfleet/cut", "v1", 8)
+	mustEnsure(t, e.cache, ref, "team-a")
+	ctx := e.ctx(t)
+	img, err := e.client.ImageService().Get(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mf, err := images.Manifest(ctx, e.client.ContentStore(), img.Target, platforms.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.removeBlobFile(t, mf.Layers[1].Digest)
+
+	restarted, err := New(e.client, Options{Namespace: testNS, Snapshotter: e.ctd.Snapshotter, HostsDir: writeHostsDir(t, e.reg.Addr), DisableECR: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := restarted.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].State != StateIncomplete || !strings.Contains(list[0].Error, mf.Layers[1].Digest.String()) {
+		t.Fatalf("List after a layer's file went: %+v, want %s, naming %s", list, StateIncomplete, mf.Layers[1].Digest)
+	}
+	if st := mustEnsure(t, restarted, ref, "team-a"); st.State != StateReady {
+		t.Fatalf("ensure: %+v, want ready", st)
+	}
+	e.checkBlobs(t, append([]ocispec.Descriptor{img.Target, mf.Config}, mf.Layers...))
 }
