@@ -33,6 +33,10 @@ const (
 	imageOwner         = "vm"
 )
 
+// refetchLogs are the image cache's log messages (package containerd) of
+// blobs containerd recorded but lost, fetched again.
+var refetchLogs = []string{"blobs missing behind the pull", "image incomplete in containerd"}
+
 // imageSpec is every pushed image's shape: layers of seeded random bytes,
 // about a model's size, so that a pull takes about as many writes as the
 // first one, which places the cuts.

@@ -110,6 +110,10 @@ type CutCounts struct {
 	// models (image claims) acknowledged before a cut and unknown after
 	// it. Both must be 0; Violations says what each was.
 	CorruptReady, Lost int
+	// Refetched counts image cuts after which the daemon found blobs that
+	// containerd recorded but no longer held, and fetched them again (it
+	// says so on the console: refetchLogs).
+	Refetched int
 	// Time is what these cuts took, each from its warm-up's (pull's) start
 	// to the end of its recovery.
 	Time time.Duration
@@ -171,8 +175,8 @@ func (r PowerCutResult) imageSummary() string {
 	if im.Cuts+im.Missed == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; image pulls: %d cut (%d missed: ready first), %d ready at reboot, %d resumed to ready, %d corrupt ready, %d claims lost, %v per cut",
-		im.Cuts, im.Missed, im.ReadyAtBoot, im.Resumed, im.CorruptReady, im.Lost, im.PerCut().Round(100*time.Millisecond))
+	return fmt.Sprintf("; image pulls: %d cut (%d missed: ready first), %d ready at reboot, %d resumed to ready, %d corrupt ready, %d claims lost, %d with lost blobs fetched again, %v per cut",
+		im.Cuts, im.Missed, im.ReadyAtBoot, im.Resumed, im.CorruptReady, im.Lost, im.Refetched, im.PerCut().Round(100*time.Millisecond))
 }
 
 // guestDataDir is the daemon's --data-dir in the guest.
@@ -507,6 +511,10 @@ func (r *run) cut(ctx context.Context, m *machine, w workload, i, length int) (*
 	v, err := w.check(ctx, m, name)
 	if err != nil {
 		return m, err
+	}
+	if slices.ContainsFunc(refetchLogs, func(s string) bool { return strings.Contains(m.vm.Console(), s) }) {
+		cc.Refetched++
+		r.logf("%s cut %d: the daemon found blobs containerd recorded but lost, and fetched them again", w.what(), i)
 	}
 	switch {
 	case v != "":
