@@ -79,9 +79,9 @@ CI_FUZZTIME ?= 2000x
 # counts too): make test VM_CUTS=2 for a quicker run.
 VM_CUTS ?= $(or $(WARMFLEET_VM_CUTS),20)
 # VM_IMAGE_CUTS is the number of power cuts in image pulls, in a second VM
-# that also runs containerd (some 30 s a cut, and some 30 s to set the
-# machine up, at the load of a shared two-core machine; 0 skips them):
-# make test VM_IMAGE_CUTS=0 when the time budget is short.
+# that also runs containerd (the default 2 add some 45 s to the run; later
+# cuts cost more, as each reboot's audit hashes every image pulled so far;
+# 0 skips them): make test VM_IMAGE_CUTS=0 when the time budget is short.
 VM_IMAGE_CUTS ?= $(or $(WARMFLEET_VM_IMAGE_CUTS),2)
 test: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
