@@ -67,6 +67,10 @@ const (
 	StatePulling State = "pulling"
 	StateReady   State = "ready"
 	StateFailed  State = "failed"
+	// StateIncomplete is an image record whose blobs containerd does not
+	// all hold (a power cut can leave one): not ready; the next Ensure
+	// fetches what is missing.
+	StateIncomplete State = "incomplete"
 )
 
 // Status describes one image: what containerd holds and what the cache is
@@ -122,6 +126,10 @@ type Cache struct {
 	mu       sync.Mutex
 	pulls    map[string]*pullState // by ref, while pulling
 	failures map[string]*failure   // by ref, last failed pull not yet superseded
+	// complete holds the targets (image digests) found whole in
+	// containerd since this cache started: each is read once, not at
+	// every List.
+	complete map[string]bool
 }
 
 type pullState struct {
@@ -188,6 +196,7 @@ func New(c *client.Client, opts Options) (*Cache, error) {
 		now:           opts.Now,
 		pulls:         map[string]*pullState{},
 		failures:      map[string]*failure{},
+		complete:      map[string]bool{},
 	}
 	ca.clog = containerdLogger(ca.log)
 	if !opts.DisableECR {

@@ -9,12 +9,15 @@ import (
 	"github.com/moby/locker"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/remotes"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 // Ensure makes ref present and unpacked in containerd and records owner
@@ -61,6 +64,15 @@ func (c *Cache) Ensure(ctx context.Context, ref, owner string) (Status, error) {
 		unpacked, err := client.NewImageWithPlatform(c.client, *existing, c.platform).IsUnpacked(ctx, c.snapshotter)
 		if err != nil {
 			c.log.Debug("unpack check failed; pulling again", "ref", name, "err", err)
+		}
+		if upToDate && unpacked {
+			// Unpacked, but a power cut can have taken blobs whose records
+			// stayed: the pull fetches them again.
+			missing, err := c.missingBlobs(ctx, existing.Target, false)
+			if err != nil || len(missing) > 0 {
+				c.log.Warn("image incomplete in containerd; pulling again", "ref", name, "missing", missing, "err", err)
+				unpacked = false
+			}
 		}
 		if upToDate && unpacked {
 			img, err := c.claim(ctx, *existing, owner)
@@ -143,14 +155,15 @@ func (c *Cache) pull(ctx context.Context, name, owner string, labels map[string]
 
 	start := time.Now()
 	c.log.Info("pulling image", "ref", name, "owner", owner)
-	img, err := c.client.Pull(ctx, name,
+	opts := []client.RemoteOpt{
 		client.WithPullUnpack,
 		client.WithPullSnapshotter(c.snapshotter),
 		client.WithPlatformMatcher(c.platform),
 		client.WithResolver(countingResolver{Resolver: resolver, p: &ps.progress, count: func(n int64) { c.metrics.bytes.Add(float64(n)) }}),
 		client.WithImageHandlerWrapper(totalFromManifest(&ps.progress)),
 		client.WithPullLabels(labels),
-	)
+	}
+	img, err := c.pullWhole(ctx, name, resolver, opts)
 	elapsed := time.Since(start)
 	c.metrics.duration.Observe(elapsed.Seconds())
 	if err != nil {
@@ -168,6 +181,99 @@ func (c *Cache) pull(ctx context.Context, name, owner string, labels map[string]
 	c.metrics.pulls.WithLabelValues("pulled").Inc()
 	c.log.Info("pulled image", "ref", name, "digest", img.Target().Digest, "bytes_fetched", ps.done.Load(), "duration", elapsed)
 	return img.Metadata(), nil
+}
+
+// pullWhole pulls name and makes sure containerd then holds every blob
+// of it, not only a record of each: a pull skips the fetch of a blob it
+// finds recorded, and of a layer already unpacked, so records whose blobs
+// a power cut took (missingBlobs) make it fail, or succeed with blobs
+// missing. Each such round drops the records, fetches what is missing and
+// pulls again.
+func (c *Cache) pullWhole(ctx context.Context, name string, resolver remotes.Resolver, opts []client.RemoteOpt) (client.Image, error) {
+	for round := 0; ; round++ {
+		img, err := c.client.Pull(ctx, name, opts...)
+		if round == maxDanglingRounds || ctx.Err() != nil || err != nil && !errdefs.IsNotFound(err) {
+			return img, err
+		}
+		var target ocispec.Descriptor
+		if err == nil {
+			target = img.Target()
+		} else if _, target, err = resolver.Resolve(ctx, name); err != nil {
+			return nil, err
+		}
+		missing, merr := c.missingBlobs(ctx, target, true)
+		if merr != nil {
+			return nil, errors.Join(err, fmt.Errorf("check the content of %s: %w", name, merr))
+		}
+		if len(missing) == 0 {
+			return img, err
+		}
+		c.log.Warn("blobs missing behind the pull (a power cut can leave records without them); fetching them", "ref", name, "digests", missing, "pull_err", err)
+		// The unpacker fetches no layer already unpacked: fetch what is
+		// missing first.
+		fetcher, ferr := resolver.Fetcher(ctx, name)
+		if ferr == nil {
+			cs := c.client.ContentStore()
+			ferr = images.Dispatch(ctx, images.Handlers(remotes.FetchHandler(cs, fetcher),
+				images.FilterPlatforms(images.ChildrenHandler(cs), c.platform)), nil, target)
+		}
+		if ferr != nil {
+			return nil, fmt.Errorf("fetch %s again: %w", name, ferr)
+		}
+	}
+}
+
+// maxDanglingRounds bounds the pulls again after fetching missing blobs:
+// one per level of an image's tree, with room.
+const maxDanglingRounds = 4
+
+// missingBlobs returns the digests of the blobs of the image tree at
+// target (for this platform) that containerd's content store cannot read:
+// never fetched, or recorded without their file; with drop, it deletes
+// the records of the latter. A power cut leaves such records: containerd
+// fsyncs a committed blob and its metadata DB, not the directory the blob
+// is renamed into, so the rename can be lost while the record stays, and
+// a pull skips the fetch of a blob it finds recorded. Only metadata goes:
+// containerd's garbage collector owns files.
+func (c *Cache) missingBlobs(ctx context.Context, target ocispec.Descriptor, drop bool) ([]digest.Digest, error) {
+	cs := c.client.ContentStore()
+	var missing []digest.Digest
+	check := images.HandlerFunc(func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+		err := readable(ctx, cs, desc)
+		if err == nil {
+			return nil, nil
+		}
+		if !errdefs.IsNotFound(err) {
+			return nil, err
+		}
+		if drop {
+			if err := cs.Delete(ctx, desc.Digest); err != nil && !errdefs.IsNotFound(err) {
+				return nil, fmt.Errorf("drop the record of %s: %w", desc.Digest, err)
+			}
+		}
+		missing = append(missing, desc.Digest)
+		return nil, images.ErrSkipDesc
+	})
+	walk := images.Handlers(check, images.FilterPlatforms(images.ChildrenHandler(cs), c.platform))
+	if err := images.Walk(ctx, walk, target); err != nil {
+		return missing, err
+	}
+	return missing, nil
+}
+
+// readable reads desc's first byte: a reader of the client's content
+// store opens the blob only at its first read.
+func readable(ctx context.Context, cs content.Store, desc ocispec.Descriptor) error {
+	ra, err := cs.ReaderAt(ctx, desc)
+	if err != nil {
+		return err
+	}
+	defer ra.Close()
+	if desc.Size == 0 {
+		return nil
+	}
+	_, err = ra.ReadAt(make([]byte, 1), 0)
+	return err
 }
 
 // claim records owner on an image record that is already current.

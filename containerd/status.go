@@ -61,6 +61,9 @@ func (c *Cache) status(ctx context.Context, img images.Image) Status {
 		State:   StateReady,
 		Since:   img.UpdatedAt,
 	}
+	if reason := c.incomplete(ctx, img); reason != "" {
+		st.State, st.Error = StateIncomplete, reason
+	}
 	if size, err := img.Size(ctx, c.client.ContentStore(), c.platform); err == nil {
 		st.Size = size
 	}
@@ -68,6 +71,31 @@ func (c *Cache) status(ctx context.Context, img images.Image) Status {
 		st.Unpacked = ok
 	}
 	return st
+}
+
+// incomplete says what containerd lacks of img ("" when it holds every
+// blob): a record alone does not make an image ready, since a power cut
+// can keep an image's record and lose blobs written before it (see
+// missingBlobs). A target found whole is not read again.
+func (c *Cache) incomplete(ctx context.Context, img images.Image) string {
+	key := img.Target.Digest.String()
+	c.mu.Lock()
+	done := c.complete[key]
+	c.mu.Unlock()
+	if done {
+		return ""
+	}
+	missing, err := c.missingBlobs(ctx, img.Target, false)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("check the image's content: %v", err)
+	case len(missing) > 0:
+		return fmt.Sprintf("containerd lacks %d of its blobs (%s); the next pull fetches them", len(missing), missing[0])
+	}
+	c.mu.Lock()
+	c.complete[key] = true
+	c.mu.Unlock()
+	return ""
 }
 
 func (c *Cache) failed(name, owner string, err error) Status {

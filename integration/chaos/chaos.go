@@ -84,6 +84,12 @@ type Result struct {
 	// (integration/vm), when they ran; PowerCutsSkipped says why not.
 	PowerCuts        *PowerCuts `json:"power_cuts,omitempty"`
 	PowerCutsSkipped string     `json:"power_cuts_skipped,omitempty"`
+	// ImagePowerCuts are the same figures of cuts in image pulls, in a
+	// virtual machine that also runs containerd (its images are what
+	// Recovered, CorruptReady and LostEntries count: an image reported
+	// ready must be complete in containerd).
+	ImagePowerCuts        *PowerCuts `json:"image_power_cuts,omitempty"`
+	ImagePowerCutsSkipped string     `json:"image_power_cuts_skipped,omitempty"`
 }
 
 // PowerCuts are the figures of power loss in virtual machines.
@@ -99,7 +105,10 @@ type PowerCuts struct {
 	LostEntries  int     `json:"lost_entries"`
 	Seed         uint64  `json:"seed"`
 	Seconds      float64 `json:"seconds"`
-	Error        string  `json:"error,omitempty"`
+	// SecondsPerCut is the time one cut took, from its warm-up's (pull's)
+	// start to the end of its recovery, on average.
+	SecondsPerCut float64 `json:"seconds_per_cut"`
+	Error         string  `json:"error,omitempty"`
 }
 
 // ScenarioResult is the outcome of one scenario.
@@ -147,14 +156,21 @@ func (r Result) WriteTable(w io.Writer) error {
 			fmt.Fprintf(&b, "  error: %s\n", s.Error)
 		}
 	}
-	switch pc := r.PowerCuts; {
-	case pc != nil:
-		fmt.Fprintf(&b, "power cuts: %d cut, %d recovered, %d corrupt ready, %d entries lost in %.1f s (seed %d)\n", pc.Cuts, pc.Recovered, pc.CorruptReady, pc.LostEntries, pc.Seconds, pc.Seed)
-		if pc.Error != "" {
-			fmt.Fprintf(&b, "  error: %s\n", pc.Error)
+	for _, c := range []struct {
+		what    string
+		pc      *PowerCuts
+		skipped string
+	}{{"power cuts", r.PowerCuts, r.PowerCutsSkipped}, {"power cuts in image pulls", r.ImagePowerCuts, r.ImagePowerCutsSkipped}} {
+		switch pc := c.pc; {
+		case pc != nil:
+			fmt.Fprintf(&b, "%s: %d cut, %d recovered, %d corrupt ready, %d entries lost in %.1f s, %.1f s per cut (seed %d)\n",
+				c.what, pc.Cuts, pc.Recovered, pc.CorruptReady, pc.LostEntries, pc.Seconds, pc.SecondsPerCut, pc.Seed)
+			if pc.Error != "" {
+				fmt.Fprintf(&b, "  error: %s\n", pc.Error)
+			}
+		case c.skipped != "":
+			fmt.Fprintf(&b, "%s: skipped: %s\n", c.what, c.skipped)
 		}
-	case r.PowerCutsSkipped != "":
-		fmt.Fprintf(&b, "power cuts: skipped: %s\n", r.PowerCutsSkipped)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

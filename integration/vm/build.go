@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,6 +44,40 @@ func IsStatic(path string) (bool, error) {
 	return true, nil
 }
 
+// SharedLibs lists the shared libraries the dynamically linked binary at
+// path loads, its loader included, as ldd resolves them on this host: what
+// a guest of busybox alone must be given to run it. A static binary needs
+// none.
+func SharedLibs(ctx context.Context, path string) ([]string, error) {
+	if static, err := IsStatic(path); err != nil || static {
+		return nil, err
+	}
+	out, err := exec.CommandContext(ctx, "ldd", path).Output()
+	if err != nil {
+		return nil, fmt.Errorf("ldd %s: %w", path, err)
+	}
+	return parseLdd(string(out))
+}
+
+// parseLdd reads ldd's lines: "libc.so.6 => /lib/.../libc.so.6 (0x...)",
+// "/lib64/ld-linux-x86-64.so.2 (0x...)" and the vDSO, which has no file.
+func parseLdd(out string) ([]string, error) {
+	var libs []string
+	for line := range strings.SplitSeq(out, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 0 || strings.HasPrefix(f[0], "linux-vdso") || strings.HasPrefix(f[0], "linux-gate"):
+		case len(f) >= 3 && f[1] == "=>" && filepath.IsAbs(f[2]):
+			libs = append(libs, f[2])
+		case filepath.IsAbs(f[0]):
+			libs = append(libs, f[0])
+		default:
+			return nil, fmt.Errorf("ldd: cannot resolve %q", strings.TrimSpace(line))
+		}
+	}
+	return libs, nil
+}
+
 // MakeImage creates an ext4 file system image of size bytes at path with
 // mkfs.ext4. Lazy initialisation is off, so the guest's kernel writes
 // nothing in the background that the power-loss model would count.
@@ -74,8 +109,9 @@ func makeExt4(ctx context.Context, mkfs, path string, size int64, args ...string
 // BuildToolsImage makes the guest's read-only tools disk at path: an ext4
 // image holding the static binaries warmfleet and guestagent (mkfs.ext4
 // -d copies a directory in); agent "" leaves guestagent out (warmfleet-lab
-// is both: its vm-agent command is the agent).
-func BuildToolsImage(ctx context.Context, mkfs, path, warmfleet, agent string) error {
+// is both: its vm-agent command is the agent). extra are more binaries,
+// each under its base name (containerd).
+func BuildToolsImage(ctx context.Context, mkfs, path, warmfleet, agent string, extra ...string) error {
 	dir, err := os.MkdirTemp(filepath.Dir(path), "tools-")
 	if err != nil {
 		return fmt.Errorf("tools image: %w", err)
@@ -85,6 +121,9 @@ func BuildToolsImage(ctx context.Context, mkfs, path, warmfleet, agent string) e
 	bins := map[string]string{"warmfleet": warmfleet}
 	if agent != "" {
 		bins["guestagent"] = agent
+	}
+	for _, b := range extra {
+		bins[filepath.Base(b)] = b
 	}
 	for name, src := range bins {
 		if err := os.Link(src, filepath.Join(dir, name)); err != nil {

@@ -36,10 +36,15 @@
 //
 // # The run (RunPowerCuts)
 //
-// RunPowerCuts is the one driver of the cuts: TestPowerCuts calls it, and
-// so does `warmfleet-lab bench chaos --vm-cuts N` (its power_cuts figures:
-// cuts, recovered, corrupt_ready), which runs its own static binary in the
-// guest as both the daemon and, through its vm-agent command, the agent.
+// RunPowerCuts is the one driver of the cuts: TestPowerCuts and
+// TestPowerCutsImages call it, and so does `warmfleet-lab bench chaos
+// --vm-cuts N --vm-image-cuts M` (its power_cuts and image_power_cuts
+// figures: cuts, recovered, corrupt_ready, seconds_per_cut), which runs
+// its own static binary in the guest as both the daemon and, through its
+// vm-agent command, the agent. Model warm-ups and image pulls are two
+// workloads of one loop (a cut adds an item, arms the disk, waits for the
+// cut, boots again, audits everything added so far and waits for the
+// item); what differs is each workload's add, arm, audit and check.
 // One machine boots (the Debian cloud kernel, an initramfs of
 // busybox-static and the virtio modules, the static warmfleet binary and
 // the guest agent on a read-only tools disk) up to where its init waits for
@@ -75,10 +80,38 @@
 // next cut is made in the same machine, so later cuts also check that
 // earlier, ready models stay intact.
 //
+// # Power cuts in image pulls
+//
+// With PowerCutOptions.ImageCuts (TestPowerCutsImages; bench chaos
+// --vm-image-cuts) the guest also runs containerd: Debian's binary on the
+// tools disk, the shared libraries ldd lists for it (SharedLibs) in the
+// initramfs, the overlay module for its snapshotter, its root and state
+// on the data disk (so its metadata DB, content store and snapshots are
+// what a cut hits), its socket in /run. The daemon runs with containerd
+// on and pre-pulls images that the test pushes (testimage: layers of
+// seeded random bytes) to a docker-registry on the host's loopback,
+// reached over qemu's user networking as plain HTTP (a hosts.toml). No
+// container runs, so runc is not shipped. After one model's warm-up and
+// one image's pull without a cut, each cut claims a new image and the
+// power goes at a seeded point of its pull: uniformly within it, or, for
+// every second cut, within its end (the last blobs' commits, the unpack,
+// the image's record and the daemon's label). After the reboot, before
+// anything resumes, both audits run: every model and image claim
+// acknowledged is still known, every ready model is whole, and every
+// image the daemon reports ready is complete in containerd: the agent
+// reads every blob of it (index or manifest, config, layers) through the
+// guest's containerd and hashes it against its digest, and asks whether
+// it is unpacked. Then the cut image must be pulled to ready and pass the
+// same check. Such cuts found that containerd keeps a blob's record when
+// the cut takes its file (it does not make the blob's rename durable), so
+// that every later pull failed; the image cache now fetches such blobs
+// again (see package containerd).
+//
 // # Running it
 //
 // The suite needs qemu-system-x86_64, Debian's cloud kernel
-// (linux-image-cloud-amd64), busybox-static, mkfs.ext4 and versitygw;
+// (linux-image-cloud-amd64), busybox-static, mkfs.ext4 and versitygw
+// (and containerd and docker-registry for the image cuts);
 // `make test` installs them as root. Without one it skips, except in CI
 // (CI=true), where it fails; bench chaos says why it made no cut
 // (power_cuts_skipped) instead of printing a figure. It needs no KVM
@@ -87,9 +120,14 @@
 // WARMFLEET_VM_CUTS sets the number of cuts (default DefaultCuts, 2: one
 // in a warm-up, one in its publish; `make test` runs 20, `make test
 // VM_CUTS=N` N),
-// WARMFLEET_VM_SEED the seed (default 1; bench chaos --vm-seed):
+// WARMFLEET_VM_IMAGE_CUTS the number of cuts in image pulls
+// (TestPowerCutsImages, which also needs containerd and docker-registry;
+// default DefaultImageCuts, 2, which `make test` runs too, `make test
+// VM_IMAGE_CUTS=N` N, 0 skips it), WARMFLEET_VM_SEED the seed (default 1;
+// bench chaos --vm-seed):
 //
-//	WARMFLEET_VM_CUTS=20 WARMFLEET_VM_SEED=7 go test -run TestPowerCuts -v -timeout 60m ./integration/vm
+//	WARMFLEET_VM_CUTS=20 WARMFLEET_VM_SEED=7 go test -run 'TestPowerCuts$' -v -timeout 60m ./integration/vm
+//	WARMFLEET_VM_IMAGE_CUTS=10 go test -run TestPowerCutsImages -v -timeout 60m ./integration/vm
 //
 // Every cut costs a boot of the emulated machine (a cut leaves a guest
 // kernel whose page cache no longer matches its disk, so no two cuts can
@@ -97,8 +135,9 @@
 // warm-up to the next cut point. A boot is a restore of the saved state
 // (most of it the two binaries, read into the page cache before the save
 // so that no boot reads them through the emulated disk again), the hot-plug
-// and two Go programs' start; the firmware and the kernel's start are paid
-// once, in the setup. The summary line splits the time into setup, the
+// and two Go programs' start (three, and containerd's start, with
+// images); the firmware and the kernel's start are paid once, in the
+// setup. The summary line splits the time into setup, the
 // first warm-up, boots, recoveries and warm-ups.
 //
 // The test logs each cut (where it fell, the crash mode, what the disk

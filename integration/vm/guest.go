@@ -3,6 +3,7 @@ package vm
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -141,7 +142,19 @@ type GuestSpec struct {
 	// Agent is the guest agent's command line before its --listen flag;
 	// default /opt/guestagent (see BuildToolsImage).
 	Agent []string
+	// ContainerdConfig, when set, is the config.toml of a containerd
+	// (/opt/containerd on the tools disk) that init starts after the
+	// data disk's mount and before the daemon, which it starts once
+	// containerd serves its socket; the overlay module is loaded for its
+	// snapshotter. Libs are host files (SharedLibs: containerd's) copied
+	// to the same paths in the guest.
+	ContainerdConfig string
+	Libs             []string
 }
+
+// GuestContainerdSocket is the guest containerd's socket; the config in
+// GuestSpec.ContainerdConfig must serve it.
+const GuestContainerdSocket = "/run/containerd/containerd.sock"
 
 // Guest addresses under qemu's user networking: the guest is 10.0.2.15,
 // the host's loopback is reachable as 10.0.2.2.
@@ -168,7 +181,11 @@ const (
 // hands over to the agent. The two Go binaries are on the tools disk: in
 // the initramfs, the emulated CPU would spend seconds copying them.
 func BuildInitramfs(path string, spec GuestSpec) error {
-	mods, err := moduleLoadOrder(spec.Kernel.Modules, guestModules)
+	want := guestModules
+	if spec.ContainerdConfig != "" {
+		want = append(slices.Clip(want), "overlay")
+	}
+	mods, err := moduleLoadOrder(spec.Kernel.Modules, want)
 	if err != nil {
 		return err
 	}
@@ -178,7 +195,7 @@ func BuildInitramfs(path string, spec GuestSpec) error {
 	}
 	w := bufio.NewWriterSize(f, 1<<20)
 	c := &cpioWriter{w: w}
-	for _, d := range []string{"bin", "dev", "proc", "sys", "tmp", "run", "etc", "lib", "lib/modules", "opt", DataDir} {
+	for _, d := range baseDirs {
 		c.Dir(d)
 	}
 	c.CharDev("dev/console", 5, 1)
@@ -189,19 +206,42 @@ func BuildInitramfs(path string, spec GuestSpec) error {
 		c.File(guestPath, 0o644, filepath.Join(spec.Kernel.Modules, m))
 		insmods = append(insmods, "/"+guestPath)
 	}
-	names := make([]string, 0, len(spec.Files))
-	for name := range spec.Files {
-		names = append(names, name)
+	files := maps.Clone(spec.Files)
+	if spec.ContainerdConfig != "" {
+		files = mapsWith(files, guestContainerdConfig, []byte(spec.ContainerdConfig))
 	}
-	slices.Sort(names)
-	for _, name := range names {
-		c.Bytes(name, 0o600, spec.Files[name])
+	libs := make([]string, len(spec.Libs))
+	for i, lib := range spec.Libs {
+		libs[i] = strings.TrimPrefix(filepath.Clean(lib), "/")
+	}
+	// The parents of the files and libraries that the list above lacks:
+	// the kernel makes no directory for a file.
+	dirs := map[string]bool{}
+	for _, d := range baseDirs {
+		dirs[d] = true
+	}
+	var more []string
+	for _, p := range slices.Concat(slices.Collect(maps.Keys(files)), libs) {
+		for d := filepath.Dir(p); d != "." && !dirs[d]; d = filepath.Dir(d) {
+			dirs[d] = true
+			more = append(more, d)
+		}
+	}
+	slices.Sort(more) // parents first
+	for _, d := range more {
+		c.Dir(d)
+	}
+	for i, lib := range libs {
+		c.File(lib, 0o755, spec.Libs[i])
+	}
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		c.Bytes(name, 0o600, files[name])
 	}
 	agent := spec.Agent
 	if len(agent) == 0 {
 		agent = []string{"/opt/guestagent"}
 	}
-	c.Bytes("init", 0o755, []byte(initScript(insmods, spec.DaemonArgs, spec.DaemonEnv, agent)))
+	c.Bytes("init", 0o755, []byte(initScript(insmods, spec.DaemonArgs, spec.DaemonEnv, agent, spec.ContainerdConfig != "")))
 	err = c.Close()
 	if err == nil {
 		err = w.Flush()
@@ -215,19 +255,35 @@ func BuildInitramfs(path string, spec GuestSpec) error {
 	return nil
 }
 
+// baseDirs are the directories every initramfs has.
+var baseDirs = []string{"bin", "dev", "proc", "sys", "tmp", "run", "etc", "lib", "lib/modules", "opt", strings.TrimPrefix(DataDir, "/")}
+
 // Console markers the init script prints, which the test waits for.
 const (
 	markerWaiting     = "warmfleet-vm: waiting for the data disk"
 	markerMounted     = "warmfleet-vm: data disk mounted"
 	markerMountFailed = "warmfleet-vm: data disk mount failed"
+	markerContainerd  = "warmfleet-vm: containerd serves its socket, or was given up on"
 )
+
+// guestContainerdConfig is where GuestSpec.ContainerdConfig goes.
+const guestContainerdConfig = "etc/containerd/config.toml"
+
+// mapsWith returns m (nil: a new map) with k set to v.
+func mapsWith[K comparable, V any](m map[K]V, k K, v V) map[K]V {
+	if m == nil {
+		m = map[K]V{}
+	}
+	m[k] = v
+	return m
+}
 
 // initScript is the guest's /init. It waits for the tools disk with a
 // bounded poll (the driver probes it asynchronously) and for the data disk
 // without a bound (the host plugs it in after a restore, or kills the
 // machine); a data disk that does not mount powers the guest off, which
 // the test sees as qemu's exit.
-func initScript(insmods, daemonArgs, env, agent []string) string {
+func initScript(insmods, daemonArgs, env, agent []string, containerd bool) string {
 	var b strings.Builder
 	b.WriteString(`#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -258,6 +314,16 @@ if ! mount -t ext4 /dev/vdb %s; then
 fi
 echo "%s (write cache: $(cat /sys/block/vdb/queue/write_cache), guest uptime $(cut -d' ' -f1 /proc/uptime) s)"
 `, GuestIP, HostFromVM, markerWaiting, DataDir, markerMountFailed, markerMounted)
+	if containerd {
+		// Its root and state are on the data disk (the config); the daemon
+		// gives up on a containerd that does not answer, so it waits.
+		fmt.Fprintf(&b, `mkdir -p %s
+/opt/containerd --config /%s --log-level warn >/dev/console 2>&1 &
+i=0
+while [ ! -S %s ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+echo "%s (guest uptime $(cut -d' ' -f1 /proc/uptime) s)"
+`, filepath.Dir(GuestContainerdSocket), guestContainerdConfig, GuestContainerdSocket, markerContainerd)
+	}
 	for _, kv := range env {
 		fmt.Fprintf(&b, "export %s\n", shellQuote(kv))
 	}

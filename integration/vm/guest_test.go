@@ -78,3 +78,21 @@ func TestFindKernelPrefersCloud(t *testing.T) {
 		t.Errorf("no kernel: err %v, want one naming the package", err)
 	}
 }
+
+// TestParseLdd: ldd's resolved libraries and loader are listed, the vDSO
+// is not, and a library ldd could not find is an error naming it (the
+// guest would not start the binary).
+func TestParseLdd(t *testing.T) {
+	out := "\tlinux-vdso.so.1 (0x00007ffd)\n" +
+		"\tlibseccomp.so.2 => /lib/x86_64-linux-gnu/libseccomp.so.2 (0x00007f64)\n" +
+		"\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f8b)\n" +
+		"\t/lib64/ld-linux-x86-64.so.2 (0x00007f8b)\n"
+	got, err := parseLdd(out)
+	want := []string{"/lib/x86_64-linux-gnu/libseccomp.so.2", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("parseLdd = %q, %v; want %q", got, err, want)
+	}
+	if _, err := parseLdd("\tlibfoo.so.1 => not found\n"); err == nil || !strings.Contains(err.Error(), "libfoo.so.1") {
+		t.Fatalf("a missing library: %v, want an error naming it", err)
+	}
+}

@@ -231,24 +231,25 @@ func (m *machine) add(ctx context.Context, mod sourceModel) error {
 	return nil
 }
 
-func (m *machine) waitReady(ctx context.Context, mod sourceModel) error {
-	return m.wait(ctx, mod.name+" ready", 3*time.Minute, func(ctx context.Context) error {
-		st, err := m.client.Cache(ctx, mod.name)
+// waitItem waits until the daemon reports w's item ready.
+func (m *machine) waitItem(ctx context.Context, w workload, name string) error {
+	return m.wait(ctx, name+" ready", 3*time.Minute, func(ctx context.Context) error {
+		ok, state, err := w.ready(ctx, m, name)
 		if err != nil {
 			return err
 		}
-		if !st.Ready {
-			return fmt.Errorf("%s: %s, %d of %d bytes, error %q", mod.name, st.State, st.BytesDone, st.BytesTotal, st.Error)
+		if !ok {
+			return fmt.Errorf("%s: %s", name, state)
 		}
 		return nil
 	})
 }
 
-// waitCutOrReady waits until the armed cut happens (true) or mod is ready
-// first (false: the cut is disarmed).
-func (m *machine) waitCutOrReady(ctx context.Context, mod sourceModel) (bool, error) {
+// waitCutOrReady waits until the armed cut happens (true) or w's item is
+// ready first (false: the cut is disarmed).
+func (m *machine) waitCutOrReady(ctx context.Context, w workload, name string) (bool, error) {
 	cut := false
-	err := m.wait(ctx, "the power cut or "+mod.name+" ready", 3*time.Minute, func(ctx context.Context) error {
+	err := m.wait(ctx, "the power cut or "+name+" ready", 3*time.Minute, func(ctx context.Context) error {
 		select {
 		case <-m.disk.Cut():
 			cut = true
@@ -258,12 +259,12 @@ func (m *machine) waitCutOrReady(ctx context.Context, mod sourceModel) (bool, er
 		// Short: a guest whose disk just lost its power may not answer.
 		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
-		st, err := m.client.Cache(sctx, mod.name)
+		ok, state, err := w.ready(sctx, m, name)
 		if err != nil {
 			return err
 		}
-		if !st.Ready {
-			return fmt.Errorf("%s: %s, %d of %d bytes", mod.name, st.State, st.BytesDone, st.BytesTotal)
+		if !ok {
+			return fmt.Errorf("%s: %s", name, state)
 		}
 		m.disk.CutAt(0)
 		select {

@@ -20,8 +20,12 @@ import (
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 )
 
-// DefaultCuts is the number of cuts a run makes unless told otherwise.
-const DefaultCuts = 2
+// DefaultCuts is the number of cuts in model warm-ups a run makes unless
+// told otherwise; DefaultImageCuts the number in image pulls.
+const (
+	DefaultCuts      = 2
+	DefaultImageCuts = 2
+)
 
 // Tools are the host programs a run needs.
 type Tools struct {
@@ -71,6 +75,13 @@ type PowerCutOptions struct {
 	// modes and models: a run with the same seed cuts at the same places.
 	Cuts int
 	Seed uint64
+	// ImageCuts, after the model cuts, makes that many cuts in image
+	// pulls: the guest then also runs containerd (the binary Containerd,
+	// with the shared libraries ldd lists), its root and state on the
+	// data disk, and the daemon pre-pulls, through it, images pushed to
+	// Registry, a plain-HTTP registry's host:port on the host's loopback.
+	ImageCuts            int
+	Registry, Containerd string
 	// Logf gets a line per cut and the summary; nil discards.
 	Logf func(format string, args ...any)
 }
@@ -84,20 +95,50 @@ type S3 interface {
 	Access() (addr, accessKey, secretKey, region string)
 }
 
+// CutCounts are the figures of one kind of cut: in model warm-ups, or in
+// image pulls.
+type CutCounts struct {
+	// Cuts were made; Missed were armed but the model (image) was ready
+	// first.
+	Cuts, Missed int
+	// ReadyAtBoot models (images) were ready right after the reboot;
+	// Resumed ones resumed to ready after it. Each passed the check.
+	ReadyAtBoot, Resumed int
+	// CorruptReady counts checks that found a model reported ready (or
+	// its current link) with a missing, short, wrong or extra file, or an
+	// image reported ready that containerd does not hold complete; Lost
+	// models (image claims) acknowledged before a cut and unknown after
+	// it. Both must be 0; Violations says what each was.
+	CorruptReady, Lost int
+	// Refetched counts image cuts after which the daemon found blobs that
+	// containerd recorded but no longer held, and fetched them again (it
+	// says so on the console: refetchLogs).
+	Refetched int
+	// Time is what these cuts took, each from its warm-up's (pull's) start
+	// to the end of its recovery.
+	Time time.Duration
+}
+
+// Recovered counts cuts after which the model was ready and whole.
+func (c CutCounts) Recovered() int { return c.ReadyAtBoot + c.Resumed }
+
+// PerCut is the time a cut took, on average.
+func (c CutCounts) PerCut() time.Duration {
+	if c.Cuts+c.Missed == 0 {
+		return 0
+	}
+	return c.Time / time.Duration(c.Cuts+c.Missed)
+}
+
 // PowerCutResult is what a run found.
 type PowerCutResult struct {
 	Seed uint64
-	// Cuts were made; Missed were armed but the model was ready first.
-	Cuts, Missed int
-	// ReadyAtBoot models were ready right after the reboot; Resumed ones
-	// resumed to ready after it. Each passed the check.
-	ReadyAtBoot, Resumed int
-	// CorruptReady counts checks that found a model reported ready (or
-	// its current link) with a missing, short, wrong or extra file; Lost
-	// models acknowledged before a cut and unknown after it. Both must
-	// be 0; Violations says what each was.
-	CorruptReady, Lost int
-	Violations         []string
+	// CutCounts are the cuts in model warm-ups and publishes.
+	CutCounts
+	// Images are the cuts in image pulls (PowerCutOptions.ImageCuts);
+	// their violations are in Violations too.
+	Images     CutCounts
+	Violations []string
 	// Modes counts the crash modes drawn; LossPending, LossTorn and
 	// LossSectors add up what the cuts did to the disks' caches.
 	Modes                              map[string]int
@@ -112,9 +153,6 @@ type PowerCutResult struct {
 	Elapsed                                      time.Duration
 }
 
-// Recovered counts cuts after which the model was ready and whole.
-func (r PowerCutResult) Recovered() int { return r.ReadyAtBoot + r.Resumed }
-
 // Summary is the run's figures on one line.
 func (r PowerCutResult) Summary() string {
 	boots := slices.Clone(r.Boots)
@@ -123,16 +161,22 @@ func (r PowerCutResult) Summary() string {
 	if len(boots) > 0 {
 		median = boots[len(boots)/2]
 	}
-	perCut := time.Duration(0)
-	if r.Cuts+r.Missed > 0 {
-		perCut = (r.Elapsed - r.Setup - r.First) / time.Duration(r.Cuts+r.Missed)
-	}
+	perCut := r.PerCut()
 	return fmt.Sprintf("power cuts (seed %d): %d cut (%d missed: ready first), %d ready at reboot, %d resumed to ready, %d corrupt ready, %d entries lost; modes %v; "+
 		"%d unflushed writes at the cuts, %d torn, %d sectors lost; boot median %v over %d boots; %v in all: %v setting up, %v to boot and warm up without a cut, then %v per cut (in all %v booting, %v recovering, %v warming up to the cuts)",
 		r.Seed, r.Cuts, r.Missed, r.ReadyAtBoot, r.Resumed, r.CorruptReady, r.Lost, r.Modes,
 		r.LossPending, r.LossTorn, r.LossSectors, median.Round(100*time.Millisecond), len(r.Boots),
 		r.Elapsed.Round(time.Second), r.Setup.Round(time.Second), r.First.Round(time.Second), perCut.Round(100*time.Millisecond),
-		r.Booting.Round(time.Second), r.Recovering.Round(time.Second), r.WarmingUp.Round(time.Second))
+		r.Booting.Round(time.Second), r.Recovering.Round(time.Second), r.WarmingUp.Round(time.Second)) + r.imageSummary()
+}
+
+func (r PowerCutResult) imageSummary() string {
+	im := r.Images
+	if im.Cuts+im.Missed == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; image pulls: %d cut (%d missed: ready first), %d ready at reboot, %d resumed to ready, %d corrupt ready, %d claims lost, %d with lost blobs fetched again, %v per cut",
+		im.Cuts, im.Missed, im.ReadyAtBoot, im.Resumed, im.CorruptReady, im.Lost, im.Refetched, im.PerCut().Round(100*time.Millisecond))
 }
 
 // guestDataDir is the daemon's --data-dir in the guest.
@@ -155,7 +199,7 @@ type run struct {
 	state                 string // the guest's saved state (saveState)
 	res                   PowerCutResult
 	logf                  func(format string, args ...any)
-	models                []sourceModel
+	workloads             []workload // what was added so far, to audit
 }
 
 // RunPowerCuts boots the guest, warms a first model up without a cut,
@@ -202,8 +246,7 @@ func (r *run) setup(ctx context.Context) error {
 	if agentBin == "" || agentBin == r.opts.Daemon {
 		agentBin, agentCmd = "", []string{"/opt/warmfleet"}
 	}
-	r.initramfs = filepath.Join(r.dir, "initramfs.cpio")
-	err = BuildInitramfs(r.initramfs, GuestSpec{
+	spec := GuestSpec{
 		Kernel: r.opts.Tools.Kernel, Busybox: r.opts.Tools.Busybox,
 		DaemonArgs: []string{
 			"--node-name", "vm", "--data-dir", guestDataDir,
@@ -214,12 +257,20 @@ func (r *run) setup(ctx context.Context) error {
 		DaemonEnv: env,
 		Agent:     append(agentCmd, r.opts.AgentArgs...),
 		Files:     map[string][]byte{"etc/warmfleet-token": []byte(r.token + "\n")},
-	})
-	if err != nil {
+	}
+	var extra []string
+	if r.opts.ImageCuts > 0 {
+		if err := r.withContainerd(ctx, &spec); err != nil {
+			return err
+		}
+		extra = append(extra, r.opts.Containerd)
+	}
+	r.initramfs = filepath.Join(r.dir, "initramfs.cpio")
+	if err := BuildInitramfs(r.initramfs, spec); err != nil {
 		return err
 	}
 	r.toolsImg = filepath.Join(r.dir, "tools.img")
-	if err := BuildToolsImage(ctx, r.opts.Tools.Mkfs, r.toolsImg, r.opts.Daemon, agentBin); err != nil {
+	if err := BuildToolsImage(ctx, r.opts.Tools.Mkfs, r.toolsImg, r.opts.Daemon, agentBin, extra...); err != nil {
 		return err
 	}
 	r.image = filepath.Join(r.dir, "base.img")
@@ -284,9 +335,34 @@ func (r *run) bootMachine(ctx context.Context) (*machine, error) {
 	return m, err
 }
 
-// cuts runs the first, uncut warm-up and then the cuts.
+// workload is what a cut interrupts: model warm-ups (models) or image
+// pulls (images). The one driver, cut, asks it to make the next item on
+// the host, add it, arm the cut, and to audit and check after the reboot.
+type workload interface {
+	// what names the step a cut interrupts ("warm-up", "pull").
+	what() string
+	// counts are the figures its cuts add to.
+	counts() *CutCounts
+	// next makes the i-th item on the host (uploads its model, pushes
+	// its image) and returns its name.
+	next(ctx context.Context, i int, rng *mrand.Rand) (string, error)
+	add(ctx context.Context, m *machine, name string) error
+	// ready says whether the daemon reports the item ready, and if not,
+	// what it reports.
+	ready(ctx context.Context, m *machine, name string) (bool, string, error)
+	// check compares a ready item with its source; "" when whole.
+	check(ctx context.Context, m *machine, name string) (string, error)
+	// arm arms the i-th cut of an item whose uncut run took length writes
+	// and flushes, and names where it aims.
+	arm(m *machine, i, length int, rng *mrand.Rand) string
+	// audit reads every item added so far right after a reboot: those
+	// ready before the power went off, the lost and the corrupt.
+	audit(ctx context.Context, m *machine, poweredOff time.Time) (readyBefore, lost, corrupt []string, err error)
+}
+
+// cuts runs the first, uncut warm-up and then the cuts; then, with
+// images, an uncut pull and the image cuts.
 func (r *run) cuts(ctx context.Context) (err error) {
-	seed := r.opts.Seed
 	t0 := time.Now()
 	m, err := r.bootMachine(ctx)
 	defer func() {
@@ -303,74 +379,81 @@ func (r *run) cuts(ctx context.Context) (err error) {
 	if err := m.waitAPI(ctx); err != nil {
 		return err
 	}
-
-	// A warm-up without a cut: every later one is checked against it, and
-	// its length (in writes and flushes) places the cuts.
-	first, err := r.seedModel(ctx, "m0", mrand.New(mrand.NewPCG(seed, 0)))
-	if err != nil {
+	models := &models{r: r}
+	r.workloads = []workload{models}
+	if m, err = r.series(ctx, m, models, r.opts.Cuts); err != nil {
 		return err
 	}
-	r.models = append(r.models, first)
-	if err := m.add(ctx, first); err != nil {
-		return err
+	r.res.First = time.Since(t0) - r.res.Time
+	if r.opts.ImageCuts == 0 {
+		return nil
 	}
-	before := m.disk.Events()
-	if err := m.waitReady(ctx, first); err != nil {
-		return err
-	}
-	warmup := m.disk.Events() - before
-	r.logf("a warm-up takes %d writes and flushes of the data disk", warmup)
-	if v, err := m.check(ctx, first); err != nil || v != "" {
-		return errors.Join(err, fmt.Errorf("without any cut: %s", v))
-	}
-	r.res.First = time.Since(t0)
-
-	for i := 1; i <= r.opts.Cuts; i++ {
-		if m, err = r.cut(ctx, m, i, warmup); err != nil {
-			return fmt.Errorf("cut %d (seed %d): %w", i, seed, err)
-		}
-	}
-	if r.res.Cuts == 0 && r.opts.Cuts > 0 {
-		return errors.New("no cut happened: every warm-up ended before its cut point, so nothing was tested")
-	}
-	return nil
+	images := &images{r: r}
+	r.workloads = append(r.workloads, images)
+	m, err = r.series(ctx, m, images, r.opts.ImageCuts)
+	return err
 }
 
-// cut adds a model, cuts the power at a seeded point of its warm-up (odd
-// i) or publish (even i), boots again and checks; it returns the machine
-// now running.
-func (r *run) cut(ctx context.Context, m *machine, i, warmup int) (*machine, error) {
-	t0 := time.Now()
-	rng := mrand.New(mrand.NewPCG(r.opts.Seed, uint64(i)))
-	mod, err := r.seedModel(ctx, fmt.Sprintf("m%d", i), rng)
+// series runs w's first item without a cut (every later one is checked
+// against it, and its length in writes and flushes places the cuts), then
+// n cuts; it returns the machine now running.
+func (r *run) series(ctx context.Context, m *machine, w workload, n int) (*machine, error) {
+	seed := r.opts.Seed
+	name, err := w.next(ctx, 0, mrand.New(mrand.NewPCG(seed, 0)))
 	if err != nil {
 		return m, err
 	}
-	r.models = append(r.models, mod)
-	if err := m.add(ctx, mod); err != nil {
+	if err := w.add(ctx, m, name); err != nil {
 		return m, err
 	}
-	aim := "warm-up"
-	if i%2 == 0 {
-		aim = "publish"
-		// The publish ends a warm-up. It starts with fsyncs of files the
-		// part records made durable already, a burst of flushes with
-		// nothing to write, then renames the revision in, swaps the
-		// current link, fsyncs the directory and records the revision
-		// ready: within the next publishEvents writes and flushes.
-		m.disk.CutAfterFlushBurst(publishBurst, 1+rng.IntN(publishEvents))
-	} else {
-		m.disk.CutAt(m.disk.Events() + 1 + rng.IntN(max(1, warmup)))
+	before := m.disk.Events()
+	if err := m.waitItem(ctx, w, name); err != nil {
+		return m, err
 	}
+	length := m.disk.Events() - before
+	r.logf("a %s takes %d writes and flushes of the data disk", w.what(), length)
+	if v, err := w.check(ctx, m, name); err != nil || v != "" {
+		return m, errors.Join(err, fmt.Errorf("without any cut: %s", v))
+	}
+	cc := w.counts()
+	for i := 1; i <= n; i++ {
+		t0 := time.Now()
+		m, err = r.cut(ctx, m, w, i, length)
+		cc.Time += time.Since(t0)
+		if err != nil {
+			return m, fmt.Errorf("%s cut %d (seed %d): %w", w.what(), i, seed, err)
+		}
+	}
+	if cc.Cuts == 0 && n > 0 {
+		return m, fmt.Errorf("no cut happened: every %s ended before its cut point, so nothing was tested", w.what())
+	}
+	return m, nil
+}
+
+// cut adds an item of w, cuts the power at a seeded point of its warm-up
+// or pull (w.arm), boots again, audits every item and checks this one; it
+// returns the machine now running.
+func (r *run) cut(ctx context.Context, m *machine, w workload, i, length int) (*machine, error) {
+	t0 := time.Now()
+	cc := w.counts()
+	rng := mrand.New(mrand.NewPCG(r.opts.Seed, uint64(i)))
+	name, err := w.next(ctx, i, rng)
+	if err != nil {
+		return m, err
+	}
+	if err := w.add(ctx, m, name); err != nil {
+		return m, err
+	}
+	aim := w.arm(m, i, length, rng)
 	added := m.disk.Events()
-	cut, err := m.waitCutOrReady(ctx, mod)
+	cut, err := m.waitCutOrReady(ctx, w, name)
 	r.res.WarmingUp += time.Since(t0)
 	if err != nil {
 		return m, err
 	}
 	if !cut {
-		r.res.Missed++
-		r.logf("cut %d (%s): %s was ready before the cut point", i, aim, mod.name)
+		cc.Missed++
+		r.logf("%s cut %d (%s): %s was ready before the cut point, after %d writes and flushes", w.what(), i, aim, name, m.disk.Events()-added)
 		return m, nil
 	}
 	mode := []CrashMode{LoseAll, KeepSome, KeepSome, LoseAll, KeepAll}[rng.IntN(5)]
@@ -385,7 +468,7 @@ func (r *run) cut(ctx context.Context, m *machine, i, warmup int) (*machine, err
 	if err := m.stop(); err != nil {
 		return m, err
 	}
-	r.res.Cuts++
+	cc.Cuts++
 	r.res.Modes[mode.String()]++
 	r.res.LossPending += loss.Pending
 	r.res.LossTorn += loss.Torn
@@ -401,36 +484,103 @@ func (r *run) cut(ctx context.Context, m *machine, i, warmup int) (*machine, err
 		return m, err
 	}
 	t2 := time.Now()
-	// What the daemon says right after the reboot.
-	readyBefore, lost, corrupt, err := m.audit(ctx, r.models, poweredOff)
+	// What the daemon says right after the reboot, of everything added.
+	var wasReady bool
+	for _, aw := range r.workloads {
+		readyBefore, lost, corrupt, err := aw.audit(ctx, m, poweredOff)
+		if err != nil {
+			return m, err
+		}
+		ac := aw.counts()
+		ac.Lost += len(lost)
+		ac.CorruptReady += len(corrupt)
+		for _, v := range append(lost, corrupt...) {
+			r.violation("%s cut %d: %s", w.what(), i, v)
+		}
+		if aw == w {
+			wasReady = slices.Contains(readyBefore, name)
+		}
+	}
+	took := fmt.Sprintf("boot %v, daemon's API %v, audit %v", m.booted.Round(100*time.Millisecond),
+		t2.Sub(t1).Round(100*time.Millisecond), time.Since(t2).Round(100*time.Millisecond))
+	r.logf("%s cut %d (%s) at write or flush %d (the disk's last ones: %s), %v: %d unflushed writes, %d kept whole, %d torn, %d sectors lost; %s was ready before the cut: %v; %s",
+		w.what(), i, aim, cutAfter, lastEvents, mode, loss.Pending, loss.Kept, loss.Torn, loss.LostSectors, name, wasReady, took)
+	if err := m.waitItem(ctx, w, name); err != nil {
+		return m, err
+	}
+	v, err := w.check(ctx, m, name)
 	if err != nil {
 		return m, err
 	}
-	took := fmt.Sprintf("boot %v, daemon's API %v, audit of %d models %v", m.booted.Round(100*time.Millisecond),
-		t2.Sub(t1).Round(100*time.Millisecond), len(r.models), time.Since(t2).Round(100*time.Millisecond))
-	r.res.Lost += len(lost)
-	r.res.CorruptReady += len(corrupt)
-	for _, v := range append(lost, corrupt...) {
-		r.violation("cut %d: %s", i, v)
-	}
-	wasReady := slices.Contains(readyBefore, mod.name)
-	r.logf("cut %d (%s) at write or flush %d of the warm-up (the disk's last ones: %s), %v: %d unflushed writes, %d kept whole, %d torn, %d sectors lost; %s was ready before the cut: %v; %s",
-		i, aim, cutAfter, lastEvents, mode, loss.Pending, loss.Kept, loss.Torn, loss.LostSectors, mod.name, wasReady, took)
-	if err := m.waitReady(ctx, mod); err != nil {
-		return m, err
-	}
-	v, err := m.check(ctx, mod)
-	if err != nil {
-		return m, err
+	if slices.ContainsFunc(refetchLogs, func(s string) bool { return strings.Contains(m.vm.Console(), s) }) {
+		cc.Refetched++
+		r.logf("%s cut %d: the daemon found blobs containerd recorded but lost, and fetched them again", w.what(), i)
 	}
 	switch {
 	case v != "":
-		r.res.CorruptReady++
-		r.violation("cut %d: after resuming: %s", i, v)
+		cc.CorruptReady++
+		r.violation("%s cut %d: after resuming: %s", w.what(), i, v)
 	case wasReady:
-		r.res.ReadyAtBoot++
+		cc.ReadyAtBoot++
 	default:
-		r.res.Resumed++
+		cc.Resumed++
 	}
 	return m, nil
+}
+
+// models are the model warm-ups a run cuts: each a few files in S3.
+type models struct {
+	r   *run
+	all []sourceModel
+}
+
+func (w *models) what() string       { return "warm-up" }
+func (w *models) counts() *CutCounts { return &w.r.res.CutCounts }
+
+func (w *models) next(ctx context.Context, i int, rng *mrand.Rand) (string, error) {
+	mod, err := w.r.seedModel(ctx, fmt.Sprintf("m%d", i), rng)
+	if err != nil {
+		return "", err
+	}
+	w.all = append(w.all, mod)
+	return mod.name, nil
+}
+
+func (w *models) model(name string) sourceModel {
+	i := slices.IndexFunc(w.all, func(m sourceModel) bool { return m.name == name })
+	return w.all[i]
+}
+
+func (w *models) add(ctx context.Context, m *machine, name string) error {
+	return m.add(ctx, w.model(name))
+}
+
+func (w *models) ready(ctx context.Context, m *machine, name string) (bool, string, error) {
+	st, err := m.client.Cache(ctx, name)
+	if err != nil {
+		return false, "", err
+	}
+	return st.Ready, fmt.Sprintf("%s, %d of %d bytes, error %q", st.State, st.BytesDone, st.BytesTotal, st.Error), nil
+}
+
+func (w *models) check(ctx context.Context, m *machine, name string) (string, error) {
+	return m.check(ctx, w.model(name))
+}
+
+// arm cuts odd cuts uniformly within the warm-up and even ones within its
+// publish: it starts with fsyncs of files the part records made durable
+// already, a burst of flushes with nothing to write, then renames the
+// revision in, swaps the current link, fsyncs the directory and records
+// the revision ready: within the next publishEvents writes and flushes.
+func (w *models) arm(m *machine, i, length int, rng *mrand.Rand) string {
+	if i%2 == 0 {
+		m.disk.CutAfterFlushBurst(publishBurst, 1+rng.IntN(publishEvents))
+		return "publish"
+	}
+	m.disk.CutAt(m.disk.Events() + 1 + rng.IntN(max(1, length)))
+	return "warm-up"
+}
+
+func (w *models) audit(ctx context.Context, m *machine, poweredOff time.Time) (readyBefore, lost, corrupt []string, err error) {
+	return m.audit(ctx, w.all, poweredOff)
 }

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,10 +21,12 @@ import (
 // fault done to a fleet of network-namespace hosts running this binary's
 // daemon, with the shared checks after it; it prints one line of figures
 // per scenario. It needs root. Then it cuts the power of a virtual machine
-// running this binary's daemon --vm-cuts times (integration/vm), unless
-// the machine lacks qemu, a kernel or busybox, which it says instead of a
-// figure. It exits 1 if a scenario failed or a power cut left a corrupt
-// ready file or lost an entry.
+// running this binary's daemon --vm-cuts times in model warm-ups
+// (integration/vm), and of another that also runs containerd
+// --vm-image-cuts times in image pulls, unless the machine lacks qemu, a
+// kernel or busybox (containerd or docker-registry for the second), which
+// it says instead of a figure. It exits 1 if a scenario failed or a power
+// cut left a corrupt ready file or image or lost an entry.
 func runBenchChaos(ctx context.Context, e *cli.Env, args []string) error {
 	fs := cli.NewFlagSet(e, "bench chaos")
 	var names cli.ListFlag
@@ -35,6 +38,7 @@ func runBenchChaos(ctx context.Context, e *cli.Env, args []string) error {
 	verbose := fs.Bool("v", false, "log progress to stderr")
 	long := fs.Bool("long", false, "run the long variants: 10k concurrent connections on the router, a minute of flapping")
 	vmCuts := fs.Int("vm-cuts", vm.DefaultCuts, "power cuts in a qemu virtual machine after the scenarios (0: none)")
+	vmImageCuts := fs.Int("vm-image-cuts", vm.DefaultImageCuts, "power cuts in image pulls, in a qemu virtual machine that also runs containerd (Debian's), from a docker-registry on this host (0: none)")
 	vmSeed := fs.Uint64("vm-seed", 1, "seed of the power cuts' points and crash modes (the same seed cuts at the same places)")
 	if err := cli.ParseFlags(fs, e, args); err != nil {
 		return err
@@ -50,6 +54,9 @@ func runBenchChaos(ctx context.Context, e *cli.Env, args []string) error {
 	}
 	if *vmCuts < 0 || *vmCuts > 1000 {
 		return cli.UsageError("--vm-cuts %d: want 0 to 1000", *vmCuts)
+	}
+	if *vmImageCuts < 0 || *vmImageCuts > 1000 {
+		return cli.UsageError("--vm-image-cuts %d: want 0 to 1000", *vmImageCuts)
 	}
 	scs, err := chaos.Select(names...)
 	if err != nil {
@@ -71,7 +78,11 @@ func runBenchChaos(ctx context.Context, e *cli.Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	vmErr := powerCuts(ctx, e, &res, bin, *versitygw, *vmCuts, *vmSeed, *verbose)
+	pcr := powerCutRun{bin: bin, versitygw: *versitygw, seed: *vmSeed, verbose: *verbose}
+	var vmErr, imageErr error
+	res.PowerCuts, res.PowerCutsSkipped, vmErr = pcr.run(ctx, e, *vmCuts, false)
+	res.ImagePowerCuts, res.ImagePowerCutsSkipped, imageErr = pcr.run(ctx, e, *vmImageCuts, true)
+	vmErr = errors.Join(vmErr, imageErr)
 	if *output == "json" {
 		err = res.WriteJSON(e.Stdout)
 	} else {
@@ -88,58 +99,94 @@ func runBenchChaos(ctx context.Context, e *cli.Env, args []string) error {
 	return vmErr
 }
 
-// powerCuts runs the power cuts into res.PowerCuts, or says in
-// res.PowerCutsSkipped (and on stderr) why they did not run. The error is
-// a run that failed or found a violation.
-func powerCuts(ctx context.Context, e *cli.Env, res *chaos.Result, bin, versitygw string, cuts int, seed uint64, verbose bool) error {
-	skip := func(why string) error {
-		res.PowerCutsSkipped = why
-		fmt.Fprintf(e.Stderr, "bench chaos: power cuts skipped: %s\n", why)
-		return nil
+// powerCutRun is how bench chaos runs power cuts in a virtual machine.
+type powerCutRun struct {
+	bin, versitygw string
+	seed           uint64
+	verbose        bool
+}
+
+// run makes n cuts in model warm-ups, or with images in image pulls in a
+// machine that also runs containerd, and returns the figures, or why they
+// did not run (also on stderr). The error is a run that failed or found a
+// violation.
+func (p powerCutRun) run(ctx context.Context, e *cli.Env, n int, images bool) (*chaos.PowerCuts, string, error) {
+	what, flag := "power cuts", "--vm-cuts"
+	cuts, imageCuts := n, 0
+	if images {
+		what, flag = "power cuts in image pulls", "--vm-image-cuts"
+		cuts, imageCuts = 0, n
 	}
-	if cuts == 0 {
-		return skip("--vm-cuts 0")
+	skip := func(why string) (*chaos.PowerCuts, string, error) {
+		fmt.Fprintf(e.Stderr, "bench chaos: %s skipped: %s\n", what, why)
+		return nil, why, nil
+	}
+	if n == 0 {
+		return skip(flag + " 0")
 	}
 	tools, err := vm.FindTools()
 	if err != nil {
 		return skip(err.Error())
 	}
 	// The guest has no C library: the daemon it runs is this binary.
-	if static, err := vm.IsStatic(bin); err != nil || !static {
-		return skip(fmt.Sprintf("%s is not a static binary (%v): build it with CGO_ENABLED=0 (make build)", bin, err))
+	if static, err := vm.IsStatic(p.bin); err != nil || !static {
+		return skip(fmt.Sprintf("%s is not a static binary (%v): build it with CGO_ENABLED=0 (make build)", p.bin, err))
+	}
+	opts := vm.PowerCutOptions{
+		Tools: tools, Daemon: p.bin, AgentArgs: []string{"vm-agent"},
+		Cuts: cuts, ImageCuts: imageCuts, Seed: p.seed,
+	}
+	if images {
+		if opts.Containerd, err = testenv.ContainerdPath(); err != nil {
+			return skip(err.Error())
+		}
+		if _, err := testenv.RegistryPath(); err != nil {
+			return skip(err.Error())
+		}
 	}
 	dir, err := os.MkdirTemp("", "warmfleet-vm-cuts-")
 	if err != nil {
-		return fmt.Errorf("bench chaos: %w", err)
+		return nil, "", fmt.Errorf("bench chaos: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	s3, stopS3, err := testenv.StartVersitygw(ctx, versitygw, dir+"/s3", "")
+	opts.Dir = dir
+	s3, stopS3, err := testenv.StartVersitygw(ctx, p.versitygw, dir+"/s3", "")
 	if err != nil {
-		return fmt.Errorf("bench chaos: power cuts: %w", err)
+		return nil, "", fmt.Errorf("bench chaos: %s: %w", what, err)
 	}
 	defer func() { _ = stopS3() }() // the run is over; a versitygw that exits badly changes no figure
+	opts.S3 = s3
+	if images {
+		reg, stopReg, err := testenv.StartRegistryProcess(ctx, dir+"/registry", testenv.RegistryOptions{})
+		if err != nil {
+			return nil, "", fmt.Errorf("bench chaos: %s: %w", what, err)
+		}
+		defer func() { _ = stopReg() }() // as versitygw's
+		opts.Registry = reg.Addr
+	}
 	logw := io.Discard
-	if verbose {
+	if p.verbose {
 		logw = e.Stderr
 	}
-	pc, err := vm.RunPowerCuts(ctx, vm.PowerCutOptions{
-		Tools: tools, Daemon: bin, AgentArgs: []string{"vm-agent"}, S3: s3, Dir: dir,
-		Cuts: cuts, Seed: seed,
-		Logf: func(format string, args ...any) { fmt.Fprintf(logw, "power cuts: "+format+"\n", args...) },
-	})
-	res.PowerCuts = &chaos.PowerCuts{
-		Cuts: pc.Cuts, Recovered: pc.Recovered(), CorruptReady: pc.CorruptReady,
-		LostEntries: pc.Lost, Seed: seed, Seconds: pc.Elapsed.Seconds(),
+	opts.Logf = func(format string, args ...any) { fmt.Fprintf(logw, what+": "+format+"\n", args...) }
+	res, err := vm.RunPowerCuts(ctx, opts)
+	c := res.CutCounts
+	if images {
+		c = res.Images
+	}
+	pc := &chaos.PowerCuts{
+		Cuts: c.Cuts, Recovered: c.Recovered(), CorruptReady: c.CorruptReady,
+		LostEntries: c.Lost, Seed: p.seed, Seconds: res.Elapsed.Seconds(), SecondsPerCut: c.PerCut().Seconds(),
 	}
 	if err != nil {
-		res.PowerCuts.Error = err.Error()
-		return fmt.Errorf("bench chaos: power cuts (--vm-seed %d): %w", seed, err)
+		pc.Error = err.Error()
+		return pc, "", fmt.Errorf("bench chaos: %s (--vm-seed %d): %w", what, p.seed, err)
 	}
-	if len(pc.Violations) > 0 {
-		res.PowerCuts.Error = strings.Join(pc.Violations, "; ")
-		return fmt.Errorf("bench chaos: power cuts (--vm-seed %d): %d corrupt ready, %d entries lost: %s", seed, pc.CorruptReady, pc.Lost, res.PowerCuts.Error)
+	if len(res.Violations) > 0 {
+		pc.Error = strings.Join(res.Violations, "; ")
+		return pc, "", fmt.Errorf("bench chaos: %s (--vm-seed %d): %d corrupt ready, %d entries lost: %s", what, p.seed, c.CorruptReady, c.Lost, pc.Error)
 	}
-	return nil
+	return pc, "", nil
 }
 
 // runVMAgent is the guest agent of the power cuts' virtual machines

@@ -9,6 +9,11 @@
 //	GET /ready            200 once the data disk is mounted (the agent starts after)
 //	GET /hash?dir=PATH    the files below PATH (symlinks resolved), each with its
 //	                      size and SHA-256, as JSON (Listing); 404 when PATH does not exist
+//	GET /image?ns=NS&ref=REF&snapshotter=S
+//	                      the image REF as the guest's containerd holds it (Image): every
+//	                      blob read through its content store and hashed against its
+//	                      digest, and whether it is unpacked; 404 when containerd has no
+//	                      such image (only in a guest that runs containerd)
 //
 // Two binaries run it: integration/vm/guestagent (the test's, built with
 // CGO_ENABLED=0 so that it runs in an initramfs that holds nothing but
@@ -58,12 +63,17 @@ func Serve(listen string) error {
 		case err != nil:
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		default:
-			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(l)
+			writeJSON(w, l)
 		}
 	})
+	mux.HandleFunc("GET /image", serveImage)
 	srv := &http.Server{Addr: listen, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return srv.ListenAndServe()
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 // hashDir lists and hashes every regular file below dir.

@@ -127,6 +127,13 @@ func StartContainerdProcess(ctx context.Context, dir string) (*Containerd, func(
 	return c, stop, nil
 }
 
+// ContainerdConfig is the config.toml StartContainerdProcess writes, for a
+// containerd elsewhere (a virtual machine's) with its root, state and gRPC
+// socket at these paths.
+func ContainerdConfig(root, state, address string) string {
+	return containerdConfig(&Containerd{Root: root, State: state, Address: address})
+}
+
 // containerdConfig renders a version 2 config (understood by 1.6 through
 // 2.x). Plugins that would need host setup (CRI wants CNI, devmapper a thin
 // pool) or that would write outside dir (opt) are disabled.
