@@ -119,3 +119,23 @@ func TestFetchManifestAfterMemberClosedKept(t *testing.T) {
 		t.Fatalf("3 asks, each after the member closed the last connection, took %d connections, want 3", got)
 	}
 }
+
+// TestManifestAsksWaitingAreBounded: once askIdleConns connections wait for
+// further asks, a member answers a new one and closes it, so waiting asks
+// never take the member slots downloads need; the asker still gets every
+// answer, each on a new connection.
+func TestManifestAsksWaitingAreBounded(t *testing.T) {
+	a, log := startLoggedNode(t, "a")
+	b := startNode(t, "b", nil)
+	for range cap(a.askIdle) {
+		a.askIdle <- struct{}{}
+	}
+	for i := range 2 {
+		if _, err := b.FetchManifest(t.Context(), a.addr, "m/f#0"); !errors.Is(err, ErrNoManifest) {
+			t.Fatalf("ask %d: %v, want ErrNoManifest", i+1, err)
+		}
+	}
+	if got := len(log.accepted()); got != 2 {
+		t.Fatalf("2 asks while the waiting connections are full took %d connections, want 2", got)
+	}
+}

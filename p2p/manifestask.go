@@ -19,11 +19,16 @@ import (
 // member is closing), at most askIdlePerAddr per address. A kept
 // connection that fails its next ask (the member closed it or restarted,
 // or is of a version that answers one ask per connection) is dropped and
-// the ask goes out again on a new one.
+// the ask goes out again on a new one. A waiting connection holds one of
+// the member slots (Config.MaxConns), so at most askIdleConns of them wait
+// at once: in a large fleet every follower of a node's shards asks it, and
+// the slots are for downloads first. Beyond that a member closes the
+// connection after the answer, as before.
 const (
 	askIdleServe   = 4 * time.Second
 	askIdleKeep    = 2 * time.Second
 	askIdlePerAddr = 2
+	askIdleConns   = 32
 )
 
 // askConn is an authenticated connection manifest asks go out on.
@@ -160,12 +165,23 @@ func (n *Node) ask(ac *askConn, shardID string) (m *Manifest, answered bool, err
 // further one it sends on the connection within askIdleServe of the last
 // answer. Anything else ends the connection.
 func (n *Node) serveManifests(c net.Conn, br *bufio.Reader, peer peerIdentity, shardID string) {
-	for n.serveManifest(c, peer.ID, shardID) {
+	if !n.serveManifest(c, peer.ID, shardID) {
+		return
+	}
+	select {
+	case n.askIdle <- struct{}{}:
+		defer func() { <-n.askIdle }()
+	default:
+		return // enough connections wait for asks already
+	}
+	for {
 		_ = c.SetReadDeadline(n.cfg.Now().Add(askIdleServe))
 		f, err := readFrame(br)
 		if err != nil || f.typ != msgGetManifest || n.Banned(peer.Key) {
 			return
 		}
-		shardID = string(f.payload)
+		if !n.serveManifest(c, peer.ID, string(f.payload)) {
+			return
+		}
 	}
 }

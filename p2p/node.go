@@ -135,7 +135,8 @@ type Node struct {
 	bans                  map[string]time.Time         // identity key -> until
 	pins                  map[string]ed25519.PublicKey // node ID -> first key seen, without PeerKeys
 	serveWG               sync.WaitGroup
-	asks                  askPool // idle connections FetchManifest asks again on
+	asks                  askPool       // idle connections FetchManifest asks again on
+	askIdle               chan struct{} // connections waiting for a member's next manifest ask
 }
 
 // chunkSize is the unit of reads, writes, hashing and rate limiting.
@@ -224,6 +225,7 @@ func NewNode(cfg Config) (*Node, error) {
 		bans:       map[string]time.Time{},
 		pins:       map[string]ed25519.PublicKey{},
 		asks:       askPool{idle: map[string][]*askConn{}},
+		askIdle:    make(chan struct{}, askIdleConns),
 	}
 	a.trust = n.trustPeer
 	return n, nil
