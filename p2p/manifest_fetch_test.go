@@ -11,12 +11,29 @@ import (
 )
 
 func TestFetchManifest(t *testing.T) {
-	data := randomData(t, 1<<20+7)
 	a := startNode(t, "a", nil)
 	b := startNode(t, "b", nil)
-	if _, err := b.FetchManifest(t.Context(), a.addr, "m/f#0"); !errors.Is(err, ErrNoManifest) {
-		t.Fatalf("manifest of a shard nobody holds: %v, want ErrNoManifest", err)
+	sa, m := askBuildAsk(t, a, b, 1)
+	if m.ID() != sa.Manifest().ID() || !bytes.Equal(m.Hashes, sa.Manifest().Hashes) {
+		t.Fatal("fetched manifest differs from the built one")
 	}
+	// A node without the cluster key gets nothing.
+	intruder := startNode(t, "x", func(c *Config) { c.ClusterKey = bytes.Repeat([]byte{9}, ClusterKeySize) })
+	if _, err := intruder.FetchManifest(t.Context(), a.addr, "m/f#0"); err == nil {
+		t.Fatal("a node with another key fetched a manifest")
+	}
+}
+
+// askBuildAsk has b ask a for the manifest of shard m/f#0 before a has it,
+// asks times, then a build it and b fetch its manifest.
+func askBuildAsk(t *testing.T, a, b *testNode, asks int) (*Shard, *Manifest) {
+	t.Helper()
+	for range asks {
+		if _, err := b.FetchManifest(t.Context(), a.addr, "m/f#0"); !errors.Is(err, ErrNoManifest) {
+			t.Fatalf("manifest of a shard nobody holds: %v, want ErrNoManifest", err)
+		}
+	}
+	data := randomData(t, 1<<20+7)
 	sa, err := a.Build(t.Context(), BuildSpec{ShardID: "m/f#0", Name: "f", Path: filepath.Join(a.dir, "f"),
 		FileSize: int64(len(data)), Length: int64(len(data)), PieceLength: testPiece,
 		Source: newHTTPOrigin(t, data).Source(), Completion: a.comp})
@@ -27,14 +44,7 @@ func TestFetchManifest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.ID() != sa.Manifest().ID() || !bytes.Equal(m.Hashes, sa.Manifest().Hashes) {
-		t.Fatal("fetched manifest differs from the built one")
-	}
-	// A node without the cluster key gets nothing.
-	intruder := startNode(t, "x", func(c *Config) { c.ClusterKey = bytes.Repeat([]byte{9}, ClusterKeySize) })
-	if _, err := intruder.FetchManifest(t.Context(), a.addr, "m/f#0"); err == nil {
-		t.Fatal("a node with another key fetched a manifest")
-	}
+	return sa, m
 }
 
 // acceptLog records the connections a listener accepted.
@@ -75,24 +85,9 @@ func startLoggedNode(t *testing.T, id string) (*testNode, *acceptLog) {
 // manifest asks on one connection, not on a new one (two handshakes on
 // each side) per poll, and still gets each answer right.
 func TestFetchManifestReusesConnection(t *testing.T) {
-	data := randomData(t, 1<<20+7)
 	a, log := startLoggedNode(t, "a")
 	b := startNode(t, "b", nil)
-	for range 3 {
-		if _, err := b.FetchManifest(t.Context(), a.addr, "m/f#0"); !errors.Is(err, ErrNoManifest) {
-			t.Fatalf("manifest of a shard nobody holds: %v, want ErrNoManifest", err)
-		}
-	}
-	sa, err := a.Build(t.Context(), BuildSpec{ShardID: "m/f#0", Name: "f", Path: filepath.Join(a.dir, "f"),
-		FileSize: int64(len(data)), Length: int64(len(data)), PieceLength: testPiece,
-		Source: newHTTPOrigin(t, data).Source(), Completion: a.comp})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := b.FetchManifest(t.Context(), a.addr, "m/f#0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	sa, m := askBuildAsk(t, a, b, 3)
 	if m.ID() != sa.Manifest().ID() {
 		t.Fatal("fetched manifest differs from the built one")
 	}
