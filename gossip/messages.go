@@ -3,6 +3,7 @@ package gossip
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -37,17 +38,28 @@ func (n *Node) SetLocalInventory(inv Inventory) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	rec := invRecord{Node: n.cfg.NodeName, Version: n.nextVersionLocked(), Updated: n.now().UnixMilli(), Inv: &inv}
-	full, err := encodeMsg(msgInventory, rec)
+	body, err := json.Marshal(rec)
 	if err != nil {
-		return err
+		return fmt.Errorf("encode %s: %w", msgInventory, err)
 	}
-	if len(full) > maxInventoryBytes {
-		return fmt.Errorf("gossip: inventory encodes to %d bytes, at most %d", len(full), maxInventoryBytes)
+	// The daemon publishes its progress every second and on every
+	// reconcile, and most calls only wait for the next flush: compressing
+	// (a fresh DEFLATE writer's tables each time) only to learn the size
+	// would be wasted, since the framed message is never longer than its
+	// JSON and header. Compress to check a record that large, or to send.
+	var full []byte
+	if headerLen+len(body) > maxInventoryBytes {
+		if full = frameMsg(msgInventory, body); len(full) > maxInventoryBytes {
+			return fmt.Errorf("gossip: inventory encodes to %d bytes, at most %d", len(full), maxInventoryBytes)
+		}
 	}
 	prev := n.self.Inv
 	n.self = rec
 	if prev != nil && progressOnly(*prev, inv) && n.now().Sub(n.sentAt) < n.tun.ProgressInterval {
 		return nil
+	}
+	if full == nil {
+		full = frameMsg(msgInventory, body)
 	}
 	n.broadcastSelfLocked(full)
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -507,5 +508,40 @@ func TestPushPullBringsTheSenderBeforeItsSpecs(t *testing.T) {
 	}
 	if store.seen.Load() != 1 {
 		t.Fatal("the spec was saved before the sender's inventory was known")
+	}
+}
+
+// TestProgressOnlyInventoryIsNotCompressed: a progress-only inventory change
+// that waits for the next flush is checked against the size limit without
+// compressing it (the daemon publishes several a second while it fetches;
+// each one built a DEFLATE writer, most of a fetching daemon's garbage).
+func TestProgressOnlyInventoryIsNotCompressed(t *testing.T) {
+	c := newMockCluster(t, "a")
+	n := startCluster(t, c, []string{"a"}, func(_ string, cfg *Config) { cfg.Tuning.ProgressInterval = time.Hour })[0]
+	inv := Inventory{DiskFreeBytes: 1 << 40, DiskTotalBytes: 2 << 40, Models: map[string]ModelInventory{}}
+	for i := range 4 {
+		inv.Models[fmt.Sprintf("org/model-%d", i)] = ModelInventory{Revision: strings.Repeat("r", 40), State: StateDownloading, BytesTotal: 1 << 30, Path: "/var/lib/warmfleet/models/org/model"}
+	}
+	if err := n.SetLocalInventory(inv); err != nil {
+		t.Fatal(err)
+	}
+	const calls = 20
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range calls {
+		m := inv.Models["org/model-0"]
+		m.BytesDone = int64(i+1) << 20
+		inv.Models["org/model-0"] = m
+		if err := n.SetLocalInventory(inv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / calls; per > 64<<10 {
+		t.Fatalf("a progress-only inventory update allocated %d bytes, want under 64 KiB (no compression until it is sent)", per)
+	}
+	self, ok := member(n, "a")
+	if !ok || self.Inventory == nil || self.Inventory.Models["org/model-0"].BytesDone != calls<<20 {
+		t.Fatalf("own inventory after the updates: %+v", self.Inventory)
 	}
 }

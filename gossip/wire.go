@@ -235,7 +235,13 @@ func encodeMsg(t msgType, v any) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", t, err)
 	}
-	out := []byte{wireVersion, byte(t), encJSON}
+	return frameMsg(t, body), nil
+}
+
+// frameMsg frames the JSON body of a message of type t, DEFLATE-compressed
+// when that makes it smaller: the result is never longer than
+// headerLen+len(body).
+func frameMsg(t msgType, body []byte) []byte {
 	if len(body) >= 128 {
 		level := flate.DefaultCompression
 		if len(body) > 16<<10 {
@@ -245,10 +251,10 @@ func encodeMsg(t msgType, v any) ([]byte, error) {
 		buf.Write([]byte{wireVersion, byte(t), encFlate})
 		w, _ := flate.NewWriter(&buf, level)
 		if _, err := w.Write(body); err == nil && w.Close() == nil && buf.Len() < len(body)+headerLen {
-			return buf.Bytes(), nil
+			return buf.Bytes()
 		}
 	}
-	return append(out, body...), nil
+	return append([]byte{wireVersion, byte(t), encJSON}, body...)
 }
 
 // encodeMsgPlain frames v uncompressed: for small messages sent many times

@@ -32,6 +32,13 @@ type testNode struct {
 // startNode runs a node on a loopback port until the test ends.
 func startNode(t *testing.T, id string, mod func(*Config)) *testNode {
 	t.Helper()
+	return startNodeListening(t, id, mod, nil)
+}
+
+// startNodeListening is startNode with the node's listener wrapped by wrap
+// (if not nil), for a test that watches what the node accepts.
+func startNodeListening(t *testing.T, id string, mod func(*Config), wrap func(net.Listener) net.Listener) *testNode {
+	t.Helper()
 	cfg := Config{NodeID: id, ClusterKey: testKey, StallTimeout: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	if mod != nil {
@@ -44,6 +51,9 @@ func startNode(t *testing.T, id string, mod func(*Config)) *testNode {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if wrap != nil {
+		ln = wrap(ln)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

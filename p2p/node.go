@@ -135,6 +135,8 @@ type Node struct {
 	bans                  map[string]time.Time         // identity key -> until
 	pins                  map[string]ed25519.PublicKey // node ID -> first key seen, without PeerKeys
 	serveWG               sync.WaitGroup
+	asks                  askPool       // idle connections FetchManifest asks again on
+	askIdle               chan struct{} // connections waiting for a member's next manifest ask
 }
 
 // chunkSize is the unit of reads, writes, hashing and rate limiting.
@@ -222,6 +224,8 @@ func NewNode(cfg Config) (*Node, error) {
 		held:       map[net.Conn]*time.Timer{},
 		bans:       map[string]time.Time{},
 		pins:       map[string]ed25519.PublicKey{},
+		asks:       askPool{idle: map[string][]*askConn{}},
+		askIdle:    make(chan struct{}, askIdleConns),
 	}
 	a.trust = n.trustPeer
 	return n, nil
@@ -404,7 +408,7 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 	br := bufio.NewReaderSize(c, 4096)
 	f, err := readFrame(br)
 	if err == nil && f.typ == msgGetManifest {
-		n.serveManifest(c, peerID, string(f.payload))
+		n.serveManifests(c, br, peer, string(f.payload))
 		return
 	}
 	if err != nil || f.typ != msgSubscribe || len(f.payload) <= 32 {
@@ -454,26 +458,26 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 // serveManifest answers a manifest request with the manifest of a verified
 // (complete) shard, in progress when the shard is open with some pieces
 // but not all, or not found.
-func (n *Node) serveManifest(c net.Conn, peerID, shardID string) {
+func (n *Node) serveManifest(c net.Conn, peerID, shardID string) bool {
 	n.mu.Lock()
 	s := n.shards[shardID]
 	n.mu.Unlock()
 	if s == nil {
-		_ = writeFrame(c, msgNotFound, nil)
-		return
+		return writeFrame(c, msgNotFound, nil) == nil
 	}
 	if !s.Complete() {
-		_ = writeFrame(c, msgInProgress, u32(s.Have().Count()))
-		return
+		return writeFrame(c, msgInProgress, u32(s.Have().Count())) == nil
 	}
 	b, err := s.Manifest().MarshalBinary()
 	if err != nil {
 		n.log.Error("p2p: encode manifest", "shard", shardID, "err", err)
-		return
+		return false
 	}
 	if err := writeFrame(c, msgManifest, b); err != nil {
 		n.log.Debug("p2p: send manifest", "peer", peerID, "err", err)
+		return false
 	}
+	return true
 }
 
 // ErrNoManifest reports that a peer holds no complete shard of that ID.
@@ -483,49 +487,6 @@ var ErrNoManifest = errors.New("p2p: peer has no manifest for that shard")
 // (its origin reading S3, or a peer downloading): its pieces can be fetched
 // with OpenPartial before the manifest is complete.
 var ErrInProgress = errors.New("p2p: peer is still filling that shard")
-
-// FetchManifest asks the member at addr for the manifest of a shard it
-// holds complete (ErrInProgress if it is filling it, ErrNoManifest if it has
-// not opened it). Members are authenticated, so the manifest is trusted as
-// far as the cluster key is.
-func (n *Node) FetchManifest(ctx context.Context, addr, shardID string) (*Manifest, error) {
-	if !validName(shardID) {
-		return nil, fmt.Errorf("p2p: shard id %q is not valid", shardID)
-	}
-	f := &fetch{n: n}
-	c, _, err := f.dial(ctx, addr, "")
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
-	_ = c.SetDeadline(n.cfg.Now().Add(n.cfg.StallTimeout))
-	if err := writeFrame(c, msgGetManifest, []byte(shardID)); err != nil {
-		return nil, err
-	}
-	fr, err := readFrameMax(bufio.NewReader(c), maxManifestFrame)
-	if err != nil {
-		return nil, err
-	}
-	switch fr.typ {
-	case msgNotFound:
-		return nil, ErrNoManifest
-	case msgInProgress:
-		return nil, ErrInProgress
-	case msgManifest:
-	default:
-		return nil, fmt.Errorf("%w: answer of type %d to a manifest request", errProtocol, fr.typ)
-	}
-	m, err := DecodeManifest(fr.payload)
-	if err != nil {
-		return nil, err
-	}
-	if m.ShardID != shardID {
-		return nil, fmt.Errorf("%w: asked for shard %q, got %q", errProtocol, shardID, m.ShardID)
-	}
-	return m, nil
-}
 
 // uploadSlotWait is how long a request may wait for an upload slot before
 // the downloader is told to ask elsewhere.

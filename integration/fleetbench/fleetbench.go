@@ -58,6 +58,9 @@ type Options struct {
 	Origin string
 	// DaemonArgs go to every daemon in every mode.
 	DaemonArgs []string
+	// DaemonEnv is added to every daemon's environment (a lab hook's
+	// setting, say: netlab passes no WARMFLEET_* variable of its own).
+	DaemonEnv []string
 	// SwarmArgs turn the daemon's peer-to-peer swarm on (gossip, the
 	// cluster key and --p2p). Nil leaves the swarm mode out: it is reported
 	// as not measured.

@@ -15,9 +15,9 @@ import (
 )
 
 // daemonEnv is every daemon's environment: the S3 host's credentials and
-// endpoint, and Options.HostProcs.
+// endpoint, Options.HostProcs and Options.DaemonEnv.
 func daemonEnv(lab *netlab.Lab, opts Options) []string {
-	env := lab.S3().Env()
+	env := append(lab.S3().Env(), opts.DaemonEnv...)
 	if opts.HostProcs > 0 {
 		env = append(env, fmt.Sprintf("GOMAXPROCS=%d", opts.HostProcs))
 	}

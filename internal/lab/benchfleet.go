@@ -39,6 +39,7 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	versitygw := fs.String("versitygw", "", "versitygw binary for the S3 host (default: ./bin/versitygw, else PATH)")
 	dir := fs.String("dir", "", "keep data and daemon logs here (default: a temporary directory, removed)")
 	plot := fs.String("plot", "", "also write a timeline plot (bytes received per host over time) to this SVG file")
+	cpuProfile := fs.String("cpu-profile", "", "every daemon writes a CPU profile of its life to cpu-PID.pprof in this directory (created)")
 	verbose := fs.Bool("v", false, "log progress to stderr")
 	naiveOnly := fs.Bool("naive-only", false, "measure only the baseline (every host from S3)")
 	swarmOnly := fs.Bool("swarm-only", false, "measure only the swarm (the baseline takes hosts times longer)")
@@ -91,6 +92,16 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 		return cli.UsageError("--naive-only and --swarm-only exclude each other")
 	}
 	opts.SkipNaive, opts.ScaleOut = *swarmOnly, *scaleOut
+	if *cpuProfile != "" {
+		abs, err := filepath.Abs(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpu-profile: %w", err)
+		}
+		if err := os.MkdirAll(abs, 0o755); err != nil {
+			return fmt.Errorf("--cpu-profile: %w", err)
+		}
+		opts.DaemonEnv = []string{CPUProfileEnv + "=" + abs}
+	}
 	if !*naiveOnly {
 		keyDir, err := os.MkdirTemp("", "warmfleet-bench-key-")
 		if err != nil {

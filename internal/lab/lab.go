@@ -14,11 +14,19 @@
 // as the chaos suite's clock-skew scenario needs: network namespaces share
 // the host's clock, so the skew cannot be made outside the process. The
 // product binary has no such setting.
+//
+// Another, WARMFLEET_LAB_CPUPROFILE (a directory), makes this binary's
+// daemon write a Go CPU profile of its whole life to cpu-PID.pprof there,
+// so a bench can tell where a host's CPU goes (bench fleet --cpu-profile
+// sets it for every daemon). The product binary has no such setting either.
 package lab
 
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"time"
 
 	"github.com/warmfleet/warmfleet/internal/cli"
@@ -28,6 +36,10 @@ import (
 // wall clock in this binary (see the package doc).
 const ClockSkewEnv = "WARMFLEET_LAB_CLOCK_SKEW"
 
+// CPUProfileEnv names the environment variable with the directory a
+// daemon of this binary writes its CPU profile to (see the package doc).
+const CPUProfileEnv = "WARMFLEET_LAB_CPUPROFILE"
+
 // Run runs the lab command named by args[0], or a product command, and
 // returns the process exit code.
 func Run(ctx context.Context, args []string, e *cli.Env) int {
@@ -35,7 +47,35 @@ func Run(ctx context.Context, args []string, e *cli.Env) int {
 		fmt.Fprintf(e.Stderr, "warmfleet-lab: %v\n", err)
 		return 2
 	}
+	if len(args) > 0 && args[0] == "daemon" {
+		stop, err := startCPUProfile(e.Getenv(CPUProfileEnv))
+		if err != nil {
+			fmt.Fprintf(e.Stderr, "warmfleet-lab: %v\n", err)
+			return 2
+		}
+		defer stop()
+	}
 	return cli.Dispatch(ctx, "warmfleet-lab", commands(), args, e)
+}
+
+// startCPUProfile profiles this process into dir/cpu-PID.pprof until the
+// returned stop is called; with dir empty it does nothing.
+func startCPUProfile(dir string) (stop func(), err error) {
+	if dir == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("cpu-%d.pprof", os.Getpid())))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", CPUProfileEnv, err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("%s: %w", CPUProfileEnv, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }
 
 // skewClock sets e.Clock from ClockSkewEnv, if set.

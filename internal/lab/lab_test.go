@@ -3,6 +3,9 @@ package lab
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -34,5 +37,29 @@ func TestClockSkewEnv(t *testing.T) {
 	bad := env("soon")
 	if code := Run(context.Background(), []string{"version"}, bad); code != 2 || !strings.Contains(bad.Stderr.(*bytes.Buffer).String(), ClockSkewEnv) {
 		t.Fatalf("bad skew: exit %d, stderr %q; want 2 naming %s", code, bad.Stderr, ClockSkewEnv)
+	}
+}
+
+// TestCPUProfileEnv: WARMFLEET_LAB_CPUPROFILE makes a daemon profile itself
+// into cpu-PID.pprof in that directory until it stops; unset, nothing is
+// written; a directory that cannot take the file is an error naming it.
+func TestCPUProfileEnv(t *testing.T) {
+	dir := t.TempDir()
+	stop, err := startCPUProfile(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	st, err := os.Stat(filepath.Join(dir, fmt.Sprintf("cpu-%d.pprof", os.Getpid())))
+	if err != nil || st.Size() == 0 {
+		t.Fatalf("profile after stop: %v, %v; want a non-empty file", st, err)
+	}
+	stop, err = startCPUProfile("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if _, err := startCPUProfile(filepath.Join(dir, "missing")); err == nil || !strings.Contains(err.Error(), CPUProfileEnv) {
+		t.Fatalf("profile into a missing directory: %v, want an error naming %s", err, CPUProfileEnv)
 	}
 }
