@@ -73,8 +73,9 @@ const (
 // factor a backend holding part of a prompt keeps it (prefix-aware): as
 // long as moving would cost the request more than Slack in expected wait,
 // up to HoldLoad x its load bound and HoldShare x ShareFactor x its fair
-// share of traffic. Past them the bounds hold as before, so a hot prefix
-// group still spreads.
+// share of traffic, and while at most one request there waits for its
+// first token. Past them the bounds hold as before, so a hot prefix group
+// still spreads.
 const (
 	HoldLoad  = 1.5
 	HoldShare = 1.5
@@ -520,6 +521,9 @@ func decidePrefix(in Input) Decision {
 	// and load bound, up to the hold caps, while moving would cost the
 	// request more than slack in expected wait: the recompute of a long
 	// match (a conversation's history) costs more than the balance gains.
+	// Not while more than one request there waits for its first token: a
+	// backend that is queueing prefill (saturation) needs the bounds to
+	// spread work, or a closed loop of clients piles onto it.
 	first, second := -1, -1 // the two shortest waits under their load bounds
 	for i := range in.Candidates {
 		if !underLimit(&in.Candidates[i]) || loads[i]+1 > float64(bounds[i]) {
@@ -537,7 +541,7 @@ func decidePrefix(in Input) Decision {
 		if alt == i {
 			alt = second
 		}
-		return slack >= 0 && alt >= 0 && in.Candidates[i].Matched > in.Common &&
+		return slack >= 0 && alt >= 0 && in.Candidates[i].Matched > in.Common && in.Candidates[i].Prefilling <= 1 &&
 			costs[i]+max(1, int(slack*float64(n))) < costs[alt] &&
 			loads[i]+1 <= HoldLoad*float64(bounds[i]) && shares[i] <= HoldShare*sf
 	}

@@ -105,6 +105,13 @@ func TestDecidePrefix(t *testing.T) {
 			}
 			c[3].Matched, c[3].Inflight = 10, 3 // moving recomputes 10 of 20 blocks
 		}, want: 3, reason: Hit, notPick: -1, prefered: 3},
+		{name: "a long match does not hold past its bound while prefill queues there", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight = 2
+			}
+			c[3].Matched, c[3].Inflight, c[3].Prefilling = 10, 3, 2
+			c[5].Matched = 4
+		}, want: 5, reason: Overflow, notPick: 3, prefered: 3, yielded: BoundLoad},
 		{name: "past HoldLoad x its bound a long match overflows", setup: func(c []Candidate) {
 			for i := range c {
 				c[i].Inflight = 2
