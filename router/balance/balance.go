@@ -361,19 +361,17 @@ func better(a, b *Candidate, ra, rb float64) bool {
 }
 
 // tierBetter reports whether candidate i ranks above j within tier t (see
-// the tier constants). Outside tierHit the shortest expected wait wins,
-// then the least recent traffic: among equal queues, the backend sent the
-// fewest requests lately is likely the one whose queued prefill started
-// first and ends first (join the shortest queue, ties round-robin), where
-// a hash would pile arrivals on one of them.
+// the tier constants). Past tierCold the shortest expected wait wins; past
+// tierHit then the least recent traffic: among backends whose queues are
+// within slack of the shortest, the one sent the fewest requests lately is
+// likely the one whose queued prefill started first and ends first, where
+// rendezvous would pile arrivals on one of them.
 func tierBetter(t int8, i, j int, cands []Candidate, costs []int, rv []float64) bool {
-	if t >= tierCold {
-		if costs[i] != costs[j] {
-			return costs[i] < costs[j]
-		}
-		if cands[i].Recent != cands[j].Recent {
-			return cands[i].Recent < cands[j].Recent
-		}
+	if t >= tierFair && costs[i] != costs[j] {
+		return costs[i] < costs[j]
+	}
+	if t >= tierCold && cands[i].Recent != cands[j].Recent {
+		return cands[i].Recent < cands[j].Recent
 	}
 	return better(&cands[i], &cands[j], rv[i], rv[j])
 }
@@ -411,8 +409,9 @@ func Shares(cands []Candidate, dst []float64) []float64 {
 
 // Tiers rank candidates for one request; the lowest non-empty tier wins.
 // Within tierHit the prefix score decides (the longest cached prefix;
-// rendezvous, so replicas agree); within the others the shortest expected
-// wait, then the least recent traffic, then the prefix score (tierBetter).
+// rendezvous, so replicas agree); within tierCold the least recent
+// traffic, then the prefix score; within the others, which take a request
+// only once those rules have failed, the shortest expected wait first.
 const (
 	tierHit  = iota // holds more than the common prefix; passes every bound, or holds past them (HoldLoad)
 	tierCold        // at most its fair share of traffic; passes every bound: may start a new group
@@ -443,8 +442,8 @@ func yielded(tier int8, overShare bool) Bound {
 // ShareFactor x its fair share of recent traffic; past the load bound and
 // ShareFactor it still keeps it, up to HoldLoad and HoldShare, while moving
 // would cost the request more than Slack. Otherwise a backend at or
-// under its fair share starts the group: the one with the shortest
-// expected wait, then the least recent traffic (rendezvous only among
+// under its fair share starts the group (within Slack of the best such
+// backend): the one with the least recent traffic (rendezvous only among
 // exact ties; replicas that share their counts, --peer-listen, still
 // agree). Bounds are relaxed in
 // that order before the request is refused.

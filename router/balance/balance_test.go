@@ -550,31 +550,22 @@ func TestFallbackPicksShortestWait(t *testing.T) {
 	}
 }
 
-// TestColdJoinsShortestQueueThenLeastRecent: a request that no backend
-// holds goes where the expected wait is shortest, even when another is
-// within Slack of it, and among equal queues to the backend sent the fewest
-// requests lately (its queued prefill likely started first), not to the
-// rendezvous choice.
-func TestColdJoinsShortestQueueThenLeastRecent(t *testing.T) {
+// TestColdGoesToLeastRecentTraffic: among backends under their fair share
+// with queues within Slack of the shortest, a request that no backend
+// holds goes to the one sent the fewest requests lately (its queued
+// prefill likely started first), not to the rendezvous choice.
+func TestColdGoesToLeastRecentTraffic(t *testing.T) {
 	k := keys(5, 20)
-	cold := RendezvousKey(k, 0, 0)
 	c := cands(8)
-	win := rendezvousWinner(c, cold)
+	win := rendezvousWinner(c, RendezvousKey(k, 0, 0))
 	other := (win + 1) % len(c)
-	for i := range c {
-		c[i].Recent, c[i].Pending = 1, 50
-	}
-	c[win].Pending, c[other].Pending = 1, 0 // within Slack (2 blocks) of each other
-	d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: k})
-	if d.Pick != other || d.Reason != Cold {
-		t.Fatalf("shorter queue: picked %d (%s), want %d over the rendezvous choice %d", d.Pick, d.Reason, other, win)
-	}
 	for i := range c {
 		c[i].Recent, c[i].Pending = 1.05, 10
 	}
 	c[win].Recent, c[other].Recent = 0.9, 0.8 // both under their fair share
-	d = Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: k})
+	c[other].Pending = 11                     // within Slack (2 blocks)
+	d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: k})
 	if d.Pick != other || d.Reason != Cold {
-		t.Fatalf("equal queues: picked %d (%s), want the least recent %d over the rendezvous choice %d", d.Pick, d.Reason, other, win)
+		t.Fatalf("picked %d (%s), want the least recent %d over the rendezvous choice %d", d.Pick, d.Reason, other, win)
 	}
 }
