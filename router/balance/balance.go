@@ -69,6 +69,18 @@ const (
 	BoundKV    Bound = "kv"    // too little free KV cache on the engine (self-tuning)
 )
 
+// HoldLoad and HoldShare cap how far past its load bound and its share
+// factor a backend holding part of a prompt keeps it (prefix-aware): as
+// long as moving would cost the request more than Slack in expected wait,
+// up to HoldLoad x its load bound and HoldShare x ShareFactor x its fair
+// share of traffic, and while at most one request there waits for its
+// first token. Past them the bounds hold as before, so a hot prefix group
+// still spreads.
+const (
+	HoldLoad  = 1.5
+	HoldShare = 1.5
+)
+
 // DefaultSlack is the Slack used when none is given: affinity may cost a
 // tenth of the prompt in extra expected wait, no more, or requests queue
 // behind others' prefill.
@@ -349,10 +361,17 @@ func better(a, b *Candidate, ra, rb float64) bool {
 }
 
 // tierBetter reports whether candidate i ranks above j within tier t (see
-// the tier constants).
+// the tier constants). Past tierCold the shortest expected wait wins; past
+// tierHit then the least recent traffic: among backends whose queues are
+// within slack of the shortest, the one sent the fewest requests lately is
+// likely the one whose queued prefill started first and ends first, where
+// rendezvous would pile arrivals on one of them.
 func tierBetter(t int8, i, j int, cands []Candidate, costs []int, rv []float64) bool {
 	if t >= tierFair && costs[i] != costs[j] {
 		return costs[i] < costs[j]
+	}
+	if t >= tierCold && cands[i].Recent != cands[j].Recent {
+		return cands[i].Recent < cands[j].Recent
 	}
 	return better(&cands[i], &cands[j], rv[i], rv[j])
 }
@@ -389,11 +408,12 @@ func Shares(cands []Candidate, dst []float64) []float64 {
 }
 
 // Tiers rank candidates for one request; the lowest non-empty tier wins.
-// Within tierHit and tierCold the prefix score decides (the longest cached
-// prefix; rendezvous, so replicas agree); within the others, which take a
-// request only once those rules have failed, the shortest expected wait.
+// Within tierHit the prefix score decides (the longest cached prefix;
+// rendezvous, so replicas agree); within tierCold the least recent
+// traffic, then the prefix score; within the others, which take a request
+// only once those rules have failed, the shortest expected wait first.
 const (
-	tierHit  = iota // holds more than the common prefix; passes every bound
+	tierHit  = iota // holds more than the common prefix; passes every bound, or holds past them (HoldLoad)
 	tierCold        // at most its fair share of traffic; passes every bound: may start a new group
 	tierFair        // passes every bound, above its fair share but within ShareFactor
 	tierLoad        // under the load bound, but over ShareFactor or beyond slack
@@ -419,9 +439,13 @@ func yielded(tier int8, overShare bool) Bound {
 // expected to hold more than the common prefix keeps the request if it is
 // under its load bound and own limit, within Slack of the best expected time
 // to first token among backends within their traffic share, and not above
-// ShareFactor x its fair share of recent traffic. Otherwise a backend at or
+// ShareFactor x its fair share of recent traffic; past the load bound and
+// ShareFactor it still keeps it, up to HoldLoad and HoldShare, while moving
+// would cost the request more than Slack. Otherwise a backend at or
 // under its fair share starts the group (within Slack of the best such
-// backend), chosen by rendezvous so replicas agree. Bounds are relaxed in
+// backend): the one with the least recent traffic (rendezvous only among
+// exact ties; replicas that share their counts, --peer-listen, still
+// agree). Bounds are relaxed in
 // that order before the request is refused.
 func decidePrefix(in Input) Decision {
 	d := Decision{Pick: -1, Preferred: -1}
@@ -492,6 +516,34 @@ func decidePrefix(in Input) Decision {
 		// to go where traffic is short.
 		limitFair = min(limitFair, minCost+max(1, int(bs*float64(n))))
 	}
+	// A backend holding part of the prompt keeps it past its traffic share
+	// and load bound, up to the hold caps, while moving would cost the
+	// request more than slack in expected wait: the recompute of a long
+	// match (a conversation's history) costs more than the balance gains.
+	// Not while more than one request there waits for its first token: a
+	// backend that is queueing prefill (saturation) needs the bounds to
+	// spread work, or a closed loop of clients piles onto it.
+	first, second := -1, -1 // the two shortest waits under their load bounds
+	for i := range in.Candidates {
+		if !underLimit(&in.Candidates[i]) || loads[i]+1 > float64(bounds[i]) {
+			continue
+		}
+		switch {
+		case first < 0 || costs[i] < costs[first]:
+			first, second = i, first
+		case second < 0 || costs[i] < costs[second]:
+			second = i
+		}
+	}
+	hold := func(i int) bool {
+		alt := first
+		if alt == i {
+			alt = second
+		}
+		return slack >= 0 && alt >= 0 && in.Candidates[i].Matched > in.Common && in.Candidates[i].Prefilling <= 1 &&
+			costs[i]+max(1, int(slack*float64(n))) < costs[alt] &&
+			loads[i]+1 <= HoldLoad*float64(bounds[i]) && shares[i] <= HoldShare*sf
+	}
 	tiers := tierBuf[:0]
 	for i := range in.Candidates {
 		c := &in.Candidates[i]
@@ -499,9 +551,9 @@ func decidePrefix(in Input) Decision {
 		t := tierNone
 		switch {
 		case !underLimit(c):
-		case loads[i]+1 > float64(bounds[i]):
+		case loads[i]+1 > float64(bounds[i]) && !hold(i):
 			t = tierOver
-		case shares[i] > sf || (costs[i] > limit && !fair):
+		case (shares[i] > sf && !hold(i)) || (costs[i] > limit && !fair):
 			t = tierLoad
 		case c.Matched > in.Common:
 			t = tierHit

@@ -99,6 +99,32 @@ func TestDecidePrefix(t *testing.T) {
 		}, want: 1, reason: Overflow, notPick: 4, prefered: 4, yielded: BoundShare},
 		{name: "a long match is worth a moderate queue", setup: func(c []Candidate) { c[2].Matched, c[2].Pending = 18, 12 },
 			want: 2, reason: Hit, notPick: -1, prefered: 2},
+		{name: "a long match holds a little past its load bound", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight = 2 // bound ceil(1.25*17/8) = 3
+			}
+			c[3].Matched, c[3].Inflight = 10, 3 // moving recomputes 10 of 20 blocks
+		}, want: 3, reason: Hit, notPick: -1, prefered: 3},
+		{name: "a long match does not hold past its bound while prefill queues there", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight = 2
+			}
+			c[3].Matched, c[3].Inflight, c[3].Prefilling = 10, 3, 2
+			c[5].Matched = 4
+		}, want: 5, reason: Overflow, notPick: 3, prefered: 3, yielded: BoundLoad},
+		{name: "past HoldLoad x its bound a long match overflows", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight = 2
+			}
+			c[3].Matched, c[3].Inflight = 10, 6 // bound ceil(1.25*21/8) = 4: 7 > 1.5 x 4
+			c[5].Matched = 4
+		}, want: 5, reason: Overflow, notPick: 3, prefered: 3, yielded: BoundLoad},
+		{name: "a short match over its load bound does not hold", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight = 2
+			}
+			c[3].Matched, c[3].Inflight = 1, 3 // moving costs 1 block: within slack
+		}, want: -1, reason: Overflow, notPick: 3, prefered: 3, yielded: BoundLoad},
 		{name: "retry is labelled", setup: func(c []Candidate) { c[1].Matched = 3 }, retry: true, want: 1, reason: Retry, notPick: -1, prefered: 1},
 	}
 	for _, tc := range tests {
@@ -183,16 +209,18 @@ func TestBoundedLoadHolds(t *testing.T) {
 		if d.Pick < 0 {
 			t.Fatalf("step %d: no pick", step)
 		}
-		if c[d.Pick].Inflight+1 > d.Bound {
-			t.Fatalf("step %d: pick %d at %d in flight exceeds bound %d", step, d.Pick, c[d.Pick].Inflight, d.Bound)
+		// A backend holding the whole prompt may keep it up to HoldLoad x
+		// its bound (moving would recompute all of it), no further.
+		if float64(c[d.Pick].Inflight+1) > HoldLoad*float64(d.Bound) {
+			t.Fatalf("step %d: pick %d at %d in flight exceeds %g x bound %d", step, d.Pick, c[d.Pick].Inflight, HoldLoad, d.Bound)
 		}
 		c[d.Pick].Inflight++
 		total := 0
 		for i := range c {
 			total += c[i].Inflight
 		}
-		if limit := int(math.Ceil(1.25 * float64(total) / 8)); c[0].Inflight > limit {
-			t.Fatalf("step %d: hot backend at %d > ceil(1.25 x mean) = %d", step, c[0].Inflight, limit)
+		if limit := HoldLoad * math.Ceil(1.25*float64(total)/8); float64(c[0].Inflight) > limit {
+			t.Fatalf("step %d: hot backend at %d > HoldLoad x ceil(1.25 x mean) = %g", step, c[0].Inflight, limit)
 		}
 	}
 }
@@ -328,7 +356,9 @@ func TestLoadBoundsDecodeWeight(t *testing.T) {
 	if plain[0] != 5 || weighted[0] != 2 {
 		t.Fatalf("bounds plain %v weighted %v", plain, weighted)
 	}
-	in := Input{Strategy: PrefixAware, Candidates: c, Keys: keys(1, 10), LoadFactor: 1.25, DecodeWeight: 0.1, MinBound: 1}
+	// Slack -1 turns off the hold past the bound (see HoldLoad): this is
+	// about the bound's arithmetic.
+	in := Input{Strategy: PrefixAware, Candidates: c, Keys: keys(1, 10), LoadFactor: 1.25, DecodeWeight: 0.1, MinBound: 1, Slack: -1}
 	c[0].Matched = 10
 	// Backend 0 carries 1.9 weighted load: 1.9+1 > 2, over; with decode
 	// counted in full it is over too; a decode-light weight and a higher
@@ -362,10 +392,20 @@ func TestDecidePrefixShares(t *testing.T) {
 			even(c)
 			c[2].Recent, c[2].Matched = 1.08, 12
 		}, want: fixed(2), reason: Hit},
-		{name: "hit above its share factor overflows to the next longest match", setup: func(c []Candidate) {
+		{name: "hit far above its share factor overflows to the next longest match", setup: func(c []Candidate) {
 			even(c)
-			c[2].Recent, c[2].Matched = 1.5, 12
+			c[2].Recent, c[2].Matched = 3, 12 // 3 / 10 x 8 = 2.4 > HoldShare x 1.1
 			c[5].Matched = 6
+		}, want: fixed(5), reason: Overflow},
+		{name: "a long match a little above its share factor holds", setup: func(c []Candidate) {
+			even(c)
+			c[2].Recent, c[2].Matched = 1.5, 12 // 1.5 / 8.5 x 8 = 1.41: moving would recompute 12 of 20 blocks
+			c[5].Matched = 6
+		}, want: fixed(2), reason: Hit},
+		{name: "a short match a little above its share factor yields", setup: func(c []Candidate) {
+			even(c)
+			c[2].Recent, c[2].Matched = 1.5, 2 // moving costs 2 blocks, within slack
+			c[5].Matched = 1
 		}, want: fixed(5), reason: Overflow},
 		{name: "cold avoids backends above their fair share", setup: func(c []Candidate) {
 			even(c)
@@ -476,7 +516,11 @@ func TestShareBoundBalancesGroups(t *testing.T) {
 	for _, x := range counts {
 		top = max(top, x)
 	}
-	if busiest := float64(top) / (reqs / n); busiest > 1.1 {
+	// Every repeat here is fully cached and nothing queues, so a holder
+	// keeps its groups up to HoldShare x ShareFactor whenever moving would
+	// cost a whole match: this stream is the worst case for that, and
+	// still well under the cap.
+	if busiest := float64(top) / (reqs / n); busiest > 1.35 {
 		t.Fatalf("busiest backend %.3f x mean (counts %v)", busiest, counts)
 	}
 	if frac := float64(hits) / float64(repeats); frac < 0.8 {
@@ -503,5 +547,25 @@ func TestFallbackPicksShortestWait(t *testing.T) {
 		if d.Pick != tc.want {
 			t.Errorf("pending 1=%d 3=%d: picked %d, want %d (%+v)", tc.pend1, tc.pend3, d.Pick, tc.want, d)
 		}
+	}
+}
+
+// TestColdGoesToLeastRecentTraffic: among backends under their fair share
+// with queues within Slack of the shortest, a request that no backend
+// holds goes to the one sent the fewest requests lately (its queued
+// prefill likely started first), not to the rendezvous choice.
+func TestColdGoesToLeastRecentTraffic(t *testing.T) {
+	k := keys(5, 20)
+	c := cands(8)
+	win := rendezvousWinner(c, RendezvousKey(k, 0, 0))
+	other := (win + 1) % len(c)
+	for i := range c {
+		c[i].Recent, c[i].Pending = 1.05, 10
+	}
+	c[win].Recent, c[other].Recent = 0.9, 0.8 // both under their fair share
+	c[other].Pending = 11                     // within Slack (2 blocks)
+	d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: k})
+	if d.Pick != other || d.Reason != Cold {
+		t.Fatalf("picked %d (%s), want the least recent %d over the rendezvous choice %d", d.Pick, d.Reason, other, win)
 	}
 }
