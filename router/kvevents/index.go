@@ -4,6 +4,8 @@ import (
 	"math/bits"
 	"sync"
 	"time"
+
+	"github.com/warmfleet/warmfleet/router/internal/blockset"
 )
 
 // Index is the exact view of which backend holds which KV blocks, fed by
@@ -29,8 +31,8 @@ type Index struct {
 	resync   time.Duration
 	now      func() time.Time
 
-	holders holders // views (by id) holding each block
-	ids     idSet   // ids in use
+	holders blockset.Table // views (by id) holding each block
+	ids     idSet          // ids in use
 }
 
 // MaxMatched is how many backends' views the index matches in one walk;
@@ -38,7 +40,7 @@ type Index struct {
 const MaxMatched = 256
 
 // idSet is a set of view ids.
-type idSet [MaxMatched / 64]uint64
+type idSet blockset.Set
 
 func (s *idSet) add(i int)    { s[i>>6] |= 1 << (i & 63) }
 func (s *idSet) remove(i int) { s[i>>6] &^= 1 << (i & 63) }
@@ -113,7 +115,7 @@ func (x *Index) hold(v *view, h uint64) {
 	}
 	v.blocks[h] = struct{}{}
 	if v.id >= 0 {
-		x.holders.add(h, v.id)
+		x.holders.Add(h, v.id)
 	}
 }
 
@@ -139,7 +141,7 @@ func (x *Index) dropAll(v *view) {
 
 // unhold takes view id out of block h's holders.
 func (x *Index) unhold(id int, h uint64) {
-	x.holders.remove(h, id)
+	x.holders.Remove(h, id)
 }
 
 // reset empties a view; trusted says whether the empty view is known to
@@ -291,7 +293,7 @@ func (x *Index) MatchAll(backends []string, chain []uint64, n []int, ok []bool) 
 		if alive.empty() {
 			break
 		}
-		s := x.holders.get(h)
+		s := idSet(x.holders.Get(h))
 		for w := range alive {
 			for gone := alive[w] &^ s[w]; gone != 0; gone &= gone - 1 {
 				depth[w*64+bits.TrailingZeros64(gone)] = int32(i)

@@ -1,12 +1,16 @@
 package prefix
 
-import "math/bits"
+import (
+	"math/bits"
+
+	"github.com/warmfleet/warmfleet/router/internal/blockset"
+)
 
 // MaxSlots is how many backends one Index can track (bitset width).
 const MaxSlots = 256
 
-// Set is a set of backend slots.
-type Set [MaxSlots / 64]uint64
+// Set is a set of backend slots (MaxSlots bits).
+type Set blockset.Set
 
 func (s *Set) add(i int)      { s[i>>6] |= 1 << (i & 63) }
 func (s *Set) remove(i int)   { s[i>>6] &^= 1 << (i & 63) }
@@ -43,11 +47,12 @@ func (s *Set) each(f func(i int)) {
 // Index approximates which backend (slot) holds which block hashes: one LRU
 // per slot with a capacity mirroring that backend's KV cache (exact but for
 // the order of blocks within the most recent quarter), and a shared
-// map from hash to the set of slots holding it, so a match costs one map
-// lookup per leading block no matter how many backends there are.
+// table from hash to the set of slots holding it (a blockset.Table: one
+// read from memory per lookup), so a match costs one lookup per leading
+// block no matter how many backends there are.
 // It is not safe for concurrent use.
 type Index struct {
-	holders map[uint64]Set
+	holders blockset.Table // slots holding each block
 	lrus    [MaxSlots]*lru
 	tracked Set // slots with an LRU
 
@@ -76,7 +81,7 @@ func (h heat) at(e uint32) uint32 {
 }
 
 // NewIndex returns an empty index; it counts no heat until SetHeat.
-func NewIndex() *Index { return &Index{holders: map[uint64]Set{}} }
+func NewIndex() *Index { return &Index{} }
 
 // SetHeat starts counting heat, halved every halfLife requests, or stops
 // (halfLife <= 0) and forgets it: counting costs a map write per block of
@@ -201,13 +206,8 @@ func (x *Index) RemoveSlot(slot int) {
 }
 
 func (x *Index) clear(h uint64, slot int) {
-	s := x.holders[h]
-	s.remove(slot)
-	if s.empty() {
-		delete(x.holders, h)
+	if x.holders.Remove(h, slot) {
 		delete(x.heats, h)
-	} else {
-		x.holders[h] = s
 	}
 }
 
@@ -287,9 +287,7 @@ func (x *Index) Insert(slot int, blocks []uint64, held int) {
 		l.nodes[i].hash = h
 		l.pos[h] = i
 		l.pushFront(i)
-		s := x.holders[h]
-		s.add(slot)
-		x.holders[h] = s
+		x.holders.Add(h, slot)
 	}
 }
 
@@ -306,7 +304,7 @@ func (x *Index) Match(blocks []uint64, depth []int) (deepest, common int) {
 	// the end), not at every block: the leading blocks of a shared prompt
 	// are held by most slots.
 	for i, h := range blocks {
-		s, ok := x.holders[h]
+		s := Set(x.holders.Get(h))
 		narrowed := i == 0
 		if i == 0 {
 			alive = s
@@ -317,7 +315,7 @@ func (x *Index) Match(blocks []uint64, depth []int) (deepest, common int) {
 			dropped.each(func(slot int) { depth[slot] = i })
 			narrowed = !dropped.empty()
 		}
-		if !ok || alive.empty() {
+		if alive.empty() { // also when no slot holds h
 			return deepest, common
 		}
 		deepest = i + 1
@@ -354,7 +352,7 @@ func (x *Index) Match(blocks []uint64, depth []int) (deepest, common int) {
 // run returns how many leading blocks slot holds, in O(log n) lookups.
 func (x *Index) run(slot int, blocks []uint64) int {
 	holds := func(k int) bool { // the first k blocks
-		s := x.holders[blocks[k-1]]
+		s := Set(x.holders.Get(blocks[k-1]))
 		return s.Has(slot)
 	}
 	lo, step := 0, 1 // lo blocks are held

@@ -163,7 +163,7 @@ func TestMatchAgainstHolders(t *testing.T) {
 		for s := range slots {
 			run := 0
 			for run < len(q) {
-				if h := x.holders[q[run]]; !h.Has(s) {
+				if h := Set(x.holders.Get(q[run])); !h.Has(s) {
 					break
 				}
 				run++
@@ -287,8 +287,8 @@ func TestIndex(t *testing.T) {
 		t.Fatalf("after removal deepest %d depth %v", deepest, depth[:2])
 	}
 	x.RemoveSlot(0)
-	if len(x.holders) != 0 {
-		t.Fatalf("holders left: %d", len(x.holders))
+	if n := x.holders.Len(); n != 0 {
+		t.Fatalf("holders left: %d", n)
 	}
 }
 

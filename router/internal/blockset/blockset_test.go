@@ -1,18 +1,18 @@
-package kvevents
+package blockset
 
 import (
 	"math/rand/v2"
 	"testing"
 )
 
-// TestHoldersAgreeWithMap: the open-addressed table answers as a Go map of
+// TestTableAgreesWithMap: the open-addressed table answers as a Go map of
 // sets does through adds and removals that grow it and empty it again,
 // with hashes that crowd into the same slots (small integers, and the zero
 // hash that marks a free slot), so deletions move probe chains about.
-func TestHoldersAgreeWithMap(t *testing.T) {
+func TestTableAgreesWithMap(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	var tab holders
-	model := map[uint64]idSet{}
+	var tab Table
+	model := map[uint64]Set{}
 	keys := make([]uint64, 5000)
 	for i := range keys {
 		switch {
@@ -27,11 +27,11 @@ func TestHoldersAgreeWithMap(t *testing.T) {
 	check := func(round int) {
 		t.Helper()
 		for _, h := range keys {
-			if got, want := tab.get(h), model[h]; got != want {
+			if got, want := tab.Get(h), model[h]; got != want {
 				t.Fatalf("round %d: get(%#x) = %v, want %v", round, h, got, want)
 			}
 		}
-		if n := tab.len(); n != len(model) {
+		if n := tab.Len(); n != len(model) {
 			t.Fatalf("round %d: %d blocks held, want %d", round, n, len(model))
 		}
 	}
@@ -42,16 +42,19 @@ func TestHoldersAgreeWithMap(t *testing.T) {
 			addShare = 0.2
 		}
 		for range 4000 {
-			h, id := keys[rng.IntN(len(keys))], rng.IntN(MaxMatched)
+			h, id := keys[rng.IntN(len(keys))], rng.IntN(256)
 			s := model[h]
 			if rng.Float64() < addShare {
-				tab.add(h, id)
-				s.add(id)
+				tab.Add(h, id)
+				add(&s, id)
 			} else {
-				tab.remove(h, id)
-				s.remove(id)
+				gone := tab.Remove(h, id)
+				remove(&s, id)
+				if gone != empty(&s) {
+					t.Fatalf("Remove(%#x, %d) = %v, want %v", h, id, gone, empty(&s))
+				}
 			}
-			if s.empty() {
+			if empty(&s) {
 				delete(model, h)
 			} else {
 				model[h] = s
@@ -60,9 +63,9 @@ func TestHoldersAgreeWithMap(t *testing.T) {
 		check(round)
 	}
 	for h, s := range model { // empty it
-		for id := range MaxMatched {
+		for id := range 256 {
 			if s[id>>6]&(1<<(id&63)) != 0 {
-				tab.remove(h, id)
+				tab.Remove(h, id)
 			}
 		}
 	}
