@@ -74,14 +74,13 @@ $(BIN)/llm-d-inference-sim:
 # longer than it ("context deadline exceeded") on a loaded machine.
 CI_FUZZTIME ?= 2000x
 # VM_CUTS is the number of power cuts integration/vm makes (each a reboot
-# of a software-emulated VM restored from a saved state, some 5 s on a
-# two-core machine at a low load; WARMFLEET_VM_CUTS in the environment
-# counts too): make test VM_CUTS=2 for a quicker run.
+# of a software-emulated VM restored from a saved state; WARMFLEET_VM_CUTS
+# in the environment counts too): make test VM_CUTS=2 for a quicker run.
 VM_CUTS ?= $(or $(WARMFLEET_VM_CUTS),20)
 # VM_IMAGE_CUTS is the number of power cuts in image pulls, in a second VM
-# that also runs containerd (the default 2 add some 45 s to the run; later
-# cuts cost more, as each reboot's audit hashes every image pulled so far;
-# 0 skips them): make test VM_IMAGE_CUTS=0 when the time budget is short.
+# that also runs containerd (later cuts cost more, as each reboot's audit
+# hashes every image pulled so far; 0 skips them): make test
+# VM_IMAGE_CUTS=0 when the time budget is short.
 VM_IMAGE_CUTS ?= $(or $(WARMFLEET_VM_IMAGE_CUTS),2)
 test: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
