@@ -32,22 +32,15 @@ type Index struct {
 	now      func() time.Time
 
 	holders blockset.Table // views (by id) holding each block
-	ids     idSet          // ids in use
+	ids     blockset.Set   // view ids in use
 }
 
 // MaxMatched is how many backends' views the index matches in one walk;
 // a view past that many is matched on its own.
 const MaxMatched = 256
 
-// idSet is a set of view ids.
-type idSet blockset.Set
-
-func (s *idSet) add(i int)    { s[i>>6] |= 1 << (i & 63) }
-func (s *idSet) remove(i int) { s[i>>6] &^= 1 << (i & 63) }
-func (s *idSet) empty() bool  { return s[0]|s[1]|s[2]|s[3] == 0 }
-
-// firstFree is the lowest id not in s, -1 if none.
-func (s *idSet) firstFree() int {
+// firstFree is the lowest view id not in s, -1 if none.
+func firstFree(s *blockset.Set) int {
 	for w, word := range s {
 		if ^word != 0 {
 			return w*64 + bits.TrailingZeros64(^word)
@@ -100,9 +93,9 @@ func NewIndex(lim Limits, resync time.Duration, now func() time.Time) *Index {
 func (x *Index) viewLocked(backend string) *view {
 	v := x.backends[backend]
 	if v == nil {
-		v = &view{id: x.ids.firstFree(), blocks: map[uint64]struct{}{}}
+		v = &view{id: firstFree(&x.ids), blocks: map[uint64]struct{}{}}
 		if v.id >= 0 {
-			x.ids.add(v.id)
+			x.ids.Add(v.id)
 		}
 		x.backends[backend] = v
 	}
@@ -176,7 +169,7 @@ func (x *Index) Forget(backend string) {
 	if v := x.backends[backend]; v != nil {
 		x.dropAll(v)
 		if v.id >= 0 {
-			x.ids.remove(v.id)
+			x.ids.Remove(v.id)
 		}
 	}
 	delete(x.backends, backend)
@@ -269,7 +262,7 @@ func (x *Index) MatchAll(backends []string, chain []uint64, n []int, ok []bool) 
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	now := x.now()
-	var alive idSet // trusted views still matching, by id
+	var alive blockset.Set // trusted views still matching, by id
 	var depth [MaxMatched]int32
 	for i, b := range backends {
 		v := x.backends[b]
@@ -283,17 +276,17 @@ func (x *Index) MatchAll(backends []string, chain []uint64, n []int, ok []bool) 
 		default:
 			// n[i] holds the id until the walk is done.
 			n[i], ok[i] = v.id, true
-			alive.add(v.id)
+			alive.Add(v.id)
 			depth[v.id] = int32(len(chain))
 		}
 	}
 	// A view's depth is written when it drops out: at the first block it
 	// does not hold.
 	for i, h := range chain {
-		if alive.empty() {
+		if alive.Empty() {
 			break
 		}
-		s := idSet(x.holders.Get(h))
+		s := x.holders.Get(h)
 		for w := range alive {
 			for gone := alive[w] &^ s[w]; gone != 0; gone &= gone - 1 {
 				depth[w*64+bits.TrailingZeros64(gone)] = int32(i)

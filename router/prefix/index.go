@@ -12,12 +12,12 @@ const MaxSlots = 256
 // Set is a set of backend slots (MaxSlots bits).
 type Set blockset.Set
 
-func (s *Set) add(i int)      { s[i>>6] |= 1 << (i & 63) }
-func (s *Set) remove(i int)   { s[i>>6] &^= 1 << (i & 63) }
+func (s *Set) add(i int)      { (*blockset.Set)(s).Add(i) }
+func (s *Set) remove(i int)   { (*blockset.Set)(s).Remove(i) }
 func (s *Set) Has(i int) bool { return s[i>>6]&(1<<(i&63)) != 0 }
 func (s *Set) and(o *Set)     { s[0] &= o[0]; s[1] &= o[1]; s[2] &= o[2]; s[3] &= o[3] }
 func (s *Set) andNot(o *Set)  { s[0] &^= o[0]; s[1] &^= o[1]; s[2] &^= o[2]; s[3] &^= o[3] }
-func (s *Set) empty() bool    { return s[0]|s[1]|s[2]|s[3] == 0 }
+func (s *Set) empty() bool    { return (*blockset.Set)(s).Empty() }
 
 // single reports whether the set has exactly one member.
 func (s *Set) single() bool { return s.Count() == 1 }

@@ -7,9 +7,9 @@ package blockset
 
 import "math/bits"
 
-// Set is a set of holders 0..255, as a bitmap; the indexes convert it to
-// their own set types (the same array).
-type Set = [4]uint64
+// Set is a set of holders 0..255, as a bitmap; the KV index uses it as is,
+// the prefix index converts it to its own Set (the same array).
+type Set [4]uint64
 
 // Table maps a block hash to the set of its holders: an open-addressed
 // table, probed linearly, whose slots hold the hash and the set side by
@@ -33,9 +33,14 @@ type slot struct {
 // minSlots is the table's first size.
 const minSlots = 1 << 10
 
-func add(s *Set, i int)    { s[i>>6] |= 1 << (i & 63) }
-func remove(s *Set, i int) { s[i>>6] &^= 1 << (i & 63) }
-func empty(s *Set) bool    { return s[0]|s[1]|s[2]|s[3] == 0 }
+// Add puts i in s.
+func (s *Set) Add(i int) { s[i>>6] |= 1 << (i & 63) }
+
+// Remove takes i out of s.
+func (s *Set) Remove(i int) { s[i>>6] &^= 1 << (i & 63) }
+
+// Empty reports whether s holds nothing.
+func (s *Set) Empty() bool { return s[0]|s[1]|s[2]|s[3] == 0 }
 
 // home is the slot where a probe for h starts: the top bits of a
 // multiplication, as block hashes from tests may be small integers.
@@ -55,7 +60,7 @@ func (t *Table) find(h uint64) int {
 
 // Len is how many blocks some holder holds.
 func (t *Table) Len() int {
-	if empty(&t.zero) {
+	if t.zero.Empty() {
 		return t.n
 	}
 	return t.n + 1
@@ -75,7 +80,7 @@ func (t *Table) Get(h uint64) Set {
 // Add puts holder i (0..255) among h's holders.
 func (t *Table) Add(h uint64, i int) {
 	if h == 0 {
-		add(&t.zero, i)
+		t.zero.Add(i)
 		return
 	}
 	if (t.n+1)*4 > len(t.slots)*3 { // at most three quarters full
@@ -86,15 +91,15 @@ func (t *Table) Add(h uint64, i int) {
 		t.slots[j].hash = h
 		t.n++
 	}
-	add(&t.slots[j].set, i)
+	t.slots[j].set.Add(i)
 }
 
 // Remove takes holder i out of h's holders, and h out of the table when
 // none is left; it reports whether none is (whether or not h was held).
 func (t *Table) Remove(h uint64, i int) (gone bool) {
 	if h == 0 {
-		remove(&t.zero, i)
-		return empty(&t.zero)
+		t.zero.Remove(i)
+		return t.zero.Empty()
 	}
 	if t.slots == nil {
 		return true
@@ -103,8 +108,8 @@ func (t *Table) Remove(h uint64, i int) (gone bool) {
 	if t.slots[j].hash == 0 {
 		return true
 	}
-	remove(&t.slots[j].set, i)
-	if !empty(&t.slots[j].set) {
+	t.slots[j].set.Remove(i)
+	if !t.slots[j].set.Empty() {
 		return false
 	}
 	t.delete(j)

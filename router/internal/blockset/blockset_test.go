@@ -46,15 +46,15 @@ func TestTableAgreesWithMap(t *testing.T) {
 			s := model[h]
 			if rng.Float64() < addShare {
 				tab.Add(h, id)
-				add(&s, id)
+				s.Add(id)
 			} else {
 				gone := tab.Remove(h, id)
-				remove(&s, id)
-				if gone != empty(&s) {
-					t.Fatalf("Remove(%#x, %d) = %v, want %v", h, id, gone, empty(&s))
+				s.Remove(id)
+				if gone != s.Empty() {
+					t.Fatalf("Remove(%#x, %d) = %v, want %v", h, id, gone, s.Empty())
 				}
 			}
-			if empty(&s) {
+			if s.Empty() {
 				delete(model, h)
 			} else {
 				model[h] = s
