@@ -17,7 +17,7 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 	fs := cli.NewFlagSet(e, "bench router")
 	o := bench.DefaultOptions()
 	fs.IntVar(&o.Backends, "backends", o.Backends, "simulated backends")
-	fs.Float64Var(&o.Load, "load", o.Load, "offered load: uncached prefill work / fleet prefill capacity")
+	fs.Float64Var(&o.Load, "load", o.Load, "offered load: uncached prefill work / fleet prefill capacity (with --engine llm-d-inference-sim: sequence slot time / the fleet's slots)")
 	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per workload")
 	workloads := fs.String("workloads", strings.Join(o.Workloads, ","), "comma-separated: "+strings.Join(bench.AllWorkloads(), ", "))
 	var names []string
@@ -43,7 +43,7 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 	fs.BoolVar(&o.KVEvents, "kv-events", o.KVEvents, "every simulator publishes its KV-cache events (ZMQ, vLLM's format) and the routers follow them")
 	fs.BoolVar(&o.TokenPrompts, "token-prompts", o.TokenPrompts, "send every prompt as token ids (completions), whose engine block hashes the router can compute")
 	engine := fs.String("engine", "llmsim", "backends: llmsim (simulated in virtual time) or llm-d-inference-sim (processes from bin/ or PATH, in wall time)")
-	fs.IntVar(&o.EngineClients, "engine-clients", o.EngineClients, "closed-loop clients with --engine llm-d-inference-sim")
+	fs.IntVar(&o.EngineClients, "engine-clients", o.EngineClients, "with --engine llm-d-inference-sim: closed-loop clients instead of arrivals at --load x the engines' capacity (0: open loop)")
 	fs.Float64Var(&o.EngineLoadFactor, "engine-load-factor", o.EngineLoadFactor, "with --engine llm-d-inference-sim: how many times slower its prefill and decode are with every sequence slot (--max-seqs) busy than with one")
 	fs.IntVar(&o.OverheadRate, "overhead-rate", o.OverheadRate, "requests/s for the overhead phase (0: skip)")
 	fs.DurationVar(&o.OverheadDuration, "overhead-duration", o.OverheadDuration, "length of each overhead round")

@@ -107,15 +107,7 @@ type outcome struct {
 // whole answer, and leaves the last Idle to the caller.
 func (d *driver) send(ctx context.Context, base string, r *Request) outcome {
 	start := d.clock.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+r.Path, bytes.NewReader(r.Body))
-	if err != nil {
-		return outcome{err: err}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if d.debug {
-		req.Header.Set(router.DebugRequestHeader, "1")
-	}
-	resp, err := d.client.Do(req)
+	resp, err := post(ctx, d.client, base, r, d.debug)
 	if err != nil {
 		return outcome{err: err}
 	}
@@ -241,21 +233,24 @@ func (d *driver) closedLoop(ctx context.Context, reqs []Request, clients int) ([
 	return ends, nil
 }
 
-// post sends r's body to base+r.Path as JSON; the caller reads and closes
-// the response.
-func post(ctx context.Context, c *http.Client, base string, r *Request) (*http.Response, error) {
+// post sends r's body to base+r.Path as JSON, debug asking the router to
+// name its backend; the caller reads and closes the response.
+func post(ctx context.Context, c *http.Client, base string, r *Request, debug bool) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+r.Path, bytes.NewReader(r.Body))
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if debug {
+		req.Header.Set(router.DebugRequestHeader, "1")
+	}
 	return c.Do(req)
 }
 
 // sendReal posts one request in wall-clock time (overhead phase).
 func sendReal(ctx context.Context, c *http.Client, base string, r *Request) outcome {
 	start := time.Now()
-	resp, err := post(ctx, c, base, r)
+	resp, err := post(ctx, c, base, r, false)
 	if err != nil {
 		return outcome{err: err}
 	}

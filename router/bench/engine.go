@@ -11,28 +11,42 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"regexp"
+	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/router"
 	"github.com/warmfleet/warmfleet/router/balance"
+	"github.com/warmfleet/warmfleet/router/oai"
 	"github.com/warmfleet/warmfleet/router/prefix"
 )
 
 // EngineInferenceSim is Options.Engine for llm-d-inference-sim backends.
 const EngineInferenceSim = "llm-d-inference-sim"
 
-// runEngine replays w through one router to llm-d-inference-sim processes
-// (an engine nobody here wrote, with its own prefix cache and KV events) in
-// wall time: EngineClients clients send the requests in order, each the
-// next as soon as its previous one ended. The hit rate is the engines' own
+// runEngine replays w (prepared by engineWorkload) through one router to
+// llm-d-inference-sim processes (an engine nobody here wrote, with its own
+// prefix cache and KV events) in wall time: each request at its arrival
+// time (open loop, the offered load engineWorkload set), or with
+// EngineClients set, from that many clients each sending the next as soon
+// as its previous one ended. The hit rate is the engines' own
 // (vllm:prefix_cache_hits over queries); TTFTs are wall seconds to the
 // first byte through the router.
 func runEngine(ctx context.Context, o *Options, w *Workload, st balance.Strategy) (StrategyResult, error) {
 	sr := StrategyResult{Strategy: st}
 	began := time.Now()
+	selfCPU0, simCPU0 := cpuSeconds()
+	var sims []*testenv.InferenceSim
+	// Stopped before the CPU count below too; Stop is idempotent.
+	defer func() {
+		for _, sim := range sims {
+			sim.Stop()
+		}
+	}()
 	cfg := o.routerConfig()
 	cfg.Strategy = st
 	cfg.ProbeInterval, cfg.RampUp, cfg.QueueTimeout = -1, 0, time.Minute
@@ -41,6 +55,7 @@ func runEngine(ctx context.Context, o *Options, w *Workload, st balance.Strategy
 	seed := cmp.Or(o.Sim.HashSeed, "0")
 	cfg.KVBlockSize, cfg.KVHashSeed = o.Sim.BlockTokens, seed
 	cfg.KVResync = 200 * time.Millisecond // the warm-up below waits it out
+	cfg.DebugHeader = true                // each answer names its backend: per-backend TTFTs
 	var urls []string
 	for range o.Backends {
 		ev, err := freePort()
@@ -52,11 +67,11 @@ func runEngine(ctx context.Context, o *Options, w *Workload, st balance.Strategy
 			// The same latency model as llmsim's, so a cached prompt token
 			// is cheaper than an uncached one and a busy engine slower.
 			PrefillPerToken: o.Sim.PrefillPerToken, InterTokenLatency: o.Sim.DecodePerToken, MaxNumSeqs: o.Sim.MaxSeqs,
-			LoadFactor: o.EngineLoadFactor})
+			LoadFactor: o.EngineLoadFactor, Random: true})
 		if err != nil {
 			return sr, fmt.Errorf("bench: %w", err)
 		}
-		defer sim.Stop()
+		sims = append(sims, sim)
 		urls = append(urls, sim.URL)
 		bc := router.BackendConfig{URL: sim.URL, KVCacheTokens: o.Sim.KVBlocks * o.Sim.BlockTokens}
 		if o.KVEvents {
@@ -90,8 +105,23 @@ func runEngine(ctx context.Context, o *Options, w *Workload, st balance.Strategy
 	if err != nil {
 		return sr, err
 	}
-	outs := closedWall(ctx, client, u, w.Requests, max(o.EngineClients, 1))
+	sent := time.Now()
+	var outs []outcome
+	if o.EngineClients > 0 {
+		outs = closedWall(ctx, client, u, w.Requests, o.EngineClients)
+	} else {
+		var lags []float64
+		outs, lags = openWall(ctx, client, u, w.Requests)
+		sr.SendLagP99 = quantile(lags, 0.99)
+	}
+	sentFor := time.Since(sent)
 	var ttfts []float64
+	index := map[string]int{}
+	for i, u := range urls {
+		index[u] = i
+	}
+	sr.ByBackend = make([]BackendResult, len(urls))
+	perBackend := make([][]float64, len(urls))
 	for _, out := range outs {
 		switch {
 		case out.err != nil || out.status != http.StatusOK && out.status != http.StatusTooManyRequests && out.status != http.StatusServiceUnavailable:
@@ -102,9 +132,11 @@ func runEngine(ctx context.Context, o *Options, w *Workload, st balance.Strategy
 			sr.Rejected503++
 		default:
 			ttfts = append(ttfts, out.ttft.Seconds())
+			if i, ok := index[out.backend]; ok {
+				perBackend[i] = append(perBackend[i], out.ttft.Seconds())
+			}
 		}
 	}
-	wall := time.Since(began)
 	// The simulator updates its metrics asynchronously: wait until they
 	// count every request answered.
 	var diff simStats
@@ -126,10 +158,37 @@ func runEngine(ctx context.Context, o *Options, w *Workload, st balance.Strategy
 	sr.TTFTp50, sr.TTFTp90, sr.TTFTp95, sr.TTFTp99 = quantile(ttfts, 0.5), quantile(ttfts, 0.9), quantile(ttfts, 0.95), quantile(ttfts, 0.99)
 	sr.TTFTs = ttfts
 	sr.HitRate, sr.BusiestShare, sr.BusiestWork = diff.hitRate(), busiest(diff.requests), busiest(diff.computed())
+	for i := range sr.ByBackend {
+		b := &sr.ByBackend[i]
+		b.Requests, b.TTFTp50, b.TTFTp99 = diff.requests[i], quantile(perBackend[i], 0.5), quantile(perBackend[i], 0.99)
+		b.OutputTokens = diff.generated[i]
+		if diff.queries[i] > 0 {
+			b.HitRate = diff.hits[i] / diff.queries[i]
+		}
+	}
 	sr.Reasons = reasons(reg)
+	sr.OpenThroughput = float64(len(ttfts)) / sentFor.Seconds()
+	for _, sim := range sims {
+		sim.Stop()
+	}
+	wall := time.Since(began)
 	sr.WallSeconds = wall.Seconds()
-	sr.OpenThroughput = float64(len(ttfts)) / wall.Seconds()
+	selfCPU, simCPU := cpuSeconds()
+	sr.BenchCPU, sr.EngineCPU = (selfCPU-selfCPU0)/wall.Seconds(), (simCPU-simCPU0)/wall.Seconds()
 	return sr, nil
+}
+
+// cpuSeconds is the CPU time this process (router, clients, bench) and its
+// waited-for children (the simulators, once stopped) have used.
+func cpuSeconds() (self, children float64) {
+	sec := func(who int) float64 {
+		var ru syscall.Rusage
+		if syscall.Getrusage(who, &ru) != nil {
+			return 0
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	}
+	return sec(syscall.RUSAGE_SELF), sec(syscall.RUSAGE_CHILDREN)
 }
 
 func freePort() (string, error) {
@@ -172,6 +231,36 @@ func warmUp(ctx context.Context, c *http.Client, rt *router.Router, urls []strin
 	return nil
 }
 
+// openWall sends each request at its arrival time (At after the start),
+// in wall time, whether or not the answers before it have come: an open
+// loop, so a slow backend queues requests instead of slowing the arrivals.
+// lags are how late each request left (the machine keeping up or not).
+func openWall(ctx context.Context, c *http.Client, base string, reqs []Request) (outs []outcome, lags []float64) {
+	outs, lags = make([]outcome, len(reqs)), make([]float64, 0, len(reqs))
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for i := range reqs {
+		at := t0.Add(reqs[i].At)
+		if d := time.Until(at); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-ctx.Done():
+			case <-timer.C:
+			}
+		}
+		if ctx.Err() != nil {
+			outs[i] = outcome{err: ctx.Err()}
+			continue
+		}
+		lags = append(lags, max(time.Since(at), 0).Seconds())
+		wg.Go(func() { outs[i] = sendWall(ctx, c, base, &reqs[i]) })
+	}
+	wg.Wait()
+	return outs, lags
+}
+
 // closedWall sends reqs in order from clients goroutines, in wall time.
 func closedWall(ctx context.Context, c *http.Client, base string, reqs []Request, clients int) []outcome {
 	outs := make([]outcome, len(reqs))
@@ -197,12 +286,12 @@ func closedWall(ctx context.Context, c *http.Client, base string, reqs []Request
 
 func sendWall(ctx context.Context, c *http.Client, base string, r *Request) outcome {
 	start := time.Now()
-	resp, err := post(ctx, c, base, r)
+	resp, err := post(ctx, c, base, r, true)
 	if err != nil {
 		return outcome{err: err}
 	}
 	defer resp.Body.Close()
-	out := outcome{status: resp.StatusCode}
+	out := outcome{status: resp.StatusCode, backend: router.ParseRoute(resp.Header.Get(router.RouteHeader))["backend"]}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := resp.Body.Read(buf)
@@ -221,4 +310,83 @@ func sendWall(ctx context.Context, c *http.Client, base string, r *Request) outc
 			return out
 		}
 	}
+}
+
+// engineTokenRE is llm-d-inference-sim's simulated tokenizer (v0.10.2,
+// pkg/tokenizer, what --force-dummy-tokenizer selects): a token is a word
+// or one punctuation mark, with the whitespace after it.
+var engineTokenRE = regexp.MustCompile(`(\{|\}|:|,|-|\.|\?|\!|;|@|#|\$|%|\^|&|\*|\(|\)|\+|\-|_|~|/|\\|>|<|\[|\]|=|"|'|\w+)(\s*)`)
+
+// engineTokens is the prompt length the simulator computes for r: its ids
+// when the prompt is token ids, else its tokenizer's count of the prompt
+// or of the messages' contents (the few tokens of its chat template left
+// out).
+func engineTokens(r *Request) (int, error) {
+	req, err := oai.Scan(r.Body)
+	if err != nil {
+		return 0, err
+	}
+	if ids, ok := oai.TokenIDs(req.Prompt, nil); ok && !req.HasMessages {
+		return len(ids), nil
+	}
+	if !req.HasMessages {
+		return len(engineTokenRE.FindAllIndex(req.Prompt, -1)), nil
+	}
+	n := 0
+	for _, m := range req.Messages {
+		n += len(engineTokenRE.FindAllIndex(m.Content, -1))
+	}
+	return n, nil
+}
+
+// engineCapacity is what the llm-d-inference-sim fleet completes per second
+// with nothing cached: every sequence slot (Sim.MaxSeqs per backend) busy,
+// each request holding one for its prefill (every prompt token) and its
+// decode (max_tokens, the first token coming with the prefill), both
+// slowed by the engine's full-load factor. The simulator prefills each
+// request on its own clock, so slots, not a shared prefill stream as in
+// llmsim, are what fills up: this is the engines' analogue of the virtual
+// bench's prefill capacity.
+func engineCapacity(o *Options, w *Workload) (float64, error) {
+	if len(w.Requests) == 0 {
+		return 0, errors.New("bench: no requests")
+	}
+	slot := 0.0
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		p, err := engineTokens(r)
+		if err != nil {
+			return 0, fmt.Errorf("bench: %s request %d: %w", w.Name, i, err)
+		}
+		slot += float64(p)*o.Sim.PrefillPerToken.Seconds() + float64(max(r.OutTokens-1, 0))*o.Sim.DecodePerToken.Seconds()
+	}
+	mean := slot / float64(len(w.Requests)) * o.EngineLoadFactor
+	if mean <= 0 {
+		return 0, errors.New("bench: the engines' latency model is zero (prefill and decode per token): their capacity is unbounded")
+	}
+	return float64(o.Backends*o.Sim.MaxSeqs) / mean, nil
+}
+
+// engineWorkload readies w for llm-d-inference-sim: every request asks for
+// exactly its max_tokens (ignore_eos; the simulator answers in random mode,
+// since an echo is as long as the prompt's last message whatever
+// max_tokens says), and, for the open loop, arrivals at o.Load x the
+// engines' capacity. It returns the capacity.
+func engineWorkload(o *Options, w *Workload) (float64, error) {
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		body := bytes.TrimRight(r.Body, " \t\r\n")
+		if len(body) < 2 || body[0] != '{' || body[len(body)-1] != '}' || bytes.Equal(body, []byte("{}")) {
+			return 0, fmt.Errorf("bench: %s request %d: the body is not a JSON object with fields", w.Name, i)
+		}
+		r.Body = append(append(slices.Clip(body[:len(body)-1]), `,"ignore_eos":true`...), '}')
+	}
+	capacity, err := engineCapacity(o, w)
+	if err != nil {
+		return 0, err
+	}
+	if o.EngineClients == 0 {
+		w.ScheduleRate(o.Load*capacity, o.Seed)
+	}
+	return capacity, nil
 }

@@ -36,8 +36,15 @@ func ratio(a, b float64) float64 {
 // WriteText writes a human-readable report with the goals checked.
 func WriteText(w io.Writer, r *Results) error {
 	o := r.Options
-	fmt.Fprintf(w, "router benchmark (virtual time, real HTTP): %d backends, offered load %.2f, %d requests/workload, KV %d blocks x %d tokens, %d seqs, prefill %s/token, decode %s/token, router c=%.2f share=%.2f slack=%.2f hot=%.2f, %d router replica(s)\n",
-		o.Backends, o.Load, o.Requests, o.KVBlocks, o.BlockTokens, o.MaxSeqs, o.PrefillPerToken, o.DecodePerToken, o.LoadFactor, o.ShareFactor, o.Slack, o.HotShare, max(o.Replicas, 1))
+	mode, load := "virtual time, real HTTP", fmt.Sprintf("offered load %.2f", o.Load)
+	switch {
+	case o.Engine != "" && o.EngineClients > 0:
+		mode, load = o.Engine+" processes in wall time", fmt.Sprintf("%d closed-loop clients", o.EngineClients)
+	case o.Engine != "":
+		mode, load = o.Engine+" processes in wall time", fmt.Sprintf("offered load %.2f of the engines' capacity (load factor %.2g)", o.Load, o.EngineLoadFactor)
+	}
+	fmt.Fprintf(w, "router benchmark (%s): %d backends, %s, %d requests/workload, KV %d blocks x %d tokens, %d seqs, prefill %s/token, decode %s/token, router c=%.2f share=%.2f slack=%.2f hot=%.2f, %d router replica(s)\n",
+		mode, o.Backends, load, o.Requests, o.KVBlocks, o.BlockTokens, o.MaxSeqs, o.PrefillPerToken, o.DecodePerToken, o.LoadFactor, o.ShareFactor, o.Slack, o.HotShare, max(o.Replicas, 1))
 	fmt.Fprintf(w, "machine: %d CPUs, load average %.2f at start, %.2f at end, %s\n\n", r.Machine.CPUs, r.Machine.LoadAvg1, r.Machine.LoadAvg1E, r.Machine.GoVersion)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "workload\tstrategy\tKV hit\tof best\tTTFT p50 s\tp90 s\tp95 s\tp99 s\topen rps\tsat rps\tbusiest/mean\tprefill busiest/mean\t429\t503\terrors\t")
@@ -47,6 +54,9 @@ func WriteText(w io.Writer, r *Results) error {
 				s.TTFTp50, s.TTFTp90, s.TTFTp95, s.TTFTp99, s.OpenThroughput, s.Throughput, s.BusiestShare, s.BusiestWork, s.Rejected429, s.Rejected503, s.Errors)
 		}
 		fmt.Fprintf(tw, "%s\tbest possible\t%.3f\t\t(fleet-size LRU: %.3f)\t\t\t\t\t\t\t\t\t\t\t\n", wr.Name, wr.BestReuse, wr.BestReuseFleet)
+		if wr.EngineCapacity > 0 {
+			fmt.Fprintf(tw, "%s\tengine capacity\t%.1f rps\t\t(offered %.1f rps)\t\t\t\t\t\t\t\t\t\t\t\n", wr.Name, wr.EngineCapacity, wr.EngineRate)
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err

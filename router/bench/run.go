@@ -67,7 +67,9 @@ type Options struct {
 	KVEvents, TokenPrompts bool
 	// Engine is the backends: "" for llmsim in virtual time, or
 	// EngineInferenceSim for llm-d-inference-sim processes in wall time
-	// (EngineClients closed-loop clients; no saturation phase).
+	// (no saturation phase): arrivals at Load x the engines' capacity
+	// (engineCapacity), or with EngineClients > 0, that many closed-loop
+	// clients instead.
 	Engine        string
 	EngineClients int
 	// EngineLoadFactor is llm-d-inference-sim's time factor under load:
@@ -91,7 +93,7 @@ func DefaultOptions() Options {
 		OverheadRate: 1000, OverheadDuration: 2 * time.Second, OverheadRounds: 3,
 		DecisionBackends: 64, DecisionPrompt: 16000, DecisionSamples: 20000,
 		ScaleOut: WorkRAG, ScaleOutAdd: 2,
-		EngineClients: 16, EngineLoadFactor: 1,
+		EngineLoadFactor: 1,
 	}
 }
 
@@ -132,6 +134,9 @@ type OptionsSummary struct {
 	KVEvents        bool    `json:"kv_events"`
 	TokenPrompts    bool    `json:"token_prompts"`
 	Engine          string  `json:"engine,omitempty"`
+	// EngineClients > 0: closed-loop clients instead of open-loop arrivals.
+	EngineClients    int     `json:"engine_clients,omitempty"`
+	EngineLoadFactor float64 `json:"engine_load_factor,omitempty"`
 }
 
 // WorkloadResult is one workload under every strategy.
@@ -142,6 +147,10 @@ type WorkloadResult struct {
 	BestReuse      float64          `json:"best_reuse"`          // unlimited cache
 	BestReuseFleet float64          `json:"best_reuse_fleet_kv"` // one LRU the size of the whole fleet's KV
 	Strategies     []StrategyResult `json:"strategies"`
+	// EngineCapacity is the llm-d-inference-sim fleet's capacity in
+	// requests per second (engineCapacity) and EngineRate the offered rate.
+	EngineCapacity float64 `json:"engine_capacity_rps,omitempty"`
+	EngineRate     float64 `json:"engine_offered_rps,omitempty"`
 }
 
 // StrategyResult is one strategy on one workload. Times are simulated seconds.
@@ -166,8 +175,26 @@ type StrategyResult struct {
 	// ByReplica is each router replica's decisions, when there are several.
 	ByReplica   []float64 `json:"decisions_by_replica,omitempty"`
 	WallSeconds float64   `json:"wall_seconds"`
+	// With llm-d-inference-sim: each backend's share of the work and its
+	// TTFTs; the 99th percentile of how late a request left its
+	// scheduled arrival (open loop); and the CPU the bench process (router
+	// and clients) and the simulators used per wall second of the run,
+	// start-up included.
+	ByBackend  []BackendResult `json:"by_backend,omitempty"`
+	SendLagP99 float64         `json:"send_lag_p99_s,omitempty"`
+	BenchCPU   float64         `json:"bench_cpu_per_s,omitempty"`
+	EngineCPU  float64         `json:"engines_cpu_per_s,omitempty"`
 	// TTFTs are the successful requests' TTFTs in seconds (for plots).
 	TTFTs []float64 `json:"-"`
+}
+
+// BackendResult is one backend's part of a strategy's run.
+type BackendResult struct {
+	Requests     float64 `json:"requests"`
+	OutputTokens float64 `json:"output_tokens"`
+	HitRate      float64 `json:"kv_hit_rate"`
+	TTFTp50      float64 `json:"ttft_p50_s"`
+	TTFTp99      float64 `json:"ttft_p99_s"`
 }
 
 func (o *Options) logf(format string, args ...any) {
@@ -201,9 +228,9 @@ func (o *Options) Validate() error {
 	switch o.Engine {
 	case "":
 	case EngineInferenceSim:
-		if bt := o.Sim.BlockTokens; bt != 8 && bt != 16 && bt != 32 && bt != 64 && bt != 128 || o.EngineClients < 1 || o.EngineClients > 1024 ||
+		if bt := o.Sim.BlockTokens; bt != 8 && bt != 16 && bt != 32 && bt != 64 && bt != 128 || o.EngineClients < 0 || o.EngineClients > 1024 ||
 			!(o.EngineLoadFactor >= 1 && o.EngineLoadFactor <= 100) {
-			return errors.New("bench: llm-d-inference-sim takes block sizes 8, 16, 32, 64 or 128; engine clients must be 1..1024 and the engine load factor in [1, 100]")
+			return errors.New("bench: llm-d-inference-sim takes block sizes 8, 16, 32, 64 or 128; engine clients must be 0 (open loop) to 1024 and the engine load factor in [1, 100]")
 		}
 	default:
 		return fmt.Errorf("bench: unknown engine %q (want llmsim or %s)", o.Engine, EngineInferenceSim)
@@ -226,6 +253,9 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 			MaxSeqs: o.Sim.MaxSeqs, PrefillPerToken: o.Sim.PrefillPerToken.String(), DecodePerToken: o.Sim.DecodePerToken.String(),
 			LoadFactor: rc.LoadFactor, ShareFactor: rc.ShareFactor, BalanceSlack: rc.BalanceSlack, Slack: rc.Slack, HotShare: rc.HotShare,
 			Replicas: o.replicas(), KVEvents: o.KVEvents, TokenPrompts: o.TokenPrompts, Engine: o.Engine}}
+	if o.Engine != "" {
+		res.Options.EngineClients, res.Options.EngineLoadFactor = o.EngineClients, o.EngineLoadFactor
+	}
 	tok := llmsim.Tokenizer{CharsPerToken: o.Sim.CharsPerToken, BlockTokens: o.Sim.BlockTokens}
 	for _, name := range o.Workloads {
 		w, err := o.workload(name)
@@ -239,6 +269,15 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 		}
 		wr := WorkloadResult{Name: name, Requests: len(w.Requests), BestReuse: BestReuse(&w, tok, 0),
 			BestReuseFleet: BestReuse(&w, tok, o.Backends*o.Sim.KVBlocks)}
+		if o.Engine == EngineInferenceSim {
+			if wr.EngineCapacity, err = engineWorkload(&o, &w); err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+			if o.EngineClients == 0 {
+				wr.EngineRate = o.Load * wr.EngineCapacity
+			}
+			o.logf("%s: engine capacity %.1f requests/s with nothing cached; offered %.1f/s", name, wr.EngineCapacity, wr.EngineRate)
+		}
 		tokens := 0
 		for _, r := range w.Requests {
 			tokens += r.PromptTokens

@@ -50,6 +50,7 @@ func reasons(reg *prometheus.Registry) map[string]float64 {
 type simStats struct {
 	hits, queries []float64
 	requests      []float64
+	generated     []float64 // output tokens
 }
 
 // minus is what happened between an earlier scrape b and s.
@@ -61,7 +62,8 @@ func (s simStats) minus(b simStats) simStats {
 		}
 		return out
 	}
-	return simStats{hits: sub(s.hits, b.hits), queries: sub(s.queries, b.queries), requests: sub(s.requests, b.requests)}
+	return simStats{hits: sub(s.hits, b.hits), queries: sub(s.queries, b.queries), requests: sub(s.requests, b.requests),
+		generated: sub(s.generated, b.generated)}
 }
 
 func (s simStats) hitRate() float64 {
@@ -133,6 +135,7 @@ func scrape(ctx context.Context, c *http.Client, urls []string) (simStats, error
 		st.hits = append(st.hits, sum("vllm:prefix_cache_hits_total")+sum("vllm:prefix_cache_hits"))
 		st.queries = append(st.queries, sum("vllm:prefix_cache_queries_total")+sum("vllm:prefix_cache_queries"))
 		st.requests = append(st.requests, sum("vllm:request_success_total"))
+		st.generated = append(st.generated, sum("vllm:generation_tokens_total")+sum("vllm:generation_tokens"))
 	}
 	return st, nil
 }

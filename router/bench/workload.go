@@ -330,7 +330,15 @@ func (w *Workload) Schedule(load float64, backends int, prefillPerToken time.Dur
 		total += r.PromptTokens
 	}
 	meanService := float64(total) / float64(len(w.Requests)) * prefillPerToken.Seconds()
-	rate := load * float64(backends) / meanService // requests per simulated second
+	w.ScheduleRate(load*float64(backends)/meanService, seed) // requests per simulated second
+}
+
+// ScheduleRate sets arrival times at rate requests per second on average:
+// a trace's timing scaled to that mean rate, Poisson arrivals otherwise.
+func (w *Workload) ScheduleRate(rate float64, seed uint64) {
+	if len(w.Requests) == 0 {
+		return
+	}
 	span := float64(len(w.Requests)) / rate
 	last := w.Requests[len(w.Requests)-1].At
 	if last > 0 {

@@ -39,6 +39,11 @@ type InferenceSimOptions struct {
 	// MapEvents selects vLLM's map encoding of events (named fields)
 	// instead of the array encoding.
 	MapEvents bool
+	// Random answers with filler text as long as max_tokens allows (all of
+	// it with ignore_eos) instead of echoing the prompt: an echo is as long
+	// as the prompt's last message whatever max_tokens says, so a benchmark
+	// that sizes its load by output length needs this.
+	Random bool
 	// The simulator's latency model (zero: its defaults, which answer at
 	// once whatever the prompt): a request's time to first token is
 	// (PrefillOverhead + uncached prompt tokens x PrefillPerToken) x the
@@ -102,10 +107,14 @@ func startInferenceSim(ctx context.Context, bin string, o InferenceSimOptions) (
 		return nil, err
 	}
 	_, port, _ := net.SplitHostPort(addr)
+	mode := "echo"
+	if o.Random {
+		mode = "random"
+	}
 	args := []string{
 		"--port", port,
 		"--model", o.Model,
-		"--mode", "echo",
+		"--mode", mode,
 		"--enable-kvcache",
 		"--kv-cache-size", strconv.Itoa(o.CacheBlocks),
 		"--block-size", strconv.Itoa(o.BlockSize),
