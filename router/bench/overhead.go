@@ -247,34 +247,13 @@ func openLoop(ctx context.Context, c *http.Client, rate int, d time.Duration, re
 	n := int(float64(rate) * d.Seconds())
 	lat := make([]float64, n)
 	failed := make([]bool, n)
-	interval := time.Second / time.Duration(rate)
-	start := time.Now()
-	var wg sync.WaitGroup
-	for i := range n {
-		if w := time.Until(start.Add(time.Duration(i) * interval)); w > 0 {
-			time.Sleep(w)
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		wg.Go(func() {
-			t := time.Now()
-			out := sendReal(ctx, c, target(i), &reqs[i%len(reqs)])
-			lat[i] = float64(time.Since(t).Microseconds()) / 1e3
-			failed[i] = out.err != nil || out.status != http.StatusOK
-		})
-	}
-	wg.Wait()
-	var ok []float64
-	fails := 0
-	for i := range lat {
-		if failed[i] {
-			fails++
-			continue
-		}
-		ok = append(ok, lat[i])
-	}
-	return ok, fails
+	atRate(ctx, rate, n, func(i int) {
+		t := time.Now()
+		out := sendReal(ctx, c, target(i), &reqs[i%len(reqs)])
+		lat[i] = float64(time.Since(t).Microseconds()) / 1e3
+		failed[i] = out.err != nil || out.status != http.StatusOK
+	})
+	return succeeded(lat, failed)
 }
 
 // pairedLoop is openLoop sending each request twice at its tick, to a
@@ -285,6 +264,28 @@ func pairedLoop(ctx context.Context, c *http.Client, rate int, d time.Duration, 
 	n := int(float64(rate) * d.Seconds())
 	excess := make([]float64, n)
 	failed := make([]bool, n)
+	atRate(ctx, rate, n, func(i int) {
+		var lat [2]time.Duration
+		var bad [2]bool
+		send := func(k int, target string) {
+			t := time.Now()
+			out := sendReal(ctx, c, target, &reqs[i%len(reqs)])
+			lat[k] = time.Since(t)
+			bad[k] = out.err != nil || out.status != http.StatusOK
+		}
+		var twin sync.WaitGroup
+		twin.Go(func() { send(0, direct[i%len(direct)]) })
+		send(1, routerURL)
+		twin.Wait()
+		excess[i] = float64((lat[1] - lat[0]).Microseconds()) / 1e3
+		failed[i] = bad[0] || bad[1]
+	})
+	return succeeded(excess, failed)
+}
+
+// atRate calls send(i) for i in [0, n), each on its own goroutine, at rate
+// per second whatever the completions (an open loop), and waits for all.
+func atRate(ctx context.Context, rate, n int, send func(i int)) {
 	interval := time.Second / time.Duration(rate)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -295,32 +296,22 @@ func pairedLoop(ctx context.Context, c *http.Client, rate int, d time.Duration, 
 		if ctx.Err() != nil {
 			break
 		}
-		var lat [2]time.Duration
-		var bad [2]bool
-		var pair sync.WaitGroup
-		for k, target := range [2]string{direct[i%len(direct)], routerURL} {
-			pair.Go(func() {
-				t := time.Now()
-				out := sendReal(ctx, c, target, &reqs[i%len(reqs)])
-				lat[k] = time.Since(t)
-				bad[k] = out.err != nil || out.status != http.StatusOK
-			})
-		}
-		wg.Go(func() {
-			pair.Wait()
-			excess[i] = float64((lat[1] - lat[0]).Microseconds()) / 1e3
-			failed[i] = bad[0] || bad[1]
-		})
+		wg.Go(func() { send(i) })
 	}
 	wg.Wait()
+}
+
+// succeeded returns the values whose request did not fail, and how many
+// failed.
+func succeeded(vals []float64, failed []bool) ([]float64, int) {
 	var ok []float64
 	fails := 0
-	for i := range excess {
+	for i, v := range vals {
 		if failed[i] {
 			fails++
 			continue
 		}
-		ok = append(ok, excess[i])
+		ok = append(ok, v)
 	}
 	return ok, fails
 }
