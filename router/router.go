@@ -101,11 +101,31 @@ type Router struct {
 }
 
 type backend struct {
+	// The fields every decision reads for every backend (pickLocked,
+	// countLocked) come first and together, ep's included, so that a
+	// decision costs a few cache lines per backend rather than one per
+	// field: with the prompt's work in between, each is a miss, and when
+	// other work has left the caches cold they are most of a decision's
+	// time.
+	id         uint64
+	slot       int
+	limit      int
+	inflight   int
+	pending    int // prompt blocks sent but not yet answered with a first byte
+	prefilling int // requests sent but not yet answered with a first byte
+	// recent is the traffic routed here, decayed per decision (half-life
+	// ShareHalfLife decisions), for the traffic-share bound.
+	recent float64
+	// peers is what peer replicas have sent here and told us of (Observe),
+	// in sum and by peer, so a peer that goes away can be forgotten.
+	peers        peerLoad
+	ejectedUntil time.Time
+	ep           Endpoint
+	// kvTrusted: its event view was trusted at the last token-id
+	// decision it took part in.
+	kvTrusted bool
+
 	url    string
-	id     uint64
-	slot   int
-	ep     Endpoint
-	limit  int
 	kvSize int // index capacity in blocks
 	// learnedKV is the KV cache size in tokens read from the backend's metrics.
 	learnedKV int
@@ -115,32 +135,22 @@ type backend struct {
 	// kvExact and kvApprox count token-id prompts scored for it by its
 	// event view or by the approximate index (looked up once; kv.go).
 	kvExact, kvApprox prometheus.Counter
-	// kvTrusted: its event view was trusted at the last token-id
-	// decision it took part in.
-	kvTrusted bool
 
-	inflight     int
-	pending      int // prompt blocks sent but not yet answered with a first byte
-	prefilling   int // requests sent but not yet answered with a first byte
 	failures     int
-	ejectedUntil time.Time
 	serverErrors int // consecutive 5xx answers
 	// passive: the last ejection came from requests the backend failed,
 	// not from its health probe, so a passing probe does not undo it.
 	passive bool
 	gauge   prometheus.Gauge // its in-flight series, looked up once
 
-	// recent is the traffic routed here, decayed per decision (half-life
-	// ShareHalfLife decisions), for the traffic-share bound.
-	recent float64
-
-	// peers is what peer replicas have sent here and told us of (Observe),
-	// in sum and by peer, so a peer that goes away can be forgotten.
-	peers     peerLoad
 	peerLoads map[string]*peerLoad
 
 	stats backendStats
-	tune  tuneState // what self-tuning learned of it (tune.go)
+	// tune is what self-tuning learned of it (tune.go), apart: it is most
+	// of a backend's memory, and kept inline it made backends 1 KiB apart,
+	// so that their decision fields (above) fell in the same few sets of
+	// the L1 cache and evicted each other within a decision.
+	tune *tuneState
 }
 
 // dialError marks a failure to connect: nothing was sent, so the request may
@@ -351,7 +361,7 @@ func (rt *Router) syncLocked(eps []Endpoint) {
 				continue
 			}
 			rt.slots[slot] = true
-			b = &backend{url: u, slot: slot, gauge: rt.metrics.inflight.WithLabelValues(u), tune: newTuneState()}
+			b = &backend{url: u, slot: slot, gauge: rt.metrics.inflight.WithLabelValues(u), tune: new(newTuneState())}
 			rt.backends[u] = b
 			rt.order = append(rt.order, b)
 			rt.metrics.healthy.WithLabelValues(u).Set(1)

@@ -147,6 +147,11 @@ func TestRunSmall(t *testing.T) {
 	if ov := res.Overhead; len(ov.ByStrategy) != len(o.Strategies) || ov.Failures != 0 {
 		t.Fatalf("overhead: %+v", ov)
 	}
+	// Paired rounds: one pair per request of a round (20 at 200/s for
+	// 100 ms), each copy answered.
+	if ov := res.Overhead; ov.PairedRequests != o.OverheadRounds*20 || ov.PairedAddedP99ms < ov.PairedAddedP50ms {
+		t.Errorf("paired overhead: %d pairs, added p50 %v ms p99 %v ms", ov.PairedRequests, ov.PairedAddedP50ms, ov.PairedAddedP99ms)
+	}
 	for _, so := range res.Overhead.ByStrategy {
 		if so.RouterP50ms <= 0 || (so.Strategy == balance.PrefixAware && so.AddedP99ms != res.Overhead.AddedP99ms) {
 			t.Errorf("overhead of %s: %+v", so.Strategy, so)

@@ -114,17 +114,26 @@ func measureDecisionOf(st balance.Strategy, backends, promptBytes, samples int, 
 // router and added figures are prefix-aware's, the goal's; ByStrategy has
 // every strategy measured, in the same rounds.
 type OverheadResult struct {
-	Rate        int                `json:"rate_rps"`
-	Requests    int                `json:"requests_per_mode"`
-	PromptBytes int                `json:"prompt_bytes"`
-	DirectP50ms float64            `json:"direct_p50_ms"`
-	DirectP99ms float64            `json:"direct_p99_ms"`
-	RouterP50ms float64            `json:"router_p50_ms"`
-	RouterP99ms float64            `json:"router_p99_ms"`
-	AddedP50ms  float64            `json:"added_p50_ms"`
-	AddedP99ms  float64            `json:"added_p99_ms"`
-	Failures    int                `json:"failures"` // every mode's
-	ByStrategy  []StrategyOverhead `json:"by_strategy"`
+	Rate        int     `json:"rate_rps"`
+	Requests    int     `json:"requests_per_mode"`
+	PromptBytes int     `json:"prompt_bytes"`
+	DirectP50ms float64 `json:"direct_p50_ms"`
+	DirectP99ms float64 `json:"direct_p99_ms"`
+	RouterP50ms float64 `json:"router_p50_ms"`
+	RouterP99ms float64 `json:"router_p99_ms"`
+	AddedP50ms  float64 `json:"added_p50_ms"`
+	AddedP99ms  float64 `json:"added_p99_ms"`
+	// Paired figures are prefix-aware's from rounds of their own, in which
+	// each request is sent straight to a backend and through the router at
+	// the same instant: the quantiles of the routed copy's excess, per
+	// pair. A stall of the machine delays both copies and cancels out,
+	// where the difference of two separately taken p99s keeps it, so they
+	// are the steadier measure of what the router adds on a busy machine.
+	PairedRequests   int                `json:"paired_requests"`
+	PairedAddedP50ms float64            `json:"paired_added_p50_ms"`
+	PairedAddedP99ms float64            `json:"paired_added_p99_ms"`
+	Failures         int                `json:"failures"` // every mode's
+	ByStrategy       []StrategyOverhead `json:"by_strategy"`
 }
 
 // StrategyOverhead is one strategy's latency through the router and what it
@@ -205,6 +214,19 @@ func measureOverhead(ctx context.Context, o *Options) (*OverheadResult, error) {
 			fails[mode] += failed
 		}
 	}
+	if err := f.routers[0].rt.SetStrategy("", balance.PrefixAware); err != nil {
+		return nil, err
+	}
+	var excess []float64
+	for round := range o.OverheadRounds + 1 {
+		ex, failed := pairedLoop(ctx, client, o.OverheadRate, o.OverheadDuration, reqs, f.routers[0].url, f.simURLs)
+		if round > 0 { // round 0 warms up, as above
+			excess = append(excess, ex...)
+			res.Failures += failed
+		}
+	}
+	res.PairedRequests = len(excess)
+	res.PairedAddedP50ms, res.PairedAddedP99ms = quantile(excess, 0.5), quantile(excess, 0.99)
 	res.Requests = len(direct)
 	res.DirectP50ms, res.DirectP99ms = quantile(direct, 0.5), quantile(direct, 0.99)
 	for i, st := range strategies {
@@ -225,6 +247,45 @@ func openLoop(ctx context.Context, c *http.Client, rate int, d time.Duration, re
 	n := int(float64(rate) * d.Seconds())
 	lat := make([]float64, n)
 	failed := make([]bool, n)
+	atRate(ctx, rate, n, func(i int) {
+		t := time.Now()
+		out := sendReal(ctx, c, target(i), &reqs[i%len(reqs)])
+		lat[i] = float64(time.Since(t).Microseconds()) / 1e3
+		failed[i] = out.err != nil || out.status != http.StatusOK
+	})
+	return succeeded(lat, failed)
+}
+
+// pairedLoop is openLoop sending each request twice at its tick, to a
+// backend directly and through the router, each copy on its own connection;
+// it returns, in milliseconds, how much longer each routed copy took than
+// its direct twin (pairs where both succeeded), and the failed pairs.
+func pairedLoop(ctx context.Context, c *http.Client, rate int, d time.Duration, reqs []Request, routerURL string, direct []string) ([]float64, int) {
+	n := int(float64(rate) * d.Seconds())
+	excess := make([]float64, n)
+	failed := make([]bool, n)
+	atRate(ctx, rate, n, func(i int) {
+		var lat [2]time.Duration
+		var bad [2]bool
+		send := func(k int, target string) {
+			t := time.Now()
+			out := sendReal(ctx, c, target, &reqs[i%len(reqs)])
+			lat[k] = time.Since(t)
+			bad[k] = out.err != nil || out.status != http.StatusOK
+		}
+		var twin sync.WaitGroup
+		twin.Go(func() { send(0, direct[i%len(direct)]) })
+		send(1, routerURL)
+		twin.Wait()
+		excess[i] = float64((lat[1] - lat[0]).Microseconds()) / 1e3
+		failed[i] = bad[0] || bad[1]
+	})
+	return succeeded(excess, failed)
+}
+
+// atRate calls send(i) for i in [0, n), each on its own goroutine, at rate
+// per second whatever the completions (an open loop), and waits for all.
+func atRate(ctx context.Context, rate, n int, send func(i int)) {
 	interval := time.Second / time.Duration(rate)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -235,22 +296,22 @@ func openLoop(ctx context.Context, c *http.Client, rate int, d time.Duration, re
 		if ctx.Err() != nil {
 			break
 		}
-		wg.Go(func() {
-			t := time.Now()
-			out := sendReal(ctx, c, target(i), &reqs[i%len(reqs)])
-			lat[i] = float64(time.Since(t).Microseconds()) / 1e3
-			failed[i] = out.err != nil || out.status != http.StatusOK
-		})
+		wg.Go(func() { send(i) })
 	}
 	wg.Wait()
+}
+
+// succeeded returns the values whose request did not fail, and how many
+// failed.
+func succeeded(vals []float64, failed []bool) ([]float64, int) {
 	var ok []float64
 	fails := 0
-	for i := range lat {
+	for i, v := range vals {
 		if failed[i] {
 			fails++
 			continue
 		}
-		ok = append(ok, lat[i])
+		ok = append(ok, v)
 	}
 	return ok, fails
 }

@@ -95,6 +95,8 @@ func WriteText(w io.Writer, r *Results) error {
 			fmt.Fprintf(w, "  %-17s via router p50 %.3f ms p99 %.3f ms; added p50 %.3f ms p99 %.3f ms; failures %d\n",
 				so.Strategy, so.RouterP50ms, so.RouterP99ms, so.AddedP50ms, so.AddedP99ms, so.Failures)
 		}
+		fmt.Fprintf(w, "  paired (%s, each request sent directly and through the router at once, %d pairs): added p50 %.3f ms p99 %.3f ms\n",
+			balance.PrefixAware, ov.PairedRequests, ov.PairedAddedP50ms, ov.PairedAddedP99ms)
 	}
 	return nil
 }

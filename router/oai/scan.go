@@ -692,13 +692,16 @@ func nextSpecial(b []byte, i int) int {
 }
 
 // attention is non-zero when some byte of x is a control character, a quote
-// or a backslash (SWAR: a byte's high bit survives only where the
-// subtraction borrowed, i.e. where the byte was zero / below the bound).
+// or a backslash, and its lowest set bit is in the first such byte (SWAR: a
+// byte's high bit survives only where the subtraction borrowed, i.e. where
+// the byte was below the bound, and a borrow only runs upwards, from a byte
+// that is itself flagged). Flipping bit 1 turns a quote into 0x20 and keeps
+// the control characters below it, so one comparison finds both: the scan
+// of a prompt is a few instructions a byte, and this is most of them.
 func attention(x uint64) uint64 {
-	less := (x - ones*0x20) & ^x
-	quote := x ^ (ones * '"')
-	slash := x ^ (ones * '\\')
-	return (less | ((quote - ones) & ^quote) | ((slash - ones) & ^slash)) & highs
+	q := x ^ (ones * 0x02)
+	s := x ^ (ones * '\\')
+	return ((q-ones*0x21)&^q | (s-ones)&^s) & highs
 }
 
 // hex4 decodes four hex digits that isHex4 accepted.

@@ -455,6 +455,47 @@ func TestNextSpecial(t *testing.T) {
 	}
 }
 
+// TestAttention: in any word, the lowest byte attention flags is the first
+// control character, quote or backslash, whatever bytes come before it
+// (every value that is none of those, the neighbours of the special ones
+// most often) and after it; a word with none of them is not flagged.
+func TestAttention(t *testing.T) {
+	special := func(c byte) bool { return c < 0x20 || c == '"' || c == '\\' }
+	near := []byte{0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xa2, 0xdc, 0xff, 'a'}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for range 200 {
+		for at := range 9 { // 8: no special byte
+			for c := range 256 {
+				var w [8]byte
+				for i := range w {
+					switch {
+					case i < at:
+						w[i] = near[rng.IntN(len(near))]
+						for special(w[i]) || rng.IntN(4) == 0 {
+							w[i] = byte(rng.IntN(256))
+						}
+					case i == at:
+						w[i] = byte(c)
+					default:
+						w[i] = byte(rng.IntN(256))
+					}
+				}
+				want := 8
+				for i, b := range w {
+					if special(b) {
+						want = i
+						break
+					}
+				}
+				m := attention(binary.LittleEndian.Uint64(w[:]))
+				if got := bits.TrailingZeros64(m) / 8; got != want {
+					t.Fatalf("attention(%q) flags byte %d first, want %d", w, got, want)
+				}
+			}
+		}
+	}
+}
+
 func TestStringDecodes(t *testing.T) {
 	for _, tc := range []struct{ raw, want string }{
 		{`plain`, "plain"},
