@@ -41,9 +41,14 @@ const (
 	// manifestPollFirst is the first wait between polls; it doubles up to
 	// manifestPoll, so a follower that asked before its origin opened the
 	// shard subscribes before the first piece is in.
-	manifestPollFirst  = 100 * time.Millisecond
+	manifestPollFirst = 100 * time.Millisecond
+	// manifestWait is how long a follower asks its shard's origin to hold
+	// an ask until it opens the shard (p2p.Node.WaitManifest): the origin
+	// answers as it opens it, not up to a poll later. Short enough that the
+	// follower still re-ranks and asks the others now and then.
+	manifestWait       = 2 * time.Second
 	manifestAsksAtOnce = 16               // asks of one poll in flight at once
-	probeAllEvery      = 8                // polls: every member is asked each 4 s, the origin each 500 ms
+	probeAllEvery      = 8                // polls: every member is asked every 8th, the origin alone (an ask held up to manifestWait) the others
 	originFallback     = 2 * time.Minute  // no manifest from anyone this long: read S3 ourselves
 	peerOriginAfter    = 15 * time.Second // a non-origin reads S3 only when no peer delivers for this long
 	originWatch        = time.Second      // how often a follower checks whether it became the origin
@@ -63,7 +68,7 @@ type Swarm interface {
 	Open(ctx context.Context, m *p2p.Manifest, path string, c p2p.Completion) (*p2p.Shard, error)
 	OpenPartial(ctx context.Context, m *p2p.Manifest, path string, c p2p.Completion) (*p2p.Shard, error)
 	Build(ctx context.Context, spec p2p.BuildSpec) (*p2p.Shard, error)
-	FetchManifest(ctx context.Context, addr, shardID string) (*p2p.Manifest, error)
+	WaitManifest(ctx context.Context, addr, shardID string, wait time.Duration) (*p2p.Manifest, error)
 	Stats() p2p.Stats
 }
 
@@ -341,7 +346,8 @@ func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, 
 		probe := manifestAsks(rank, self, polls, holders)
 		polls++
 		inProgress, bypassed := false, false
-		answers := f.askManifests(ctx, probe, addrs, spec.ShardID)
+		asked := f.d.now()
+		answers := f.askManifests(ctx, probe, addrs, spec.ShardID, askWait(probe, rank, self))
 		for k, name := range probe {
 			m, err := answers[k].m, answers[k].err
 			if err == nil && m.SkeletonID() != skeleton {
@@ -373,12 +379,25 @@ func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, 
 			f.log.Debug("shard: following its origin", "shard", spec.ShardID, "waited", f.d.now().Sub(start))
 			return f.fillShard(ctx, spec, nil)
 		}
+		// An ask the origin held for its wait counts as the pause.
 		select {
 		case <-ctx.Done():
 			return nil, context.Cause(ctx)
-		case <-time.After(pollWait(polls)):
+		case <-time.After(pollWait(polls) - f.d.now().Sub(asked)):
 		}
 	}
+}
+
+// askWait is how long a poll's asks may be held until the shard opens
+// (p2p.Node.WaitManifest): manifestWait when it asks the shard's origin
+// alone, the origin being another node, else 0. An ask of several members
+// is answered once all are, and one held would hold back a member's
+// complete manifest.
+func askWait(probe, rank []string, self string) time.Duration {
+	if len(probe) == 1 && len(rank) > 0 && probe[0] == rank[0] && rank[0] != self {
+		return manifestWait
+	}
+	return 0
 }
 
 // bypassedSwarm reports whether a member that answered it has no manifest
@@ -474,9 +493,10 @@ type manifestAnswer struct {
 }
 
 // askManifests asks the named members (never this node: see manifestAsks)
-// for a shard's manifest at once, not one round trip after another, and
-// returns their answers in the order of names.
-func (f *fetch) askManifests(ctx context.Context, names []string, addrs map[string]string, shardID string) []manifestAnswer {
+// for a shard's manifest at once, not one round trip after another, each
+// held up to wait for the shard to open there, and returns their answers in
+// the order of names.
+func (f *fetch) askManifests(ctx context.Context, names []string, addrs map[string]string, shardID string, wait time.Duration) []manifestAnswer {
 	answers := make([]manifestAnswer, len(names))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, manifestAsksAtOnce)
@@ -484,7 +504,7 @@ func (f *fetch) askManifests(ctx context.Context, names []string, addrs map[stri
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			m, err := f.d.swarm.p2p.FetchManifest(ctx, addrs[name], shardID)
+			m, err := f.d.swarm.p2p.WaitManifest(ctx, addrs[name], shardID, wait)
 			answers[k] = manifestAnswer{m, err}
 		})
 	}

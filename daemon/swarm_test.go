@@ -49,6 +49,29 @@ func TestManifestAsks(t *testing.T) {
 	}
 }
 
+// TestAskWait: a poll that asks the shard's origin alone, another node,
+// asks it to hold the ask until the shard opens; a poll of several members
+// (one holding the manifest complete must not be held back) or of nobody
+// else does not.
+func TestAskWait(t *testing.T) {
+	rank := []string{"a", "b", "c"}
+	for _, tc := range []struct {
+		name  string
+		probe []string
+		self  string
+		want  time.Duration
+	}{
+		{"the origin alone", []string{"a"}, "c", manifestWait},
+		{"the origin and the holders", []string{"a", "b"}, "c", 0},
+		{"a holder alone, this node the origin", []string{"c"}, "a", 0},
+		{"nobody", nil, "a", 0},
+	} {
+		if got := askWait(tc.probe, rank, tc.self); got != tc.want {
+			t.Errorf("%s: askWait(%v, %v, %q) = %v, want %v", tc.name, tc.probe, rank, tc.self, got, tc.want)
+		}
+	}
+}
+
 // Models cached from identical files share a revision, and so their shard
 // manifests: removing one model must keep the manifests the other uses
 // (its shards are served again from them after a restart), and drop them

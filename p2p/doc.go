@@ -10,7 +10,11 @@
 // source such as S3. Pieces are streamed straight to their offset in the
 // final file and only counted as present once their hash matches the
 // manifest; completion is persisted in batches after fdatasync so
-// a restart resumes without rehashing. A node free of its own origin work
+// a restart resumes without rehashing. A follower that asks a shard's
+// origin for its manifest before the origin opened the shard may have the
+// ask held until it does (WaitManifest), so it subscribes as the shard
+// opens rather than a poll later; a member holds a bounded number of such
+// asks, each for a bounded time. A node free of its own origin work
 // may help an origin (FetchOptions.OriginHelp), reading from the shard's end
 // the pieces of its stripe no peer has; a fetch can also take a CRC of each
 // piece from the bytes it verified (FetchOptions.PieceCRC), so the whole
@@ -27,7 +31,7 @@
 // Every member holds the cluster key, so the key proves membership, not
 // which member. Each node also has an ed25519 identity key of its own
 // (LoadIdentity keeps it in the data directory), and the handshake
-// (version 3, see handshake.go) has both sides prove both: an HMAC under
+// (version 4, see handshake.go) has both sides prove both: an HMAC under
 // the cluster key and a signature with the identity key, over a transcript
 // of both fresh nonces, both node IDs and keys, the cluster key's ID, the
 // node the dialer means to reach, and over TLS the TLS session itself. A

@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// The handshake, version 3, proves two things of each side: that it holds
+// The handshake, version 4, proves two things of each side: that it holds
 // a cluster key (an HMAC, as members share the key), and which member it
 // is (an ed25519 signature with its identity key). Both cover a transcript
 // of the whole exchange: both fresh nonces, both node IDs and identity
@@ -25,22 +25,25 @@ import (
 // replays nowhere and a member cannot pass another's handshake through as
 // its own:
 //
-//	C->S  "WFP2P3"   nonceC[32] keyID[8] keyC[32] len idC len want
-//	S->C  "WFP2P3"   nonceS[32] keyS[32] len idS  macS[32] sigS[64]
+//	C->S  "WFP2P4"   nonceC[32] keyID[8] keyC[32] len idC len want
+//	S->C  "WFP2P4"   nonceS[32] keyS[32] len idS  macS[32] sigS[64]
 //	C->S  macC[32] sigC[64]
 //	S->C  0x01 (accepted)
 //
-//	T    = SHA-256("warmfleet p2p handshake v3", len binding, binding, hello, answer up to idS)
+//	T    = SHA-256("warmfleet p2p handshake v4", len binding, binding, hello, answer up to idS)
 //	mac  = HMAC-SHA-256(hmac key of the cluster key, role, T)
-//	sig  = Ed25519(identity key, "warmfleet p2p v3 " role, T, mac)
+//	sig  = Ed25519(identity key, "warmfleet p2p v4 " role, T, mac)
 //
 // want is the node ID the dialer expects at the address (empty: any); the
 // server refuses one meant for another node, and the dialer one that
 // answers under another ID. The version is the character after "WFP2P"
-// (version 2 had no identity keys). A side that speaks another version gets
+// (version 2 had no identity keys; version 3 had this handshake, but its
+// members hung up on a manifest ask held until the shard opens, msgWaitManifest,
+// so a fleet mixing the two refuses each other at the handshake, saying why,
+// rather than failing asks). A side that speaks another version gets
 // "WFP2P" and its own version back before the connection closes, so both
 // ends can say which versions met instead of waiting out a timeout.
-const handshakeVersion = '3'
+const handshakeVersion = '4'
 
 var handshakeMagic = []byte("WFP2P")
 
@@ -196,7 +199,7 @@ func readShort(r io.Reader, emptyOK bool) (string, error) {
 // said it in (binding; empty in plaintext).
 func transcript(binding, hello, answerHead []byte) []byte {
 	h := sha256.New()
-	h.Write([]byte("warmfleet p2p handshake v3"))
+	h.Write([]byte("warmfleet p2p handshake v4"))
 	h.Write([]byte{byte(len(binding))})
 	h.Write(binding)
 	h.Write(hello)
@@ -205,7 +208,7 @@ func transcript(binding, hello, answerHead []byte) []byte {
 }
 
 func signedPart(role string, t, mac []byte) []byte {
-	return append(append([]byte("warmfleet p2p v3 "+role), t...), mac...)
+	return append(append([]byte("warmfleet p2p v4 "+role), t...), mac...)
 }
 
 // prove returns a side's proof of the cluster key (mk, its HMAC key) and
@@ -249,7 +252,7 @@ func (a *auth) secure(c net.Conn, client bool) (net.Conn, []byte, error) {
 		return nil, nil, fmt.Errorf("%w: %w", ErrUnauthenticated, err)
 	}
 	cs := tc.ConnectionState()
-	b, err := cs.ExportKeyingMaterial("EXPORTER-warmfleet-p2p-v3", nil, 32)
+	b, err := cs.ExportKeyingMaterial("EXPORTER-warmfleet-p2p-v4", nil, 32)
 	if err != nil {
 		return nil, nil, fmt.Errorf("p2p: tls binding: %w", err)
 	}

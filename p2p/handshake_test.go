@@ -209,18 +209,18 @@ func TestHandshakeVersionMismatch(t *testing.T) {
 	srv, cli := mustAuth(t, "server", false), mustAuth(t, "client", false)
 	t.Run("an older client", func(t *testing.T) {
 		cc, sc := tcpPair(t)
-		// What a version 2 client sends first.
-		go func() { _, _ = cc.Write(append([]byte("WFP2P2"), make([]byte, 32+8+7)...)) }()
+		// What a version 3 client sends first.
+		go func() { _, _ = cc.Write(append([]byte("WFP2P3"), make([]byte, 32+8+32+2)...)) }()
 		start := time.Now()
 		_, _, err := srv.server(sc, time.Now().Add(5*time.Second))
-		if !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), "version '2', this node '3'") {
+		if !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), "version '3', this node '4'") {
 			t.Fatalf("err = %v", err)
 		}
 		sc.Close()
 		// The old client reads the server's version where it expects its
 		// nonce, then the end of the connection: an error, not a hang.
 		got, _ := io.ReadAll(cc)
-		if string(got) != "WFP2P3" || time.Since(start) > 4*time.Second {
+		if string(got) != "WFP2P4" || time.Since(start) > 4*time.Second {
 			t.Fatalf("old client got %q", got)
 		}
 	})
@@ -233,22 +233,26 @@ func TestHandshakeVersionMismatch(t *testing.T) {
 			sc.Close()
 		}()
 		_, _, err := cli.client(cc, time.Now().Add(5*time.Second), "")
-		if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), "older than handshake version '3'") {
+		if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), "older than handshake version '4'") {
 			t.Fatalf("err = %v", err)
 		}
 	})
-	t.Run("a newer server", func(t *testing.T) {
-		cc, sc := tcpPair(t)
-		go func() {
-			_, _ = io.ReadFull(sc, make([]byte, 10))
-			_, _ = sc.Write([]byte("WFP2P4"))
-			sc.Close()
-		}()
-		_, _, err := cli.client(cc, time.Now().Add(5*time.Second), "")
-		if !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), "version '4', this node '3'") {
-			t.Fatalf("err = %v", err)
-		}
-	})
+	// A version 3 server (whose manifest asks are never held) answers as
+	// any server of another version does.
+	for _, v := range []byte{'3', '5'} {
+		t.Run("a server of version "+string(v), func(t *testing.T) {
+			cc, sc := tcpPair(t)
+			go func() {
+				_, _ = io.ReadFull(sc, make([]byte, 10))
+				_, _ = sc.Write([]byte("WFP2P" + string(v)))
+				sc.Close()
+			}()
+			_, _, err := cli.client(cc, time.Now().Add(5*time.Second), "")
+			if !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), "version '"+string(v)+"', this node '4'") {
+				t.Fatalf("err = %v", err)
+			}
+		})
+	}
 }
 
 // A peer's node ID must come with the key it is pinned to; the dialer's

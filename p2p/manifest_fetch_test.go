@@ -2,12 +2,16 @@ package p2p
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"net"
 	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
 )
 
 func TestFetchManifest(t *testing.T) {
@@ -133,4 +137,85 @@ func TestManifestAsksWaitingAreBounded(t *testing.T) {
 	if got := len(log.accepted()); got != 2 {
 		t.Fatalf("2 asks while the waiting connections are full took %d connections, want 2", got)
 	}
+}
+
+// TestWaitManifestAnswersWhenTheShardOpens: a follower's ask held by its
+// origin is answered as the origin opens the shard, not with "no manifest"
+// that the follower would poll again after.
+func TestWaitManifestAnswersWhenTheShardOpens(t *testing.T) {
+	a := startNode(t, "a", nil)
+	b := startNode(t, "b", nil)
+	answered := make(chan error, 1)
+	go func() {
+		_, err := b.WaitManifest(t.Context(), a.addr, "m/f#0", askWaitMax)
+		answered <- err
+	}()
+	wait.For(t, "a holding b's ask", func() bool { return len(a.askWaits) == 1 })
+	data := randomData(t, 1<<20+7)
+	built := buildAsync(t, a, BuildSpec{ShardID: "m/f#0", Name: "f", Path: filepath.Join(a.dir, "f"),
+		FileSize: int64(len(data)), Length: int64(len(data)), PieceLength: testPiece,
+		Source: newHTTPOrigin(t, data).Source(), Completion: a.comp})
+	if err := <-answered; err != nil && !errors.Is(err, ErrInProgress) {
+		t.Fatalf("held ask answered %v, want the shard in progress or its manifest", err)
+	}
+	if err := <-built; err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, "a's wait slot released", func() bool { return len(a.askWaits) == 0 })
+}
+
+// TestWaitManifestEnds: an ask held for a shard that does not open is
+// answered "no manifest" once its wait ends, frees its slot, and leaves
+// the connection for the next ask.
+func TestWaitManifestEnds(t *testing.T) {
+	a, log := startLoggedNode(t, "a")
+	b := startNode(t, "b", nil)
+	for i := range 2 {
+		if _, err := b.WaitManifest(t.Context(), a.addr, "m/f#0", 50*time.Millisecond); !errors.Is(err, ErrNoManifest) {
+			t.Fatalf("ask %d: %v, want ErrNoManifest", i+1, err)
+		}
+	}
+	if got := len(log.accepted()); got != 1 {
+		t.Fatalf("2 held asks in a row took %d connections, want 1", got)
+	}
+	wait.For(t, "a's wait slots released", func() bool { return len(a.askWaits) == 0 })
+}
+
+// TestWaitManifestHeldAsksAreBounded: once askWaitsMax asks are held, a
+// member answers the next at once, as a plain ask, so asks that are never
+// read (or a flood of them) hold a bounded number of goroutines and member
+// slots.
+func TestWaitManifestHeldAsksAreBounded(t *testing.T) {
+	a := startNode(t, "a", nil)
+	b := startNode(t, "b", nil)
+	for range cap(a.askWaits) {
+		a.askWaits <- struct{}{}
+	}
+	start := time.Now()
+	if _, err := b.WaitManifest(t.Context(), a.addr, "m/f#0", askWaitMax); !errors.Is(err, ErrNoManifest) {
+		t.Fatalf("ask beyond the held ones: %v, want ErrNoManifest", err)
+	}
+	if took := time.Since(start); took >= askWaitMax {
+		t.Fatalf("the ask beyond the held ones was held %v", took)
+	}
+}
+
+// TestWaitManifestCancelled: a follower that stops waiting (its fetch
+// cancelled) gets its answer at once, and the member's slot comes back
+// within the wait it granted.
+func TestWaitManifestCancelled(t *testing.T) {
+	a := startNode(t, "a", nil)
+	b := startNode(t, "b", nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	answered := make(chan error, 1)
+	go func() {
+		_, err := b.WaitManifest(ctx, a.addr, "m/f#0", askWaitMax)
+		answered <- err
+	}()
+	wait.For(t, "a holding b's ask", func() bool { return len(a.askWaits) == 1 })
+	cancel()
+	if err := <-answered; err == nil {
+		t.Fatal("a cancelled ask succeeded")
+	}
+	wait.For(t, "a's wait slot released", func() bool { return len(a.askWaits) == 0 }, wait.Timeout(2*askWaitMax))
 }

@@ -3,6 +3,7 @@ package p2p
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"sync"
@@ -29,6 +30,21 @@ const (
 	askIdleKeep    = 2 * time.Second
 	askIdlePerAddr = 2
 	askIdleConns   = 32
+)
+
+// A follower that polls its origin learns that the shard opened up to a
+// poll interval late, and every poll costs both sides a round trip and CPU
+// (the manifest asks of a warming fleet were the most frequent messages on
+// it). So a follower may ask a member to hold its ask until the shard opens
+// there (WaitManifest): the answer then goes out as the shard opens. The
+// member holds at most askWaitsMax asks at once, each at most askWaitMax
+// (whatever the asker wants), and answers at once when it holds that many,
+// as to a plain ask: a member that asks and never reads its answers, or a
+// flood of asks, costs it a bounded number of waiting goroutines and member
+// slots for a bounded time.
+const (
+	askWaitMax  = 5 * time.Second
+	askWaitsMax = 64
 )
 
 // askConn is an authenticated connection manifest asks go out on.
@@ -100,6 +116,17 @@ func (p *askPool) remove(ac *askConn) {
 // not opened it). Members are authenticated, so the manifest is trusted as
 // far as the cluster key is.
 func (n *Node) FetchManifest(ctx context.Context, addr, shardID string) (*Manifest, error) {
+	return n.askManifest(ctx, addr, shardID, 0)
+}
+
+// WaitManifest is FetchManifest where the member, if it has not opened the
+// shard, answers once it opens it, or with ErrNoManifest after wait (at most
+// askWaitMax; at once when it holds as many waiting asks as it allows).
+func (n *Node) WaitManifest(ctx context.Context, addr, shardID string, wait time.Duration) (*Manifest, error) {
+	return n.askManifest(ctx, addr, shardID, max(wait, 0))
+}
+
+func (n *Node) askManifest(ctx context.Context, addr, shardID string, wait time.Duration) (*Manifest, error) {
 	if !validName(shardID) {
 		return nil, fmt.Errorf("p2p: shard id %q is not valid", shardID)
 	}
@@ -118,7 +145,7 @@ func (n *Node) FetchManifest(ctx context.Context, addr, shardID string) (*Manife
 			ac = &askConn{c: c, br: bufio.NewReader(c), peer: peer, addr: addr}
 		}
 		stop := context.AfterFunc(ctx, func() { ac.c.Close() })
-		m, answered, err := n.ask(ac, shardID)
+		m, answered, err := n.ask(ac, shardID, wait)
 		if stop() && answered {
 			n.asks.put(ac)
 		} else {
@@ -131,11 +158,17 @@ func (n *Node) FetchManifest(ctx context.Context, addr, shardID string) (*Manife
 	}
 }
 
-// ask sends one manifest request on ac and reads the answer; answered is
-// false when no whole answer came back (the connection is then unusable).
-func (n *Node) ask(ac *askConn, shardID string) (m *Manifest, answered bool, err error) {
-	_ = ac.c.SetDeadline(n.cfg.Now().Add(n.cfg.StallTimeout))
-	if err := writeFrame(ac.c, msgGetManifest, []byte(shardID)); err != nil {
+// ask sends one manifest request on ac, held up to wait by the member, and
+// reads the answer; answered is false when no whole answer came back (the
+// connection is then unusable).
+func (n *Node) ask(ac *askConn, shardID string, wait time.Duration) (m *Manifest, answered bool, err error) {
+	wait = min(wait, askWaitMax)
+	_ = ac.c.SetDeadline(n.cfg.Now().Add(n.cfg.StallTimeout + wait))
+	typ, payload := msgGetManifest, []byte(shardID)
+	if wait > 0 {
+		typ, payload = msgWaitManifest, append(u32(int(wait/time.Millisecond)), shardID...)
+	}
+	if err := writeFrame(ac.c, typ, payload); err != nil {
 		return nil, false, err
 	}
 	fr, err := readFrameMax(ac.br, maxManifestFrame)
@@ -164,8 +197,8 @@ func (n *Node) ask(ac *askConn, shardID string) (m *Manifest, answered bool, err
 // serveManifests answers a member's manifest asks: the first one, then each
 // further one it sends on the connection within askIdleServe of the last
 // answer. Anything else ends the connection.
-func (n *Node) serveManifests(c net.Conn, br *bufio.Reader, peer peerIdentity, shardID string) {
-	if !n.serveManifest(c, peer.ID, shardID) {
+func (n *Node) serveManifests(ctx context.Context, c net.Conn, br *bufio.Reader, peer peerIdentity, f frame) {
+	if !n.serveAsk(ctx, c, peer, f) {
 		return
 	}
 	select {
@@ -177,11 +210,60 @@ func (n *Node) serveManifests(c net.Conn, br *bufio.Reader, peer peerIdentity, s
 	for {
 		_ = c.SetReadDeadline(n.cfg.Now().Add(askIdleServe))
 		f, err := readFrame(br)
-		if err != nil || f.typ != msgGetManifest || n.Banned(peer.Key) {
+		if err != nil || n.Banned(peer.Key) || !n.serveAsk(ctx, c, peer, f) {
 			return
 		}
-		if !n.serveManifest(c, peer.ID, string(f.payload)) {
-			return
+	}
+}
+
+// serveAsk answers one manifest ask frame, and reports whether the
+// connection may carry another.
+func (n *Node) serveAsk(ctx context.Context, c net.Conn, peer peerIdentity, f frame) bool {
+	switch f.typ {
+	case msgGetManifest:
+		return n.serveManifest(ctx, c, peer.ID, string(f.payload), 0)
+	case msgWaitManifest:
+		if len(f.payload) < 4 {
+			n.log.Info("p2p: bad manifest ask", "peer", peer.ID, "err", fmt.Errorf("%w: short frame type %d", errProtocol, f.typ))
+			return false
+		}
+		wait := time.Duration(binary.BigEndian.Uint32(f.payload)) * time.Millisecond
+		return n.serveManifest(ctx, c, peer.ID, string(f.payload[4:]), min(wait, askWaitMax))
+	}
+	return false
+}
+
+// awaitShard returns the shard served under id, waiting up to wait for it
+// to open when it is not, unless askWaitsMax asks wait already (nil: not
+// open here). The end of ctx (Serve's) ends the wait.
+func (n *Node) awaitShard(ctx context.Context, id string, wait time.Duration) *Shard {
+	n.mu.Lock()
+	s, opened := n.shards[id], n.opened
+	n.mu.Unlock()
+	if s != nil || wait <= 0 {
+		return s
+	}
+	select {
+	case n.askWaits <- struct{}{}:
+		defer func() { <-n.askWaits }()
+	default:
+		return nil // enough asks wait: answer this one at once
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-opened:
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+		n.mu.Lock()
+		s, opened = n.shards[id], n.opened
+		n.mu.Unlock()
+		if s != nil {
+			return s
 		}
 	}
 }

@@ -137,6 +137,11 @@ type Node struct {
 	serveWG               sync.WaitGroup
 	asks                  askPool       // idle connections FetchManifest asks again on
 	askIdle               chan struct{} // connections waiting for a member's next manifest ask
+	// opened is closed (and replaced) under mu whenever a shard ID opens
+	// here: manifest asks held until then (WaitManifest) wake on it.
+	opened chan struct{}
+	// askWaits holds a slot per manifest ask held for its shard to open.
+	askWaits chan struct{}
 }
 
 // chunkSize is the unit of reads, writes, hashing and rate limiting.
@@ -226,6 +231,8 @@ func NewNode(cfg Config) (*Node, error) {
 		pins:       map[string]ed25519.PublicKey{},
 		asks:       askPool{idle: map[string][]*askConn{}},
 		askIdle:    make(chan struct{}, askIdleConns),
+		opened:     make(chan struct{}),
+		askWaits:   make(chan struct{}, askWaitsMax),
 	}
 	a.trust = n.trustPeer
 	return n, nil
@@ -407,8 +414,8 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 
 	br := bufio.NewReaderSize(c, 4096)
 	f, err := readFrame(br)
-	if err == nil && f.typ == msgGetManifest {
-		n.serveManifests(c, br, peer, string(f.payload))
+	if err == nil && (f.typ == msgGetManifest || f.typ == msgWaitManifest) {
+		n.serveManifests(ctx, c, br, peer, f)
 		return
 	}
 	if err != nil || f.typ != msgSubscribe || len(f.payload) <= 32 {
@@ -457,11 +464,10 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 
 // serveManifest answers a manifest request with the manifest of a verified
 // (complete) shard, in progress when the shard is open with some pieces
-// but not all, or not found.
-func (n *Node) serveManifest(c net.Conn, peerID, shardID string) bool {
-	n.mu.Lock()
-	s := n.shards[shardID]
-	n.mu.Unlock()
+// but not all, or not found: if the shard is not open, only after up to
+// wait for it to open (see awaitShard).
+func (n *Node) serveManifest(ctx context.Context, c net.Conn, peerID, shardID string, wait time.Duration) bool {
+	s := n.awaitShard(ctx, shardID, wait)
 	if s == nil {
 		return writeFrame(c, msgNotFound, nil) == nil
 	}

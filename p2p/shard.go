@@ -127,6 +127,8 @@ func (n *Node) open(m *Manifest, known Bitfield, path string, comp Completion) (
 	primary := n.shards[m.ShardID]
 	if primary == nil {
 		n.shards[m.ShardID] = s
+		close(n.opened)
+		n.opened = make(chan struct{})
 		return s, nil
 	}
 	// The same content under another name (two models with identical

@@ -16,16 +16,17 @@ import (
 // frame's payload is the piece index and byte count, and the raw bytes
 // follow outside the frame so the sender can sendfile them.
 const (
-	msgSubscribe   byte = 1 + iota // C->S skeleton id [32], shard id
-	msgBitfield                    // S->C bitfield of verified pieces, then their hashes in order
-	msgNotFound                    // S->C shard not open here
-	msgHave                        // S->C piece index u32, piece hash
-	msgRequest                     // C->S piece index u32
-	msgPiece                       // S->C piece index u32, length u32, then bytes
-	msgBusy                        // S->C piece index u32: no upload slot, ask later
-	msgGetManifest                 // C->S shard id (first frame instead of subscribe)
-	msgManifest                    // S->C encoded manifest
-	msgInProgress                  // S->C shard open but incomplete: pieces held u32
+	msgSubscribe    byte = 1 + iota // C->S skeleton id [32], shard id
+	msgBitfield                     // S->C bitfield of verified pieces, then their hashes in order
+	msgNotFound                     // S->C shard not open here
+	msgHave                         // S->C piece index u32, piece hash
+	msgRequest                      // C->S piece index u32
+	msgPiece                        // S->C piece index u32, length u32, then bytes
+	msgBusy                         // S->C piece index u32: no upload slot, ask later
+	msgGetManifest                  // C->S shard id (first frame instead of subscribe)
+	msgManifest                     // S->C encoded manifest
+	msgInProgress                   // S->C shard open but incomplete: pieces held u32
+	msgWaitManifest                 // C->S wait ms u32, shard id: msgGetManifest answered once the shard opens here (or the wait ends)
 )
 
 // maxManifestFrame bounds a manifest frame: every piece hash plus names.

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/warmfleet/warmfleet/integration/netlab"
 	"github.com/warmfleet/warmfleet/internal/cli"
 )
 
@@ -58,6 +59,30 @@ func TestBenchBadFlags(t *testing.T) {
 		code := Run(t.Context(), args, &cli.Env{Stdout: &bytes.Buffer{}, Stderr: &stderr, Getenv: func(string) string { return "" }})
 		if code != 2 || !strings.Contains(stderr.String(), tt.want) {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", args, code, stderr.String(), tt.want)
+		}
+	}
+}
+
+// TestUploadOverLink: bench fleet warns when the daemons may upload faster
+// than a host's link, whichever way the flag is spelled, and only then.
+func TestUploadOverLink(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		link netlab.Rate
+		warn bool
+	}{
+		{[]string{"--p2p-upload-limit=23MB"}, 100 * netlab.Mbit, true},
+		{[]string{"--p2p-upload-limit=23MB"}, 200 * netlab.Mbit, false},
+		{[]string{"-p2p-upload-limit", "23MB"}, 100 * netlab.Mbit, true},
+		{[]string{"--p2p-upload-limit=23MB", "--p2p-upload-limit=11.5MB"}, 100 * netlab.Mbit, false},
+		{[]string{"--p2p-upload-limit=0"}, 100 * netlab.Mbit, false},
+		{[]string{"--p2p-download-limit=23MB"}, 100 * netlab.Mbit, false},
+		{[]string{"--p2p-upload-limit=23MB"}, 0, false},
+		{nil, 100 * netlab.Mbit, false},
+	} {
+		got := uploadOverLink(tc.args, tc.link)
+		if (got != "") != tc.warn {
+			t.Errorf("uploadOverLink(%q, %s) = %q, want a warning: %v", tc.args, tc.link, got, tc.warn)
 		}
 	}
 }

@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/warmfleet/warmfleet/gossip"
 	"github.com/warmfleet/warmfleet/integration/fleetbench"
 	"github.com/warmfleet/warmfleet/integration/netlab"
+	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/internal/cli"
 )
 
@@ -68,6 +70,9 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	}
 	if *output != "table" && *output != "json" {
 		return cli.UsageError("-o %q: want table or json", *output)
+	}
+	if warn := uploadOverLink(daemonArgs, link); warn != "" {
+		fmt.Fprintln(e.Stderr, "bench fleet: warning:", warn)
 	}
 	bin, err := os.Executable()
 	if err != nil {
@@ -131,6 +136,36 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 		return res.WriteJSON(e.Stdout)
 	}
 	return res.WriteTable(e.Stdout)
+}
+
+// uploadOverLink says what is wrong when the daemons' --p2p-upload-limit
+// (the last one given in args) lets a host send faster than its link: the
+// kernel paces each upload at its share of the limit, not of the link, so
+// the link's shaper drops what goes beyond it, everything crossing that
+// link loses packets with it, and the warm-up measures the retransmits.
+// Empty when the limit is under the link, unset or unparsable (the daemons
+// then say so themselves).
+func uploadOverLink(args []string, link netlab.Rate) string {
+	var limit int64
+	for i, a := range args {
+		name, v, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if name != "p2p-upload-limit" {
+			continue
+		}
+		if !hasValue {
+			if i+1 >= len(args) {
+				continue
+			}
+			v = args[i+1]
+		}
+		if n, err := bytesize.Parse(v); err == nil {
+			limit = n
+		}
+	}
+	if link == 0 || limit <= 0 || float64(limit) <= link.BytesPerSecond() {
+		return ""
+	}
+	return fmt.Sprintf("--p2p-upload-limit %s is %.1f Mbit/s, above the %s link (%.2f MB/s): the link's shaper drops what the hosts send beyond it; set it a little under the link rate", bytesize.Format(limit), float64(limit)*8/1e6, link, link.BytesPerSecond()/1e6)
 }
 
 // labVersitygw is the versitygw a lab bench runs: the --versitygw flag's
