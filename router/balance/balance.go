@@ -510,12 +510,21 @@ func decidePrefix(in Input) Decision {
 		}
 		return base + max(1, int(slack*float64(n)))
 	}
-	limit, limitFair := within(minCost), within(minFair)
-	if bs := in.BalanceSlack; bs > 0 && minCost < math.MaxInt {
-		// A new group may wait this much longer than on the best backend
-		// to go where traffic is short.
-		limitFair = min(limitFair, minCost+max(1, int(bs*float64(n))))
+	// A request no backend holds may go past the load bound and the
+	// share factor, up to the hold caps, to a backend whose expected wait
+	// is shorter than the best one's within the bounds by more than
+	// slack: in-flight counts are mostly decode and traffic shares count
+	// requests, not prefill, so with long, uneven prompts (the Mooncake
+	// traces) the bounds alone queued new prompts behind far longer
+	// prefill than a backend just past them had.
+	slackBlocks := max(1, int(slack*float64(n)))
+	past := func(i int) bool {
+		c := &in.Candidates[i]
+		return slack >= 0 && c.Matched <= in.Common && underLimit(c) &&
+			loads[i]+1 <= HoldLoad*float64(bounds[i]) && shares[i] <= HoldShare*sf &&
+			(minCost == math.MaxInt || costs[i]+slackBlocks < minCost)
 	}
+	minBest := minCost // the best wait a request no backend holds may take
 	// A backend holding part of the prompt keeps it past its traffic share
 	// and load bound, up to the hold caps, while moving would cost the
 	// request more than slack in expected wait: the recompute of a long
@@ -525,6 +534,9 @@ func decidePrefix(in Input) Decision {
 	// spread work, or a closed loop of clients piles onto it.
 	first, second := -1, -1 // the two shortest waits under their load bounds
 	for i := range in.Candidates {
+		if past(i) {
+			minBest = min(minBest, costs[i])
+		}
 		if !underLimit(&in.Candidates[i]) || loads[i]+1 > float64(bounds[i]) {
 			continue
 		}
@@ -534,6 +546,12 @@ func decidePrefix(in Input) Decision {
 		case second < 0 || costs[i] < costs[second]:
 			second = i
 		}
+	}
+	limit, limitFair, limitBest := within(minCost), within(minFair), within(minBest)
+	if bs := in.BalanceSlack; bs > 0 && minBest < math.MaxInt {
+		// A new group may wait this much longer than on the best backend
+		// to go where traffic is short.
+		limitFair = min(limitFair, minBest+max(1, int(bs*float64(n))))
 	}
 	hold := func(i int) bool {
 		alt := first
@@ -551,6 +569,11 @@ func decidePrefix(in Input) Decision {
 		t := tierNone
 		switch {
 		case !underLimit(c):
+		case costs[i] <= limitBest && past(i):
+			t = tierFair
+			if fair {
+				t = tierCold
+			}
 		case loads[i]+1 > float64(bounds[i]) && !hold(i):
 			t = tierOver
 		case (shares[i] > sf && !hold(i)) || (costs[i] > limit && !fair):

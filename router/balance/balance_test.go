@@ -569,3 +569,50 @@ func TestColdGoesToLeastRecentTraffic(t *testing.T) {
 		t.Fatalf("picked %d (%s), want the least recent %d over the rendezvous choice %d", d.Pick, d.Reason, other, win)
 	}
 }
+
+// TestColdGoesPastBoundsForShorterWait: a request no backend holds goes
+// past the share factor or the load bound (up to the hold caps) to a
+// backend whose queued prefill is shorter than the best one's within the
+// bounds by more than Slack; within Slack, or past the caps, the bounds
+// decide as before. A backend holding part of the prompt is not moved by
+// it.
+func TestColdGoesPastBoundsForShorterWait(t *testing.T) {
+	tests := []struct {
+		name   string
+		blocks int
+		setup  func(c []Candidate)
+		want   int // -1: any but avoid
+		avoid  int
+	}{
+		{name: "past the share factor", blocks: 14, setup: func(c []Candidate) {
+			c[3].Recent, c[3].Pending = 1.3, 400 // share 1.25: over 1.1, under 1.65
+		}, want: 3},
+		{name: "past the load bound", blocks: 14, setup: func(c []Candidate) {
+			c[5].Inflight, c[5].Pending = 3, 100 // bound 3: 4 > 3, <= 4.5
+		}, want: 5},
+		{name: "within slack the bounds hold", blocks: 100, setup: func(c []Candidate) {
+			c[3].Recent, c[3].Pending = 1.3, 495 // 5 blocks shorter, slack 10
+		}, want: -1, avoid: 3},
+		{name: "past the share cap", blocks: 14, setup: func(c []Candidate) {
+			c[3].Recent, c[3].Pending = 3, 0 // share 2.4
+		}, want: -1, avoid: 3},
+		{name: "past the load cap", blocks: 14, setup: func(c []Candidate) {
+			c[5].Inflight, c[5].Pending = 7, 0 // bound 4: 8 > 6
+		}, want: -1, avoid: 5},
+		{name: "a holder keeps its request", blocks: 14, setup: func(c []Candidate) {
+			c[2].Matched, c[2].Pending = 10, 500
+			c[3].Recent, c[3].Pending = 1.3, 480
+		}, want: 2},
+	}
+	for _, tc := range tests {
+		c := cands(8)
+		for i := range c {
+			c[i].Inflight, c[i].Prefilling, c[i].Recent, c[i].Pending = 2, 1, 1, 500
+		}
+		tc.setup(c)
+		d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: keys(9, tc.blocks), MinBound: 2, BalanceSlack: 0.1})
+		if (tc.want >= 0 && d.Pick != tc.want) || (tc.want < 0 && (d.Pick < 0 || d.Pick == tc.avoid)) {
+			t.Errorf("%s: picked %d (%s), want %d (not %d)", tc.name, d.Pick, d.Reason, tc.want, tc.avoid)
+		}
+	}
+}
