@@ -154,7 +154,11 @@ func TestHelperReadsTheTailOnce(t *testing.T) {
 	// The origin is held at the half: the helper takes pieces 15 down to
 	// 8+helpGap, leaving those nearer the origin's run to the origin.
 	wait.For(t, "the follower holds all but the gap", func() bool { return s.Have().Count() == 8+16-(8+helpGap) })
-	wait.For(t, "the origin connected to both peers", func() bool { return origin.Stats().PeersConnected >= 2 }) // it sees what the helper holds
+	// The origin must know what the helper holds before it goes on: a
+	// connection counts as soon as its handshake ends, before the origin's
+	// subscription has the helper's bitfield, which it has once the
+	// helper lists it as a subscriber (the bitfield is written first).
+	wait.For(t, "the origin follows the helper's shard", func() bool { return s.Subscribed("origin") })
 	close(open)
 	if err := <-built; err != nil {
 		t.Fatal(err)
