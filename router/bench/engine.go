@@ -236,28 +236,13 @@ func warmUp(ctx context.Context, c *http.Client, rt *router.Router, urls []strin
 // loop, so a slow backend queues requests instead of slowing the arrivals.
 // lags are how late each request left (the machine keeping up or not).
 func openWall(ctx context.Context, c *http.Client, base string, reqs []Request) (outs []outcome, lags []float64) {
-	outs, lags = make([]outcome, len(reqs)), make([]float64, 0, len(reqs))
-	var wg sync.WaitGroup
-	t0 := time.Now()
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for i := range reqs {
-		at := t0.Add(reqs[i].At)
-		if d := time.Until(at); d > 0 {
-			timer.Reset(d)
-			select {
-			case <-ctx.Done():
-			case <-timer.C:
-			}
-		}
-		if ctx.Err() != nil {
-			outs[i] = outcome{err: ctx.Err()}
-			continue
-		}
-		lags = append(lags, max(time.Since(at), 0).Seconds())
-		wg.Go(func() { outs[i] = sendWall(ctx, c, base, &reqs[i]) })
+	outs = make([]outcome, len(reqs))
+	lags = sendAt(ctx, len(reqs), func(i int) time.Duration { return reqs[i].At }, func(i int) {
+		outs[i] = sendWall(ctx, c, base, &reqs[i])
+	})
+	for i := len(lags); i < len(reqs); i++ {
+		outs[i] = outcome{err: context.Cause(ctx)}
 	}
-	wg.Wait()
 	return outs, lags
 }
 

@@ -126,9 +126,10 @@ type OverheadResult struct {
 	// Paired figures are prefix-aware's from rounds of their own, in which
 	// each request is sent straight to a backend and through the router at
 	// the same instant: the quantiles of the routed copy's excess, per
-	// pair. A stall of the machine delays both copies and cancels out,
-	// where the difference of two separately taken p99s keeps it, so they
-	// are the steadier measure of what the router adds on a busy machine.
+	// pair. A stall that delays both copies cancels out of the pair, where
+	// the difference of two separately taken p99s keeps it; a stall that
+	// hits one copy does not, so on an overloaded machine the paired p99
+	// is no steadier than the difference.
 	PairedRequests   int                `json:"paired_requests"`
 	PairedAddedP50ms float64            `json:"paired_added_p50_ms"`
 	PairedAddedP99ms float64            `json:"paired_added_p99_ms"`
@@ -287,18 +288,37 @@ func pairedLoop(ctx context.Context, c *http.Client, rate int, d time.Duration, 
 // per second whatever the completions (an open loop), and waits for all.
 func atRate(ctx context.Context, rate, n int, send func(i int)) {
 	interval := time.Second / time.Duration(rate)
-	start := time.Now()
+	sendAt(ctx, n, func(i int) time.Duration { return time.Duration(i) * interval }, send)
+}
+
+// sendAt calls send(i) for i in [0, n), each on its own goroutine, at(i)
+// after the start in wall time, whether or not the calls before it have
+// returned (an open loop), and waits for all. It stops sending when ctx
+// ends, and returns how late each call left (the machine keeping up or
+// not), in seconds: one per call made, so len(lags) calls were made.
+func sendAt(ctx context.Context, n int, at func(i int) time.Duration, send func(i int)) (lags []float64) {
+	lags = make([]float64, 0, n)
 	var wg sync.WaitGroup
+	defer wg.Wait()
+	start := time.Now()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
 	for i := range n {
-		if w := time.Until(start.Add(time.Duration(i) * interval)); w > 0 {
-			time.Sleep(w)
+		due := start.Add(at(i))
+		if d := time.Until(due); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-ctx.Done():
+			case <-timer.C:
+			}
 		}
 		if ctx.Err() != nil {
-			break
+			return lags
 		}
+		lags = append(lags, max(time.Since(due), 0).Seconds())
 		wg.Go(func() { send(i) })
 	}
-	wg.Wait()
+	return lags
 }
 
 // succeeded returns the values whose request did not fail, and how many
