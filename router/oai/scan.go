@@ -696,8 +696,8 @@ func nextSpecial(b []byte, i int) int {
 // byte's high bit survives only where the subtraction borrowed, i.e. where
 // the byte was below the bound, and a borrow only runs upwards, from a byte
 // that is itself flagged). Flipping bit 1 turns a quote into 0x20 and keeps
-// the control characters below it, so one comparison finds both: the scan
-// of a prompt is a few instructions a byte, and this is most of them.
+// the control characters below it, so one comparison finds both, in the
+// loop every byte of a prompt goes through.
 func attention(x uint64) uint64 {
 	q := x ^ (ones * 0x02)
 	s := x ^ (ones * '\\')
