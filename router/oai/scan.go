@@ -429,37 +429,69 @@ func (s *scanner) tokenArray() bool {
 // stopped (past the bracket when done, else at the start of the element it
 // left to the byte-wise reading) and the ids appended to toks.
 //
-// It first marks the bytes that are not digits in a stretch of 64, eight
-// at a time, then reads the ids between the marks: no step waits for the
-// id before it to be read, and the branch that ends the inner loop is
-// mispredicted once a stretch rather than once every word or two.
+// It first marks the bytes that are not digits in a stretch of 64
+// (seps), then reads the ids between the marks: no step waits for the id
+// before it to be read, and the branch that ends the inner loop is
+// mispredicted once a stretch rather than once every word or two. The
+// marks are cut where an id's word would pass the end of b, so the inner
+// loop checks only the id (its length, its first digit, its separator):
+// this loop is most of the router's work for a token-id prompt. An id
+// that ends within 7 bytes of the end of b is left to the byte-wise
+// reading.
 func fastTokens(b []byte, i int, toks []uint32) (int, []uint32, bool) {
 	start := i // of the element being read
 	for base := i; base+8 <= len(b); {
-		var seps uint64 // bit j: b[base+j] is not a digit
-		n := 0
-		for ; n < 64 && base+n+8 <= len(b); n += 8 {
-			seps |= highBits(nonDigits(binary.LittleEndian.Uint64(b[base+n:]))) << n
+		seps, n := nonDigitMarks(b, base)
+		if last := len(b) - 6 - base; last < 64 {
+			// The marks go up to where an id of one digit still has its
+			// word in b; a longer id ending there starts earlier.
+			seps &= 1<<uint(last) - 1
 		}
 		for ; seps != 0; seps &= seps - 1 {
 			end := base + bits.TrailingZeros64(seps)
 			k := end - start
-			if k < 1 || k > 7 || start+8 > len(b) || (k > 1 && b[start] == '0') {
+			if uint(k-1) > 6 {
 				return start, toks, false
 			}
+			x := binary.LittleEndian.Uint64(b[start : start+8]) // start < end <= len(b)-7
 			c := b[end]
-			if c != ',' && c != ']' {
+			if byte(x) == '0' && k > 1 || c != ',' && c != ']' {
 				return start, toks, false
 			}
-			toks = append(toks, parseDigits(binary.LittleEndian.Uint64(b[start:]), k))
+			toks = append(toks, parseDigits(x, k))
 			start = end + 1
-			if c == ']' {
+			if c != ',' {
 				return start, toks, true
 			}
 		}
 		base += n
 	}
 	return start, toks, false
+}
+
+// nonDigitMarks marks the bytes of b from base that are not digits, bit j
+// for b[base+j], in a stretch of 64 bytes or, nearer the end of b, of as
+// many whole words as are left: it returns the marks and the stretch's
+// length. The whole stretch is one slice and its eight words are read
+// unrolled, so that they cost no bounds checks and no loop.
+func nonDigitMarks(b []byte, base int) (uint64, int) {
+	if base+64 > len(b) {
+		var m uint64
+		n := 0
+		for ; base+n+8 <= len(b); n += 8 {
+			m |= highBits(nonDigits(binary.LittleEndian.Uint64(b[base+n:base+n+8]))) << n
+		}
+		return m, n
+	}
+	w := b[base : base+64 : base+64]
+	return highBits(nonDigits(binary.LittleEndian.Uint64(w[0:8]))) |
+		highBits(nonDigits(binary.LittleEndian.Uint64(w[8:16])))<<8 |
+		highBits(nonDigits(binary.LittleEndian.Uint64(w[16:24])))<<16 |
+		highBits(nonDigits(binary.LittleEndian.Uint64(w[24:32])))<<24 |
+		highBits(nonDigits(binary.LittleEndian.Uint64(w[32:40])))<<32 |
+		highBits(nonDigits(binary.LittleEndian.Uint64(w[40:48])))<<40 |
+		highBits(nonDigits(binary.LittleEndian.Uint64(w[48:56])))<<48 |
+		highBits(nonDigits(binary.LittleEndian.Uint64(w[56:64])))<<56, 64
 }
 
 // highBits gathers the high bits of m's bytes (the only bits set) into its
@@ -480,7 +512,7 @@ func nonDigits(x uint64) uint64 {
 // the lowest the most significant: shifted up so the bytes below them read
 // as leading zeros, then summed pairwise in three multiplications.
 func parseDigits(x uint64, k int) uint32 {
-	x = (x & (ones * 0x0f)) << (8 * (8 - k))
+	x = (x & (ones * 0x0f)) << (uint(8-k) * 8 & 63) // & 63: no check for a shift past 63
 	x = (x * (1 + 10<<8)) >> 8 & 0x00ff00ff00ff00ff
 	x = (x * (1 + 100<<16)) >> 16 & 0x0000ffff0000ffff
 	return uint32((x * (1 + 10000<<32)) >> 32)
