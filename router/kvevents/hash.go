@@ -49,10 +49,7 @@ func appendLLMDBlocks(dst []uint64, parent uint64, tokens []uint32, blockSize, n
 		// A block: [parent, tokens, nil].
 		h := fnvHead(fnvByte(fnvOffset, 4<<5|3), 0, parent)
 		h = fnvHead(h, 4, uint64(blockSize))
-		for _, t := range tokens[i : i+blockSize] {
-			h = fnvToken(h, t)
-		}
-		parent = fnvByte(h, cborNull)
+		parent = fnvByte(fnvTokens(h, tokens[i:i+blockSize]), cborNull)
 		dst = append(dst, parent)
 	}
 	return dst
@@ -91,18 +88,26 @@ func fnvHead(h uint64, major byte, v uint64) uint64 {
 	return fnvBE32(fnvBE32(fnvByte(h, m|27), uint32(v>>32)), uint32(v))
 }
 
-// fnvToken is fnvHead(h, 0, t), the per-token step, kept small enough to
-// inline.
-func fnvToken(h uint64, t uint32) uint64 {
-	switch {
-	case t < 24:
-		return fnvByte(h, byte(t))
-	case t <= 0xff:
-		return fnvByte(fnvByte(h, 24), byte(t))
-	case t <= 0xffff:
-		return fnvByte(fnvByte(fnvByte(h, 25), byte(t>>8)), byte(t))
+// fnvTokens is fnvHead(h, 0, t) for each of toks in turn: the per-token
+// work of a prompt the router has not seen, most of it FNV's multiply per
+// byte. The heads are written out in the loop rather than called for:
+// a call per token, with the hash and the loop's state saved around it,
+// cost as much again as the hashing.
+func fnvTokens(h uint64, toks []uint32) uint64 {
+	for _, t := range toks {
+		switch {
+		case t > 0xffff:
+			h = fnvByte(fnvByte(h, 26), byte(t>>24))
+			h = fnvByte(fnvByte(fnvByte(h, byte(t>>16)), byte(t>>8)), byte(t))
+		case t > 0xff:
+			h = fnvByte(fnvByte(fnvByte(h, 25), byte(t>>8)), byte(t))
+		case t >= 24:
+			h = fnvByte(fnvByte(h, 24), byte(t))
+		default:
+			h = fnvByte(h, byte(t))
+		}
 	}
-	return fnvBE32(fnvByte(h, 26), t)
+	return h
 }
 
 func fnvBE32(h uint64, v uint32) uint64 {

@@ -62,6 +62,33 @@ func TestLLMDChainMatchesCBOR(t *testing.T) {
 	}
 }
 
+// FuzzLLMDChain: on the fuzzer's token ids (four bytes each, their size
+// picked by a fifth so that every CBOR head length comes up), seed, model
+// and block size, the chain hashed as it is encoded, alone and through a
+// ChainCache, equals FNV over the CBOR built in full.
+func FuzzLLMDChain(f *testing.F) {
+	f.Add([]byte("\x00\x17\x00\x00\x00\x01\x18\x00\x00\x00\x02\xff\xff\x00\x00\x03\x00\x00\x01\x00\x04\xff\xff\xff\xff"), "1", "m", uint8(2))
+	f.Add([]byte(strings.Repeat("\x04\x10\x27\x02\x00", 100)), "", "Qwen/Qwen3-32B", uint8(16))
+	f.Fuzz(func(t *testing.T, raw []byte, seed, model string, bs uint8) {
+		var p []uint32
+		for ; len(raw) >= 5; raw = raw[5:] {
+			v := binary.LittleEndian.Uint32(raw[1:])
+			p = append(p, v>>(8*(raw[0]%4))) // 4, 3, 2 or 1 bytes of it
+		}
+		blockSize := 1 + int(bs)%40
+		want := llmdChainCBOR(seed, model, p, blockSize)
+		if got := LLMDChain(seed, model, p, blockSize); !slices.Equal(got, want) {
+			t.Fatalf("ids %v, block %d: %x, want %x", p, blockSize, got, want)
+		}
+		c := &ChainCache{maxTokens: 256}
+		for range 2 { // stored, then found
+			if got := c.AppendLLMDChain(nil, seed, model, p, blockSize, 0); !slices.Equal(got, want) {
+				t.Fatalf("ids %v, block %d, through the cache: %x, want %x", p, blockSize, got, want)
+			}
+		}
+	})
+}
+
 // BenchmarkLLMDChain: a 4,000-token prompt's engine block hashes.
 func BenchmarkLLMDChain(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
