@@ -101,6 +101,10 @@ func TestKVAwareFollowsEvents(t *testing.T) {
 			h := newKVHarness(t, 3, cfg)
 			prompt := seqTokens(1000, 10*16+5) // 10 full blocks and a partial one
 			h.store(t, 1, prompt[:8*16])       // the engine holds 8 of them
+			// The others hold something else: a backend holding nothing
+			// would make the 8 blocks a prefix every backend comes to hold.
+			h.store(t, 0, seqTokens(50000, 16))
+			h.store(t, 2, seqTokens(60000, 16))
 			got, err := h.rt.Route(t.Context(), tokenBody(prompt), "")
 			if err != nil {
 				t.Fatal(err)

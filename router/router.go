@@ -665,10 +665,20 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 			rt.kvApplyLocked(depth)
 		}
 		// The prefix every eligible backend holds says nothing about where
-		// to go (a system prompt all have seen).
+		// to go (a system prompt all have seen). A backend that holds
+		// nothing yet (new, restarted, cleared) does not count: it comes to
+		// hold that prefix with its first request, and until then the
+		// prefix would make every other backend look like the place for
+		// every request.
 		common = len(req.keys)
+		held := false
 		for _, b := range members {
-			common = min(common, depth[b.slot])
+			if depth[b.slot] > 0 || rt.heldLocked(b, req.exact) > 0 {
+				common, held = min(common, depth[b.slot]), true
+			}
+		}
+		if !held {
+			common = 0
 		}
 		// A prefix much of the traffic carries is common too, before
 		// every backend has come to hold it: otherwise the first backend

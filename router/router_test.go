@@ -416,6 +416,17 @@ func TestHotPromptDoesNotPin(t *testing.T) {
 		cfg.Strategy = balance.PrefixAware // its hot_share rule
 		cfg.LoadFactor, cfg.Slack, cfg.BalanceSlack, cfg.ShareFactor, cfg.HotShare = 100, 100, 100, 100, tc.hot
 		h := newHarness(t, cfg, Options{}, urls...)
+		// Every backend has served something else first: a backend
+		// holding nothing does not make the prompt distinctive.
+		seen := map[string]bool{}
+		for q := 0; len(seen) < len(urls); q++ {
+			resp := post(t, h.srv.URL+"/v1/chat/completions", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat(fmt.Sprintf("warm-up %d. ", q), 100)))
+			resp.Body.Close()
+			seen[resp.Header.Get("X-Backend")] = true
+			if q > 100 {
+				t.Fatalf("warm-up reached only %v", seen)
+			}
+		}
 		used := map[string]int{}
 		for q := range 32 {
 			user := strings.Repeat(fmt.Sprintf("question %d about something else entirely. ", q), 40)
@@ -427,6 +438,35 @@ func TestHotPromptDoesNotPin(t *testing.T) {
 		if len(used) < tc.minUsed || len(used) > tc.maxUsed {
 			t.Errorf("hot_share %v: 32 requests went to %v, want %d-%d backends", tc.hot, used, tc.minUsed, tc.maxUsed)
 		}
+	}
+}
+
+// TestEmptyBackendsTakeASharedPrompt: on fresh backends, requests that
+// share a system prompt but nothing else are cold while some backend holds
+// nothing: the prompt is not a reason to prefer the backends that saw it
+// first (one backend sat idle for seconds of the multi-turn workload when
+// it was), and the requests spread over the fleet.
+func TestEmptyBackendsTakeASharedPrompt(t *testing.T) {
+	var urls []string
+	for i := range 4 {
+		urls = append(urls, okBackend(t, fmt.Sprint("b", i), nil).URL)
+	}
+	system := strings.Repeat("You are a helpful assistant who answers at length. ", 40)
+	h := newHarness(t, Defaults(), Options{}, urls...)
+	used := map[string]bool{}
+	for q := range 4 {
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, fmt.Sprintf("question %d", q))
+		got, err := h.rt.Route(t.Context(), []byte(body), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Reason != balance.Cold {
+			t.Errorf("request %d: %+v, want cold while a backend holds nothing", q, got)
+		}
+		used[got.Backend] = true
+	}
+	if len(used) != len(urls) {
+		t.Errorf("4 requests sharing a system prompt went to %v, want one per backend", used)
 	}
 }
 

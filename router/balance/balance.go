@@ -131,7 +131,10 @@ type Input struct {
 	// Keys are the request's chained block hashes (may be empty).
 	Keys []uint64
 	// Common is how many leading blocks every backend holds (a system prompt
-	// everybody has seen): matching them says nothing about where to go.
+	// everybody has seen): matching them says nothing about where to go. A
+	// backend that holds nothing at all (new, restarted, cleared) may be left
+	// out of it, its Matched below Common: its expected wait prices the
+	// common prefix as held, as it is after its first request (see cost).
 	Common int
 	// RendezvousBlocks is how many blocks past Common the cold-path key
 	// covers; 16 if zero.
@@ -377,9 +380,13 @@ func tierBetter(t int8, i, j int, cands []Candidate, costs []int, rv []float64) 
 }
 
 // cost is the expected wait for the first token in blocks of prefill: what
-// is queued on the backend plus this request's uncached blocks.
-func cost(c *Candidate, blocks int) int {
-	return max(c.Pending, 0) + max(blocks-c.Matched, 0)
+// is queued on the backend plus this request's uncached blocks, the common
+// prefix counted as held. A backend holding nothing recomputes it once, and
+// then holds it like every other: priced at that first recompute, it lost
+// every comparison with a backend holding the prefix and sat idle while
+// the rest of the fleet took its share (seconds of the multi-turn workload).
+func cost(c *Candidate, blocks, common int) int {
+	return max(c.Pending, 0) + max(blocks-max(c.Matched, common), 0)
 }
 
 func (in *Input) shareFactor() float64 {
@@ -473,7 +480,7 @@ func decidePrefix(in Input) Decision {
 			rv = append(rv, Rendezvous(key, c.ID, weight(c)))
 		}
 		loads = append(loads, load(c, dw))
-		costs = append(costs, cost(c, n))
+		costs = append(costs, cost(c, n, in.Common))
 	}
 	slack := in.Slack
 	if slack == 0 {

@@ -1,7 +1,9 @@
 package balance
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -613,6 +615,43 @@ func TestColdGoesPastBoundsForShorterWait(t *testing.T) {
 		d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: keys(9, tc.blocks), MinBound: 2, BalanceSlack: 0.1})
 		if (tc.want >= 0 && d.Pick != tc.want) || (tc.want < 0 && (d.Pick < 0 || d.Pick == tc.avoid)) {
 			t.Errorf("%s: picked %d (%s), want %d (not %d)", tc.name, d.Pick, d.Reason, tc.want, tc.avoid)
+		}
+	}
+}
+
+// TestEmptyBackendPricesTheCommonPrefixAsHeld replays decisions logged on
+// the multi-turn workload (load 0.7, seed 1) where backend 5 held nothing
+// while the others held the 6-block system prompt, here passed as common as
+// the router now does. Each line is the candidates as the decision saw
+// them: m matched blocks, i in flight, p waiting for their first token, q
+// queued prefill blocks, s traffic over fair share. Priced at the recompute
+// of the common prefix it lost every comparison and sat idle; priced as
+// holding it, the backend with the least traffic takes what the holder
+// cannot keep. A backend that holds the common prefix is priced as before.
+func TestEmptyBackendPricesTheCommonPrefixAsHeld(t *testing.T) {
+	tests := []struct {
+		name   string
+		blocks int
+		cands  string
+		want   int
+	}{
+		{"holder over its load bound", 33, "m6,i9,p1,q5,s1.10 m6,i10,p0,q0,s1.21 m27,i12,p2,q12,s1.48 m6,i10,p0,q0,s1.22 m6,i6,p0,q0,s0.71 m0,i0,p0,q0,s0.00 m6,i11,p0,q0,s1.33 m6,i8,p0,q0,s0.95", 5},
+		{"holder over its share", 38, "m6,i13,p0,q0,s1.06 m6,i23,p0,q0,s1.29 m6,i20,p0,q0,s1.28 m6,i15,p0,q0,s1.13 m6,i9,p0,q0,s1.08 m0,i0,p0,q0,s0.00 m32,i16,p2,q12,s1.20 m6,i9,p0,q0,s0.97", 5},
+		{"the least traffic holds the prefix", 33, "m6,i9,p1,q5,s1.10 m6,i10,p0,q0,s1.21 m27,i12,p2,q12,s1.48 m6,i10,p0,q0,s1.22 m6,i6,p0,q0,s0.71 m6,i0,p0,q0,s0.00 m6,i11,p0,q0,s1.33 m6,i8,p0,q0,s0.95", 5},
+	}
+	for _, tc := range tests {
+		var c []Candidate
+		for i, f := range strings.Fields(tc.cands) {
+			x := Candidate{ID: uint64(1000 + i), Weight: 1}
+			if _, err := fmt.Sscanf(f, "m%d,i%d,p%d,q%d,s%g", &x.Matched, &x.Inflight, &x.Prefilling, &x.Pending, &x.Recent); err != nil {
+				t.Fatalf("%s: candidate %q: %v", tc.name, f, err)
+			}
+			c = append(c, x)
+		}
+		d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: keys(11, tc.blocks), Common: 6,
+			MinBound: 2, ShareFactor: 1.1, BalanceSlack: 0.1})
+		if d.Pick != tc.want {
+			t.Errorf("%s: picked %d (%s/%s), want %d", tc.name, d.Pick, d.Reason, d.Yielded, tc.want)
 		}
 	}
 }
