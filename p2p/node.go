@@ -58,8 +58,8 @@ type Config struct {
 	// two, so a few slots serve them, and strangers that connect and stall
 	// hold only these, never MaxConns.
 	MaxHandshakes, MaxHandshakesPerSource int
-	// HandshakeTimeout cuts an accepted connection that has not completed
-	// its handshake in this time (default 10s). A member's handshake is a
+	// HandshakeTimeout cuts a handshake not completed in this time, on
+	// either side (default 10s). A member's handshake is a
 	// few round trips and a few signatures, but on a node whose CPU is
 	// taken (by its transfers, or by neighbours on a shared host) each
 	// step waits its turn to run, on both sides: a deadline shorter than
@@ -75,8 +75,9 @@ type Config struct {
 	// the socket, the hasher and the disk, over all connections that cannot
 	// splice (TLS), default 64 (4 MiB).
 	ReceiveBuffers int
-	// DialTimeout bounds dial plus handshake (default 10s, as a member's
-	// HandshakeTimeout: giving up before the member does loses the work).
+	// DialTimeout bounds the connection to a member, before the handshake
+	// (default 3s): a member that is up accepts it in its kernel, however
+	// busy it is.
 	DialTimeout time.Duration
 	// StallTimeout abandons a peer that sends nothing for this long while we
 	// wait for a piece (default 10s); its pieces go back to the pool.
@@ -152,10 +153,6 @@ type Node struct {
 	askWaits chan struct{}
 }
 
-// defaultHandshakeTimeout is the default of Config.HandshakeTimeout and
-// Config.DialTimeout.
-const defaultHandshakeTimeout = 10 * time.Second
-
 // chunkSize is the unit of reads, writes, hashing and rate limiting.
 const chunkSize = 256 << 10
 
@@ -193,10 +190,10 @@ func NewNode(cfg Config) (*Node, error) {
 			*d = v
 		}
 	}
-	def(&cfg.DialTimeout, defaultHandshakeTimeout)
+	def(&cfg.DialTimeout, 3*time.Second)
 	def(&cfg.StallTimeout, 10*time.Second)
 	def(&cfg.BanDuration, time.Hour)
-	def(&cfg.HandshakeTimeout, defaultHandshakeTimeout)
+	def(&cfg.HandshakeTimeout, 10*time.Second)
 	def(&cfg.RefusedHold, time.Second)
 	if cfg.MaxHandshakes <= 0 {
 		cfg.MaxHandshakes = 64
