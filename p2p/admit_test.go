@@ -226,3 +226,47 @@ func TestServeReturnsWhileAHandshakeStalls(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// slowConn is an accepted connection whose node gets to it only after
+// delay: a member whose CPU is taken by its transfers or its neighbours.
+type slowConn struct {
+	net.Conn
+	delay time.Duration
+	once  sync.Once
+}
+
+func (c *slowConn) Read(b []byte) (int, error) {
+	c.once.Do(func() { time.Sleep(c.delay) })
+	return c.Conn.Read(b)
+}
+
+type slowListener struct {
+	net.Listener
+	delay time.Duration
+}
+
+func (l slowListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &slowConn{Conn: c, delay: l.delay}, nil
+}
+
+// TestHandshakeOfABusyMemberCompletes: with the default deadlines, a
+// member that gets to a handshake seconds late (a warming fleet's nodes,
+// short of CPU, took 2-3 s; at 2 s, a quarter to a third of their dials
+// failed) still completes it, rather than both sides losing the work and
+// dialing again.
+func TestHandshakeOfABusyMemberCompletes(t *testing.T) {
+	a := startNodeListening(t, "a", nil, func(ln net.Listener) net.Listener {
+		return slowListener{Listener: ln, delay: 2500 * time.Millisecond}
+	})
+	b := startNode(t, "b", nil)
+	if _, err := b.FetchManifest(t.Context(), a.addr, "m/f#0"); !errors.Is(err, ErrNoManifest) {
+		t.Fatalf("ask of a member 2.5 s late to the handshake: %v, want ErrNoManifest", err)
+	}
+	if n := a.Stats().AuthFailures + b.Stats().AuthFailures; n != 0 {
+		t.Fatalf("%d failed handshakes", n)
+	}
+}

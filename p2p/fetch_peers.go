@@ -98,13 +98,14 @@ func peerTargets(src PeerSource) map[string]string {
 
 // dial connects to the member at addr, expected to be node want ("": any).
 func (f *fetch) dial(ctx context.Context, addr, want string) (net.Conn, peerIdentity, error) {
-	deadline := f.n.cfg.Now().Add(f.n.cfg.DialTimeout)
-	d := net.Dialer{Deadline: deadline}
+	d := net.Dialer{Deadline: f.n.cfg.Now().Add(f.n.cfg.DialTimeout)}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, peerIdentity{}, err
 	}
-	c, peer, err := f.n.auth.client(raw, deadline, want)
+	// The member gives the handshake as long (Config.HandshakeTimeout):
+	// giving up first would lose both sides' work.
+	c, peer, err := f.n.auth.client(raw, f.n.cfg.Now().Add(f.n.cfg.HandshakeTimeout), want)
 	if err != nil {
 		f.n.countRefusal(err)
 		if errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrIdentity) {

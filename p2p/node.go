@@ -58,8 +58,15 @@ type Config struct {
 	// two, so a few slots serve them, and strangers that connect and stall
 	// hold only these, never MaxConns.
 	MaxHandshakes, MaxHandshakesPerSource int
-	// HandshakeTimeout cuts an accepted connection that has not completed
-	// its handshake in this time (default 2s).
+	// HandshakeTimeout cuts a handshake not completed in this time, on
+	// either side (default 10s). A member's handshake is a
+	// few round trips and a few signatures, but on a node whose CPU is
+	// taken (by its transfers, or by neighbours on a shared host) each
+	// step waits its turn to run, on both sides: a deadline shorter than
+	// that throws away the handshake's work on both sides and the peer
+	// dials again, which takes more of the CPU that was short. Strangers
+	// that stall still hold only the handshake slots (MaxHandshakes), for
+	// at most this long.
 	HandshakeTimeout time.Duration
 	// RefusedHold is how long a connection refused for a full handshake
 	// budget is held, unread, before it is reset (default 1s).
@@ -68,7 +75,9 @@ type Config struct {
 	// the socket, the hasher and the disk, over all connections that cannot
 	// splice (TLS), default 64 (4 MiB).
 	ReceiveBuffers int
-	// DialTimeout bounds dial plus handshake (default 3s).
+	// DialTimeout bounds the connection to a member, before the handshake
+	// (default 3s): a member that is up accepts it in its kernel, however
+	// busy it is.
 	DialTimeout time.Duration
 	// StallTimeout abandons a peer that sends nothing for this long while we
 	// wait for a piece (default 10s); its pieces go back to the pool.
@@ -184,7 +193,7 @@ func NewNode(cfg Config) (*Node, error) {
 	def(&cfg.DialTimeout, 3*time.Second)
 	def(&cfg.StallTimeout, 10*time.Second)
 	def(&cfg.BanDuration, time.Hour)
-	def(&cfg.HandshakeTimeout, 2*time.Second)
+	def(&cfg.HandshakeTimeout, 10*time.Second)
 	def(&cfg.RefusedHold, time.Second)
 	if cfg.MaxHandshakes <= 0 {
 		cfg.MaxHandshakes = 64
