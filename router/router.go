@@ -670,11 +670,17 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		// hold that prefix with its first request, and until then the
 		// prefix would make every other backend look like the place for
 		// every request.
+		// A backend that holds something but not the prompt's first block
+		// makes the common prefix 0, which nothing after it changes: the
+		// loop stops there rather than look up what each of the rest holds.
 		common = len(req.keys)
 		held := false
 		for _, b := range members {
-			if depth[b.slot] > 0 || rt.heldLocked(b, req.exact) > 0 {
+			if depth[b.slot] > 0 {
 				common, held = min(common, depth[b.slot]), true
+			} else if rt.heldLocked(b, req.exact) > 0 {
+				common, held = 0, true
+				break
 			}
 		}
 		if !held {
