@@ -11,9 +11,9 @@ import (
 // Connections to the peer port are strangers until their handshake proves
 // the cluster key. Anyone who reaches the port can open them, so they get a
 // budget of their own, apart from the members' (Config.MaxConns), with a
-// share per source address, and a short deadline (HandshakeTimeout): a
-// stranger that stalls holds one of a few slots for a moment, never a
-// member's.
+// share per source address, and a deadline (HandshakeTimeout, seconds: long
+// enough for a member short of CPU to finish): a stranger that stalls holds
+// one of a few slots until then, never a member's.
 
 // admission counts the handshakes in progress, in all and per source
 // address.
