@@ -22,7 +22,12 @@ import (
 // waits in the insufficient-space state with the numbers. An evicted cache
 // stays desired, in the evicted state, and comes back only when it fits
 // without evicting anything: two caches that do not fit together never
-// take turns.
+// take turns. A ready cache that a fetch (a re-check, an update, or the
+// end of its own download) or a Verify works on keeps its place in that
+// order: when it is next to go, the newcomer waits for that work to end
+// (up to busyVictimWait) rather than evict a more recently used cache in
+// its place, and then fails the attempt in the insufficient-space state,
+// naming it, to try again after its backoff.
 
 // evictable is a ready cache that might make room for another.
 type evictable struct {
@@ -33,6 +38,9 @@ type evictable struct {
 	// LastUsed is the later of when it became ready and when its files
 	// were last read (their access time).
 	LastUsed time.Time
+	// Busy is a cache a fetch or a Verify works on: it is evicted only
+	// once that work ends.
+	Busy bool
 }
 
 // eviction is what pickEvictions decided.
@@ -44,6 +52,9 @@ type eviction struct {
 	// Needed, Free and Evictable are the numbers behind the decision:
 	// Evictable is what the caches this one may evict hold together.
 	Needed, Free, Evictable int64
+	// WaitFor is the first of the victims that is busy: none may be
+	// evicted until it is not.
+	WaitFor string
 }
 
 // pickEvictions decides which caches to evict so that need bytes fit in
@@ -74,33 +85,49 @@ func pickEvictions(need, free int64, priority int, cands []evictable) eviction {
 		}
 		e.Victims = append(e.Victims, c.Name)
 		freed += max(0, c.Bytes)
+		if c.Busy && e.WaitFor == "" {
+			e.WaitFor = c.Name
+		}
 	}
 	e.Fits = true
 	return e
 }
 
 // spaceError is a cache that does not fit even after evicting what it
-// may: its state is insufficient-space (or stays evicted).
-type spaceError struct{ api.SpaceShortage }
+// may, or whose next victim stayed busy: its state is insufficient-space
+// (or stays evicted).
+type spaceError struct {
+	api.SpaceShortage
+	// busy names the victim that stayed busy, if that is why.
+	busy string
+}
 
 func (e *spaceError) Error() string {
-	return fmt.Sprintf("insufficient space: need %s, %s free, %s evictable (unpinned caches of this priority or lower)",
+	msg := fmt.Sprintf("insufficient space: need %s, %s free, %s evictable (unpinned caches of this priority or lower)",
 		bytesize.Format(e.Needed), bytesize.Format(e.Free), bytesize.Format(e.Evictable))
+	if e.busy != "" {
+		msg += fmt.Sprintf("; %s, next to evict, is busy (a fetch or a verify works on it)", e.busy)
+	}
+	return msg
 }
 
 func (e *spaceError) Unwrap() error { return nvme.ErrNoSpace }
 
-// evictables lists the ready caches of this node that another may evict,
-// leaving out keep and every cache a fetch or a check works on.
+// evictables lists the ready caches of this node but keep that another
+// may evict, marking those a fetch or a Verify works on as busy.
 func (d *Daemon) evictables(keep string) ([]evictable, error) {
 	recs, err := d.state.records()
 	if err != nil {
 		return nil, err
 	}
 	d.mu.Lock()
-	busy := map[string]bool{keep: true}
-	for name := range d.fetches {
-		busy[name] = true
+	busy := map[string]bool{}
+	for name, f := range d.fetches {
+		select {
+		case <-f.exited: // it has let go of its files, just not of d.fetches yet
+		default:
+			busy[name] = true
+		}
 	}
 	for name := range d.claimed {
 		busy[name] = true
@@ -108,7 +135,7 @@ func (d *Daemon) evictables(keep string) ([]evictable, error) {
 	d.mu.Unlock()
 	var out []evictable
 	for name, rec := range recs {
-		if busy[name] || rec.State != api.StateReady || rec.Path == "" {
+		if name == keep || rec.State != api.StateReady || rec.Path == "" {
 			continue
 		}
 		n, err := d.store.RevisionBytes(name, rec.RevisionID)
@@ -122,7 +149,7 @@ func (d *Daemon) evictables(keep string) ([]evictable, error) {
 			s = cur
 		}
 		out = append(out, evictable{Name: name, Bytes: n, Pin: s.Pin, Priority: s.Priority,
-			LastUsed: lastRead(rec.Path, rec.ReadyAt)})
+			LastUsed: lastRead(rec.Path, rec.ReadyAt), Busy: busy[name]})
 	}
 	return out, nil
 }

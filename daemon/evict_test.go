@@ -1,21 +1,25 @@
 package daemon
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+	"github.com/warmfleet/warmfleet/origin"
 	"github.com/warmfleet/warmfleet/spec"
 )
 
 // TestPickEvictions: the capacity rules as a table. Candidates are
-// written "name:bytes:priority:last-used-minute[:pin]".
+// written "name:bytes:priority:last-used-minute[:pin|:busy]".
 func TestPickEvictions(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -24,17 +28,22 @@ func TestPickEvictions(t *testing.T) {
 		cands      string
 		want       string // victims, or "insufficient" when it cannot fit
 		evictable  int64
+		wait       string // the busy victim to wait for
 	}{
-		{"fits as it is", 10, 10, 0, "a:50:0:1", "", 50},
-		{"least recently used first", 30, 10, 0, "a:50:0:5 b:50:0:1 c:50:0:3", "b", 150},
-		{"as many as it takes, oldest first", 90, 10, 0, "a:50:0:5 b:50:0:1 c:50:0:3", "b c", 150},
-		{"lowest priority before recency", 30, 10, 5, "a:50:0:9 b:50:3:1 c:50:5:0", "a", 150},
-		{"pinned is never evicted", 30, 10, 0, "a:50:0:1:pin b:50:0:2", "b", 50},
-		{"higher priority is never evicted", 30, 10, 1, "a:50:2:1 b:50:1:2", "b", 50},
-		{"not enough even with every candidate: evict nothing", 120, 10, 0, "a:50:0:1 b:50:0:2 c:50:9:0 d:80:0:0:pin", "insufficient", 100},
-		{"only pinned ones", 20, 10, 0, "a:50:0:1:pin", "insufficient", 0},
-		{"name breaks ties", 30, 10, 0, "b:50:0:1 a:50:0:1", "a", 100},
-		{"nothing to evict, nothing free", 1, 0, 0, "", "insufficient", 0},
+		{"fits as it is", 10, 10, 0, "a:50:0:1", "", 50, ""},
+		{"least recently used first", 30, 10, 0, "a:50:0:5 b:50:0:1 c:50:0:3", "b", 150, ""},
+		{"as many as it takes, oldest first", 90, 10, 0, "a:50:0:5 b:50:0:1 c:50:0:3", "b c", 150, ""},
+		{"lowest priority before recency", 30, 10, 5, "a:50:0:9 b:50:3:1 c:50:5:0", "a", 150, ""},
+		{"pinned is never evicted", 30, 10, 0, "a:50:0:1:pin b:50:0:2", "b", 50, ""},
+		{"higher priority is never evicted", 30, 10, 1, "a:50:2:1 b:50:1:2", "b", 50, ""},
+		{"not enough even with every candidate: evict nothing", 120, 10, 0, "a:50:0:1 b:50:0:2 c:50:9:0 d:80:0:0:pin", "insufficient", 100, ""},
+		{"only pinned ones", 20, 10, 0, "a:50:0:1:pin", "insufficient", 0, ""},
+		{"name breaks ties", 30, 10, 0, "b:50:0:1 a:50:0:1", "a", 100, ""},
+		{"nothing to evict, nothing free", 1, 0, 0, "", "insufficient", 0, ""},
+		{"a busy cache keeps its place: wait for it", 30, 10, 0, "a:50:0:5 b:50:0:1:busy", "b", 100, "b"},
+		{"the first busy victim is waited for", 90, 10, 0, "a:50:0:5:busy b:50:0:1 c:50:0:3:busy", "b c", 150, "c"},
+		{"a busy cache not needed is no reason to wait", 30, 10, 0, "a:50:0:5:busy b:50:0:1", "b", 100, ""},
+		{"a busy cache of a higher priority is no reason to wait", 30, 10, 0, "a:50:1:1:busy b:50:0:5 c:50:0:9", "b", 100, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var cands []evictable
@@ -55,6 +64,7 @@ func TestPickEvictions(t *testing.T) {
 				}
 				e.LastUsed = base.Add(time.Duration(minute) * time.Minute)
 				e.Pin = len(f) > 4 && f[4] == "pin"
+				e.Busy = len(f) > 4 && f[4] == "busy"
 				cands = append(cands, e)
 			}
 			got := pickEvictions(tc.need, tc.free, tc.priority, cands)
@@ -65,10 +75,28 @@ func TestPickEvictions(t *testing.T) {
 					t.Fatalf("does not fit, yet evicts %v", got.Victims)
 				}
 			}
-			if victims != tc.want || got.Evictable != tc.evictable || got.Needed != tc.need || got.Free != tc.free {
-				t.Fatalf("got %+v, want victims %q, evictable %d", got, tc.want, tc.evictable)
+			if victims != tc.want || got.Evictable != tc.evictable || got.Needed != tc.need || got.Free != tc.free || got.WaitFor != tc.wait {
+				t.Fatalf("got %+v, want victims %q, evictable %d, wait for %q", got, tc.want, tc.evictable, tc.wait)
 			}
 		})
+	}
+}
+
+// readAfter reads the file at path once the kernel's file clock is past
+// since. File times come from a coarse clock, some milliseconds behind
+// time.Now: read at once, the read's access time can be older than since.
+func readAfter(t *testing.T, path string, since time.Time) {
+	t.Helper()
+	probe := filepath.Join(t.TempDir(), "clock")
+	wait.For(t, "the file clock past "+since.String(), func() bool {
+		if err := os.WriteFile(probe, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(probe)
+		return err == nil && st.ModTime().After(since)
+	})
+	if _, err := os.ReadFile(path); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -113,20 +141,8 @@ func TestEvictionOnSmallDisk(t *testing.T) {
 	add(model("b", false, 0))
 	b := waitState("b", api.StateReady)
 	// a became ready first, but is read after b is ready: b is the least
-	// recently used. File times come from the kernel's coarse clock, some
-	// milliseconds behind time.Now: read a once that clock is past b's
-	// ready time, or a's read can look older than b.
-	probe := filepath.Join(t.TempDir(), "clock")
-	wait.For(t, "the file clock past b's ready time", func() bool {
-		if err := os.WriteFile(probe, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		st, err := os.Stat(probe)
-		return err == nil && st.ModTime().After(b.ReadyAt)
-	})
-	if _, err := os.ReadFile(filepath.Join(a.Path, "model.safetensors")); err != nil {
-		t.Fatal(err)
-	}
+	// recently used.
+	readAfter(t, filepath.Join(a.Path, "model.safetensors"), b.ReadyAt)
 	add(model("c", false, 0))
 	waitState("c", api.StateReady)
 	if st := waitState("b", api.StateEvicted); !strings.Contains(st.Error, "evicted to make room for c") {
@@ -176,5 +192,80 @@ func TestEvictionOnSmallDisk(t *testing.T) {
 	}
 	if !slices.Equal(evicted, []string{"b", "c"}) {
 		t.Fatalf("evicted %v, want b and c", evicted)
+	}
+}
+
+// holdList blocks the listings of one source while armed, as a slow S3
+// holds a ready cache's re-check.
+type holdList struct {
+	Origin
+	source string
+	held   atomic.Int64 // listings of source that are blocked now
+	gate   atomic.Pointer[chan struct{}]
+}
+
+func (o *holdList) List(ctx context.Context, src string) ([]origin.Object, error) {
+	if g := o.gate.Load(); g != nil && src == o.source {
+		o.held.Add(1)
+		defer o.held.Add(-1)
+		select {
+		case <-*g:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return o.Origin.List(ctx, src)
+}
+
+// TestEvictionWaitsForABusyVictim: the least recently used cache is being
+// re-checked (its fetch runs, its listing held) when a new cache needs its
+// space. The newcomer waits for the check to end and evicts it then; it
+// does not evict the recently read cache in its place (it did when a busy
+// cache was left out of the order: the end of a download, still running
+// after its cache was ready, was enough).
+func TestEvictionWaitsForABusyVictim(t *testing.T) {
+	fx := newFixture(t, nil)
+	const size = 3 << 19
+	for _, m := range []string{"a", "b", "c"} {
+		fx.put(t, m+"/model.safetensors", bytes.Repeat([]byte(m), size))
+	}
+	source := func(name string) string { return "s3://" + fx.bucket + "/" + name + "/" }
+	org := &holdList{Origin: fx.origin(t, nil), source: source("b")}
+	d := newDaemonResync(t, mountTmpfs(t, "4m"), org, 100*time.Millisecond)
+	run(t, d)
+	readyOne := func(name string) api.CacheStatus {
+		t.Helper()
+		if err := d.AddCache(t.Context(), spec.Spec{Kind: spec.KindModel, Name: name, Source: source(name)}); err != nil {
+			t.Fatal(err)
+		}
+		var st api.CacheStatus
+		wait.For(t, name+" ready", func() bool { st = status(t, d, name); return st.Ready })
+		return st
+	}
+	a := readyOne("a")
+	b := readyOne("b")
+	gate := make(chan struct{})
+	org.gate.Store(&gate)
+	wait.For(t, "b's re-check held", func() bool { return org.held.Load() > 0 })
+	readAfter(t, filepath.Join(a.Path, "model.safetensors"), b.ReadyAt)
+
+	if err := d.AddCache(t.Context(), spec.Spec{Kind: spec.KindModel, Name: "c", Source: source("c")}); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, "c under way", func() bool {
+		st := status(t, d, "c")
+		return st.State == api.StateDownloading || st.Ready
+	})
+	if st := status(t, d, "a"); !st.Ready || status(t, d, "c").Ready {
+		t.Fatalf("a, read after b was ready, was evicted while b was busy: %+v", st)
+	}
+	org.gate.Store(nil)
+	close(gate)
+	wait.For(t, "c ready", func() bool { return status(t, d, "c").Ready })
+	if st := status(t, d, "b"); st.State != api.StateEvicted || !strings.Contains(st.Error, "evicted to make room for c") {
+		t.Fatalf("b: %+v", st)
+	}
+	if st := status(t, d, "a"); !st.Ready {
+		t.Fatalf("a at the end: %+v", st)
 	}
 }

@@ -544,6 +544,10 @@ func (d *Daemon) setOldBytes(old []retiredRevision) {
 	}
 }
 
+// busyVictimWait bounds how long a cache waits for the fetch working on
+// its next victim to end (see the capacity rules).
+const busyVictimWait = 30 * time.Second
+
 // makeRoom checks that need more bytes fit for the cache s, deleting
 // retired revisions first (oldest first, in their grace period or not)
 // when they hold the space: kept revisions must never make a download
@@ -553,35 +557,79 @@ func (d *Daemon) makeRoom(ctx context.Context, need int64, s spec.Spec, mayEvict
 	if need <= 0 {
 		return nil
 	}
+	waitCtx, cancel := context.WithTimeout(ctx, busyVictimWait)
+	defer cancel()
+	for {
+		free, err := d.makeRoomOnce(ctx, need, s, mayEvict)
+		if free == nil {
+			return err
+		}
+		select {
+		case <-free: // the victim's fetch ended: decide again
+		case <-waitCtx.Done():
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+	}
+}
+
+// makeRoomOnce is one decision of makeRoom. When the next victim is busy
+// it evicts nothing and returns, with the error to report if it stays
+// busy, a channel closed when the fetch on it ends; a nil channel when
+// only giving up is left.
+func (d *Daemon) makeRoomOnce(ctx context.Context, need int64, s spec.Spec, mayEvict bool) (<-chan struct{}, error) {
 	select {
 	case d.evictSem <- struct{}{}:
 		defer func() { <-d.evictSem }()
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 	free, err := d.freeAfterPrunes(need)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if need <= free {
 		// Measured again: a deleted file whose reader still holds it open
 		// frees its space only when closed.
-		return d.store.CheckFits(need)
+		return nil, d.store.CheckFits(need)
 	}
 	cands, err := d.evictables(s.Name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	e := pickEvictions(need, free, s.Priority, cands)
+	short := api.SpaceShortage{Needed: e.Needed, Free: e.Free, Evictable: e.Evictable}
 	if !e.Fits || (!mayEvict && len(e.Victims) > 0) {
-		return &spaceError{api.SpaceShortage{Needed: e.Needed, Free: e.Free, Evictable: e.Evictable}}
+		return nil, &spaceError{SpaceShortage: short}
+	}
+	if e.WaitFor != "" {
+		return d.whenIdle(e.WaitFor), &spaceError{SpaceShortage: short, busy: e.WaitFor}
 	}
 	for _, v := range e.Victims {
 		if err := d.evict(v, s.Name); err != nil {
-			return fmt.Errorf("evict %s: %w", v, err)
+			return nil, fmt.Errorf("evict %s: %w", v, err)
 		}
 	}
-	return d.store.CheckFits(need)
+	return nil, d.store.CheckFits(need)
+}
+
+// whenIdle returns a channel closed when no fetch works on name: the
+// running fetch's own, or a closed one when none runs now. It is nil while
+// a Verify works on name, which signals no end.
+func (d *Daemon) whenIdle(name string) <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if f := d.fetches[name]; f != nil {
+		return f.exited
+	}
+	if _, ok := d.claimed[name]; ok {
+		return nil
+	}
+	done := make(chan struct{})
+	close(done)
+	return done
 }
 
 // freeAfterPrunes deletes retired revisions when need does not fit and
