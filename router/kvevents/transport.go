@@ -76,19 +76,45 @@ func (t boundedTransport) Listen(ctx context.Context, addr string) (net.Listener
 	if err != nil {
 		return nil, err
 	}
-	return boundedListener{l}, nil
+	return &boundedListener{Listener: l}, nil
 }
 
 func (t boundedTransport) Addr(ep string) (string, error) { return t.inner.Addr(ep) }
 
-type boundedListener struct{ net.Listener }
+// boundedListener's Close waits for an Accept in flight to return. zmq4
+// accepts on a goroutine of its own that Close does not wait for, so
+// without this a stopped subscriber could leave that goroutine in this
+// package's code for a moment after it returned.
+type boundedListener struct {
+	net.Listener
+	mu     sync.Mutex
+	closed bool
+	active sync.WaitGroup
+}
 
-func (l boundedListener) Accept() (net.Conn, error) {
+func (l *boundedListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, net.ErrClosed
+	}
+	l.active.Add(1)
+	l.mu.Unlock()
+	defer l.active.Done()
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
 	return &boundedConn{Conn: c, max: frameLimit(), left: zmtpGreeting}, nil
+}
+
+func (l *boundedListener) Close() error {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	err := l.Listener.Close()
+	l.active.Wait()
+	return err
 }
 
 // boundedConn tracks where the ZMTP stream is: in the greeting, in a frame
