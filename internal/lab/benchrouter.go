@@ -29,7 +29,7 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 	fs.IntVar(&o.TraceOffset, "trace-offset", o.TraceOffset, "first trace row to replay")
 	simFlags(fs, &o.Sim)
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")
-	fs.BoolVar(&o.Saturation, "saturation", o.Saturation, "also measure saturated throughput with a closed loop")
+	fs.BoolVar(&o.Saturation, "saturation", o.Saturation, "also measure saturated throughput with a closed loop of --closed-clients per backend, over at least 4 rounds of them, counted between the first round and the last")
 	fs.IntVar(&o.ClosedPerBE, "closed-clients", o.ClosedPerBE, "closed-loop clients per backend (0: --max-seqs, every sequence slot)")
 	fs.Float64Var(&o.LoadFactor, "load-factor", o.LoadFactor, "router load factor c (0: the router's default)")
 	fs.Float64Var(&o.Slack, "slack", o.Slack, "router slack (0: the router's default)")

@@ -560,14 +560,43 @@ func decidePrefix(in Input) Decision {
 		// to go where traffic is short.
 		limitFair = min(limitFair, minBest+max(1, int(bs*float64(n))))
 	}
+	// The fleet is saturated when every backend that may take a request
+	// queues prefill behind prefill: each will be busy until its queue
+	// drains wherever the request goes, so moving the request off the
+	// backend that alone holds most of it buys no wait worth having and
+	// spends the recompute out of the fleet's capacity. There that holder
+	// keeps it past the bounds and the wait rule, up to the hold caps,
+	// which still spread a hot group. Where another backend holds nearly
+	// as much (a system prompt most of them hold) the wait rule still
+	// chooses between them: the recompute saved is small, and holding
+	// piled such prompts on one backend.
+	saturated := slack >= 0
+	top, next := -1, -1 // the two longest matches
+	for i := range in.Candidates {
+		c := &in.Candidates[i]
+		if underLimit(c) && c.Prefilling <= 1 {
+			saturated = false
+		}
+		switch {
+		case top < 0 || c.Matched > in.Candidates[top].Matched:
+			top, next = i, top
+		case next < 0 || c.Matched > in.Candidates[next].Matched:
+			next = i
+		}
+	}
 	hold := func(i int) bool {
+		c := &in.Candidates[i]
+		if slack < 0 || c.Matched <= in.Common || loads[i]+1 > HoldLoad*float64(bounds[i]) || shares[i] > HoldShare*sf {
+			return false
+		}
+		if saturated && i == top && (next < 0 || c.Matched-max(in.Candidates[next].Matched, in.Common) > slackBlocks) {
+			return true
+		}
 		alt := first
 		if alt == i {
 			alt = second
 		}
-		return slack >= 0 && alt >= 0 && in.Candidates[i].Matched > in.Common && in.Candidates[i].Prefilling <= 1 &&
-			costs[i]+max(1, int(slack*float64(n))) < costs[alt] &&
-			loads[i]+1 <= HoldLoad*float64(bounds[i]) && shares[i] <= HoldShare*sf
+		return alt >= 0 && c.Prefilling <= 1 && costs[i]+max(1, int(slack*float64(n))) < costs[alt]
 	}
 	tiers := tierBuf[:0]
 	for i := range in.Candidates {
@@ -583,7 +612,7 @@ func decidePrefix(in Input) Decision {
 			}
 		case loads[i]+1 > float64(bounds[i]) && !hold(i):
 			t = tierOver
-		case (shares[i] > sf && !hold(i)) || (costs[i] > limit && !fair):
+		case (shares[i] > sf && !hold(i)) || (costs[i] > limit && !fair && !(saturated && hold(i))):
 			t = tierLoad
 		case c.Matched > in.Common:
 			t = tierHit

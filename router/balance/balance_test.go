@@ -655,3 +655,39 @@ func TestEmptyBackendPricesTheCommonPrefixAsHeld(t *testing.T) {
 		}
 	}
 }
+
+// TestSaturatedHolderKeepsItsRequest: when every backend queues prefill
+// behind prefill (a closed loop of clients, every sequence slot taken), the
+// backend holding most of the prompt keeps it although its queue is longer
+// than the others' by more than the recompute: each backend stays busy
+// wherever the request goes, so moving it only spends the recompute out of
+// the fleet's capacity. With one backend not queueing, another holding
+// nearly as much, or the holder past a hold cap, the wait rule and the
+// bounds hold as before.
+func TestSaturatedHolderKeepsItsRequest(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(c []Candidate)
+		held  bool
+	}{
+		{"saturated", func(c []Candidate) {}, true},
+		{"one backend not queueing", func(c []Candidate) { c[6].Prefilling = 1 }, false},
+		// Moving saves no recompute worth a longer queue.
+		{"another holds nearly as much", func(c []Candidate) { c[5].Matched = 118 }, false},
+		{"holder past the share cap", func(c []Candidate) { c[2].Recent = 3 }, false},    // share 2.4 > 1.5 x 1.1
+		{"holder past the load cap", func(c []Candidate) { c[2].Inflight = 200 }, false}, // bound 102: 201 > 1.5 x 102
+	}
+	for _, tc := range tests {
+		c := cands(8)
+		for i := range c {
+			c[i].Inflight, c[i].Prefilling, c[i].Recent, c[i].Pending = 64, 10, 1, 300
+		}
+		// 125 blocks, 120 held: 505 blocks to wait there, 425 anywhere else.
+		c[2].Matched, c[2].Pending = 120, 500
+		tc.setup(c)
+		d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: keys(5, 125), MinBound: 2, BalanceSlack: 0.1})
+		if got := d.Pick == 2; got != tc.held || d.Pick < 0 {
+			t.Errorf("%s: picked %d (%s/%s), holder kept it: %v, want %v", tc.name, d.Pick, d.Reason, d.Yielded, got, tc.held)
+		}
+	}
+}

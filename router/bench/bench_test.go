@@ -105,7 +105,9 @@ func TestRunSmall(t *testing.T) {
 		t.Skip("starts 2 fleets per strategy")
 	}
 	o := DefaultOptions()
-	o.Backends, o.Requests, o.ClosedPerBE = 2, 24, 2
+	// 8 clients: the saturation phase runs satRounds x 8 = 32 requests,
+	// more than the open loop's 24.
+	o.Backends, o.Requests, o.ClosedPerBE = 2, 24, 4
 	o.Sim.KVBlocks = 16384 // holds the longest prompt of the test trace rows
 	o.Workloads = []string{WorkRAG, WorkMoonConv}
 	o.TracesDir = "testdata"
@@ -158,6 +160,9 @@ func TestRunSmall(t *testing.T) {
 		}
 	}
 	for _, wr := range res.Workloads {
+		if wr.Requests != 24 || wr.SatRequests != satRounds*8 {
+			t.Errorf("%s: %d requests open loop, %d saturated, want 24 and %d", wr.Name, wr.Requests, wr.SatRequests, satRounds*8)
+		}
 		for _, s := range wr.Strategies {
 			if s.Errors+s.Rejected429+s.Rejected503 != 0 || s.HitRate < 0 || s.HitRate > wr.BestReuse+1e-9 || s.TTFTp50 <= 0 || s.Throughput <= 0 {
 				t.Errorf("%s/%s: %+v (best %v)", wr.Name, s.Strategy, s, wr.BestReuse)
@@ -218,17 +223,25 @@ func TestRunIsReproducible(t *testing.T) {
 func TestSteadyRate(t *testing.T) {
 	s, ms := time.Second, time.Millisecond
 	for _, tc := range []struct {
-		name string
-		ends []time.Duration
-		want float64
+		name    string
+		ends    []time.Duration
+		clients int
+		want    float64
 	}{
-		{"too few", []time.Duration{s, 2 * s, 3 * s}, 0},
-		{"even", []time.Duration{1 * s, 2 * s, 3 * s, 4 * s, 5 * s, 6 * s, 7 * s, 8 * s}, 1},
+		{"too few", []time.Duration{s, 2 * s, 3 * s}, 1, 0},
+		{"nothing between the rounds", []time.Duration{s, 2 * s, 3 * s, 4 * s, 5 * s, 6 * s}, 3, 0},
+		{"even", []time.Duration{1 * s, 2 * s, 3 * s, 4 * s, 5 * s, 6 * s, 7 * s, 8 * s}, 2, 1},
 		// A burst at the start and a straggler at the end do not count.
-		{"ramp and drain ignored", []time.Duration{0, 0, 0, 10 * s, 10500 * ms, 11 * s, 11500 * ms, 12 * s, 12500 * ms, 13 * s, 50 * s, 100 * s}, 2},
-		{"unsorted", []time.Duration{8 * s, 1 * s, 7 * s, 2 * s, 6 * s, 3 * s, 5 * s, 4 * s}, 1},
+		{"ramp and drain ignored", []time.Duration{0, 0, 0, 10 * s, 10500 * ms, 11 * s, 11500 * ms, 12 * s, 12500 * ms, 13 * s, 50 * s, 100 * s}, 3, 2},
+		{"unsorted", []time.Duration{8 * s, 1 * s, 7 * s, 2 * s, 6 * s, 3 * s, 5 * s, 4 * s}, 2, 1},
+		// Four clients, three rounds: the t=0 burst's four answers land
+		// within 0.4 s, then the fleet sustains one a second, then it
+		// drains. The middle half of the completions (the old measure,
+		// 1.43/s here) took in the burst's last answer and the drain's
+		// first two.
+		{"burst of a round", []time.Duration{100 * ms, 200 * ms, 300 * ms, 400 * ms, 1400 * ms, 2400 * ms, 3400 * ms, 4400 * ms, 4500 * ms, 4600 * ms, 4700 * ms, 4800 * ms}, 4, 1},
 	} {
-		if got := steadyRate(tc.ends); math.Abs(got-tc.want) > 1e-9 {
+		if got := steadyRate(tc.ends, tc.clients); math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("%s: steadyRate = %v, want %v", tc.name, got, tc.want)
 		}
 	}

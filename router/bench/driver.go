@@ -187,17 +187,21 @@ func (d *driver) openLoop(ctx context.Context, reqs []Request) ([]outcome, time.
 	return outs, max(last.Sub(t0), time.Nanosecond), nil
 }
 
-// steadyRate is completions per second over the middle half of the
-// completions (sorted offsets from the start): the ramp-up, when every client
-// sends at once, and the drain, when the last stragglers run on an otherwise
-// idle fleet, say nothing about capacity. 0 with fewer than 4 completions.
-func steadyRate(ends []time.Duration) float64 {
-	if len(ends) < 4 {
+// steadyRate is completions per second in a closed loop of `clients`
+// between its first round of completions and its last: the first round
+// ends the burst every client sends at t=0 (placed with nothing held, and
+// queued all at once) and the last is the drain, when the list is done and
+// fewer than `clients` requests are left to run; neither says what the
+// fleet sustains. Sorted offsets from the start; 0 when fewer than two
+// completions lie between the rounds.
+func steadyRate(ends []time.Duration, clients int) float64 {
+	clients = max(clients, 1)
+	lo, hi := clients, len(ends)-1-clients
+	if hi-lo < 1 {
 		return 0
 	}
 	ends = slices.Clone(ends)
 	slices.Sort(ends)
-	lo, hi := len(ends)/4, len(ends)*3/4
 	return float64(hi-lo) / max(ends[hi]-ends[lo], time.Nanosecond).Seconds()
 }
 

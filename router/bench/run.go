@@ -141,8 +141,11 @@ type OptionsSummary struct {
 
 // WorkloadResult is one workload under every strategy.
 type WorkloadResult struct {
-	Name           string           `json:"name"`
-	Requests       int              `json:"requests"`
+	Name     string `json:"name"`
+	Requests int    `json:"requests"`
+	// SatRequests is the saturation phase's requests: at least satRounds
+	// x its clients (fewer where a trace ends first).
+	SatRequests    int              `json:"saturated_requests,omitempty"`
 	MeanPrompt     float64          `json:"mean_prompt_tokens"`
 	BestReuse      float64          `json:"best_reuse"`          // unlimited cache
 	BestReuseFleet float64          `json:"best_reuse_fleet_kv"` // one LRU the size of the whole fleet's KV
@@ -258,17 +261,20 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 	}
 	tok := llmsim.Tokenizer{CharsPerToken: o.Sim.CharsPerToken, BlockTokens: o.Sim.BlockTokens}
 	for _, name := range o.Workloads {
-		w, err := o.workload(name)
+		w, err := o.replayed(name, o.Requests)
 		if err != nil {
 			return nil, err
 		}
-		if o.TokenPrompts {
-			if w, err = tokenWorkload(w, o.Sim.CharsPerToken); err != nil {
-				return nil, err
-			}
-		}
 		wr := WorkloadResult{Name: name, Requests: len(w.Requests), BestReuse: BestReuse(&w, tok, 0),
 			BestReuseFleet: BestReuse(&w, tok, o.Backends*o.Sim.KVBlocks)}
+		var sat *Workload
+		if o.Saturation && o.Engine == "" {
+			sw, err := o.replayed(name, max(o.Requests, satRounds*o.closedClients()))
+			if err != nil {
+				return nil, err
+			}
+			sat, wr.SatRequests = &sw, len(sw.Requests)
+		}
 		if o.Engine == EngineInferenceSim {
 			if wr.EngineCapacity, err = engineWorkload(&o, &w); err != nil {
 				return nil, fmt.Errorf("%s: %w", name, err)
@@ -287,11 +293,12 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			run := runStrategy
+			var sr StrategyResult
 			if o.Engine == EngineInferenceSim {
-				run = runEngine
+				sr, err = runEngine(ctx, &o, &w, st)
+			} else {
+				sr, err = runStrategy(ctx, &o, &w, sat, st)
 			}
-			sr, err := run(ctx, &o, &w, st)
 			if err != nil {
 				return nil, fmt.Errorf("%s/%s: %w", name, st, err)
 			}
@@ -310,7 +317,7 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 		o.logf("decision: %d backends, %d-byte prompts: p50 %.1fus p99 %.1fus", d.Backends, d.PromptBytes, d.P50us, d.P99us)
 	}
 	if o.ScaleOut != "" {
-		w, err := o.workload(o.ScaleOut)
+		w, err := o.workload(o.ScaleOut, o.Requests)
 		if err != nil {
 			return nil, err
 		}
@@ -333,16 +340,45 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 	return res, nil
 }
 
-// workload builds the named workload, scheduled at the offered load for
-// Backends backends.
-func (o *Options) workload(name string) (Workload, error) {
+// satRounds is how many times over the saturation phase's clients its
+// list of requests holds at least. steadyRate counts neither the first
+// round of completions (the t=0 burst: every client at once, on a fleet
+// that holds nothing) nor the last (the drain); four rounds leave it two
+// of sustained load. The phase used to replay the open loop's list: with
+// 1000 requests for 512 clients, every completion it measured fell in the
+// burst or the drain. Rounds, not a length of time, so the phase's cost
+// follows the fleet's size.
+const satRounds = 4
+
+// closedClients is the saturation phase's clients.
+func (o *Options) closedClients() int {
+	perBE := o.ClosedPerBE
+	if perBE == 0 {
+		perBE = o.Sim.MaxSeqs
+	}
+	return o.Backends * perBE
+}
+
+// replayed is the named workload of n requests as the fleets receive it:
+// scheduled (workload) and, with TokenPrompts, as token ids.
+func (o *Options) replayed(name string, n int) (Workload, error) {
+	w, err := o.workload(name, n)
+	if err != nil || !o.TokenPrompts {
+		return w, err
+	}
+	return tokenWorkload(w, o.Sim.CharsPerToken)
+}
+
+// workload builds the named workload of n requests (fewer where a trace
+// ends first), scheduled at the offered load for Backends backends.
+func (o *Options) workload(name string, n int) (Workload, error) {
 	var w Workload
 	var err error
 	switch name {
 	case WorkMoonConv, WorkMoonSynth:
-		w, err = LoadTrace(o.TracesDir, name, o.TraceOffset, o.Requests, o.Sim.Model, o.Sim.CharsPerToken)
+		w, err = LoadTrace(o.TracesDir, name, o.TraceOffset, n, o.Sim.Model, o.Sim.CharsPerToken)
 	default:
-		w, err = Synthetic(name, o.Requests, o.Seed, o.Sim.Model, o.Sim.CharsPerToken, o.Sim.KVBlocks*o.Sim.BlockTokens)
+		w, err = Synthetic(name, n, o.Seed, o.Sim.Model, o.Sim.CharsPerToken, o.Sim.KVBlocks*o.Sim.BlockTokens)
 	}
 	if err != nil {
 		return w, err
@@ -373,7 +409,8 @@ func (o *Options) routerConfig() router.Config {
 	return cfg
 }
 
-func runStrategy(ctx context.Context, o *Options, w *Workload, st balance.Strategy) (StrategyResult, error) {
+// runStrategy replays w open loop and, if sat is not nil, sat closed loop.
+func runStrategy(ctx context.Context, o *Options, w, sat *Workload, st balance.Strategy) (StrategyResult, error) {
 	sr := StrategyResult{Strategy: st}
 	began := time.Now()
 	client := newClient()
@@ -416,23 +453,20 @@ func runStrategy(ctx context.Context, o *Options, w *Workload, st balance.Strate
 	sr.HitRate, sr.BusiestShare, sr.BusiestWork = stats.hitRate(), busiest(stats.requests), busiest(stats.computed())
 	sr.Reasons, sr.ByReplica = f.reasons()
 	f.stop()
-	if o.Saturation {
+	if sat != nil {
 		clock := llmsim.NewVirtualClock(time.Unix(0, 0))
 		f, err := startFleet(ctx, o, o.Backends, virtualSim(o.Sim, clock), st)
 		if err != nil {
 			return sr, err
 		}
 		v := newDriver(clock, client, f)
-		perBE := o.ClosedPerBE
-		if perBE == 0 {
-			perBE = o.Sim.MaxSeqs
-		}
-		ends, err := v.closedLoop(ctx, w.Requests, o.Backends*perBE)
+		clients := o.closedClients()
+		ends, err := v.closedLoop(ctx, sat.Requests, clients)
 		if err != nil {
 			f.stop()
 			return sr, err
 		}
-		sr.Throughput = steadyRate(ends)
+		sr.Throughput = steadyRate(ends, clients)
 		stats, err := scrape(ctx, client, f.simURLs)
 		f.stop()
 		if err != nil {
