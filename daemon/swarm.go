@@ -119,6 +119,9 @@ func (d *Daemon) useSwarm(s Swarm) error {
 		stat("warmfleet_peers_banned_total", "Peers banned for bad data.", true, func(s p2p.Stats) float64 { return float64(s.PeersBanned) }, nil),
 		stat("warmfleet_peer_auth_failures_total", "Peer handshakes that failed authentication (a stranger without the cluster key, or with another), either side.", true, func(s p2p.Stats) float64 { return float64(s.AuthFailures) }, nil),
 		stat("warmfleet_peer_identity_refusals_total", "Peer handshakes refused because the peer proved an identity key other than the one the fleet pinned to its node name, or answered under another name than the one dialed, either side.", true, func(s p2p.Stats) float64 { return float64(s.IdentityRefusals) }, nil),
+		stat("warmfleet_peer_handshakes_total", "Peer handshakes that made a member connection, by this node's side: each costs both sides a TLS and an identity handshake.", true, func(s p2p.Stats) float64 { return float64(s.HandshakesDialed) }, prometheus.Labels{"side": "dialed"}),
+		stat("warmfleet_peer_handshakes_total", "Peer handshakes that made a member connection, by this node's side: each costs both sides a TLS and an identity handshake.", true, func(s p2p.Stats) float64 { return float64(s.HandshakesAccepted) }, prometheus.Labels{"side": "accepted"}),
+		stat("warmfleet_peer_subscribes_not_open_total", "Shard subscriptions a member answered with not open there (yet).", true, func(s p2p.Stats) float64 { return float64(s.SubscribesNotOpen) }, nil),
 		stat("warmfleet_peer_connections_refused_total", "Connections to the peer port closed unheard: the handshake or member budget was full.", true, func(s p2p.Stats) float64 { return float64(s.ConnsRefused) }, nil),
 	} {
 		if err := d.metrics.reg.Register(c); err != nil {

@@ -114,6 +114,7 @@ func (f *fetch) dial(ctx context.Context, addr, want string) (net.Conn, peerIden
 		raw.Close()
 		return nil, peerIdentity{}, err
 	}
+	f.n.c.dialed.Add(1)
 	return c, peer, nil
 }
 
@@ -146,6 +147,9 @@ func (f *fetch) runPeer(ctx context.Context, addr, want string) {
 	if err != nil || fr.typ != msgBitfield {
 		// Not open there (yet): gossip may list the peer a moment before it
 		// opens the shard, so ask again at the next refresh.
+		if err == nil && fr.typ == msgNotFound {
+			f.n.c.notOpen.Add(1)
+		}
 		backoff = f.o.PeerRefresh
 		return
 	}

@@ -107,10 +107,18 @@ type Stats struct {
 	// ConnsRefused counts accepted connections closed unheard because the
 	// handshake or member budget was full.
 	ConnsRefused int64
+	// HandshakesDialed and HandshakesAccepted count the handshakes that
+	// made a member connection, as the dialer and as the acceptor: each
+	// cost both sides a TLS and an identity handshake.
+	HandshakesDialed, HandshakesAccepted int64
+	// SubscribesNotOpen counts this node's subscriptions a member answered
+	// with "not open here" (it had not opened the shard yet).
+	SubscribesNotOpen int64
 }
 
 type counters struct {
 	originBytes, peerIn, peerOut, verified, failed, connected, banned, authFail, identity, refused atomic.Int64
+	dialed, accepted, notOpen                                                                      atomic.Int64
 }
 
 // refusalLogEvery is the least time between two log lines about refused or
@@ -257,16 +265,19 @@ func limiter(bps float64) *rate.Limiter {
 // Stats returns a snapshot of the node's counters.
 func (n *Node) Stats() Stats {
 	return Stats{
-		OriginBytes:      n.c.originBytes.Load(),
-		PeerBytesIn:      n.c.peerIn.Load(),
-		PeerBytesOut:     n.c.peerOut.Load(),
-		PiecesVerified:   n.c.verified.Load(),
-		PiecesFailed:     n.c.failed.Load(),
-		PeersConnected:   n.c.connected.Load(),
-		PeersBanned:      n.c.banned.Load(),
-		AuthFailures:     n.c.authFail.Load(),
-		IdentityRefusals: n.c.identity.Load(),
-		ConnsRefused:     n.c.refused.Load(),
+		OriginBytes:        n.c.originBytes.Load(),
+		PeerBytesIn:        n.c.peerIn.Load(),
+		PeerBytesOut:       n.c.peerOut.Load(),
+		PiecesVerified:     n.c.verified.Load(),
+		PiecesFailed:       n.c.failed.Load(),
+		PeersConnected:     n.c.connected.Load(),
+		PeersBanned:        n.c.banned.Load(),
+		AuthFailures:       n.c.authFail.Load(),
+		IdentityRefusals:   n.c.identity.Load(),
+		ConnsRefused:       n.c.refused.Load(),
+		HandshakesDialed:   n.c.dialed.Load(),
+		HandshakesAccepted: n.c.accepted.Load(),
+		SubscribesNotOpen:  n.c.notOpen.Load(),
 	}
 }
 
@@ -403,6 +414,7 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 		n.failedLog.Log("remote", raw.RemoteAddr(), "err", err)
 		return
 	}
+	n.c.accepted.Add(1)
 	peerID := peer.ID
 	if n.Banned(peer.Key) {
 		n.log.Info("p2p: refused banned peer", "peer", peer, "remote", raw.RemoteAddr())

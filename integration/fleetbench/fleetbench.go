@@ -110,6 +110,12 @@ type HostResult struct {
 	PeerBytes    *int64  `json:"peer_bytes"` // null: the daemon does not export it
 	PeakRSSBytes int64   `json:"peak_rss_bytes"`
 	CPUSeconds   float64 `json:"cpu_seconds"`
+	// Dials are the peer handshakes the host dialed (each one a TLS and
+	// an identity handshake on both ends), and NotOpen the subscriptions
+	// a member answered with not open there (each a dial, and another a
+	// second later). Null: the daemon does not export them.
+	Dials   *int64 `json:"dials,omitempty"`
+	NotOpen *int64 `json:"not_open,omitempty"`
 	// Timeline has the bytes the host received over its link since the
 	// warm-up began, sampled every Options.SampleEvery.
 	Timeline []Sample `json:"timeline,omitempty"`

@@ -66,19 +66,27 @@ func (r Result) WriteTable(w io.Writer) error {
 		}
 		fmt.Fprintf(w, "\n%s, median run:\n", m.Mode)
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "HOST\tREADY_S\tFROM_S3\tFROM_PEERS\tPEAK_RSS\tCPU_S")
+		fmt.Fprintln(tw, "HOST\tREADY_S\tFROM_S3\tFROM_PEERS\tPEAK_RSS\tCPU_S\tDIALS\tNOT_OPEN")
 		for _, h := range m.Hosts {
 			peers := "n/a"
 			if h.PeerBytes != nil {
 				peers = netlab.Size(*h.PeerBytes).Human()
 			}
-			fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%s\t%.1f\n", h.Host, h.ReadySeconds, netlab.Size(h.S3Bytes).Human(), peers, mib(h.PeakRSSBytes), h.CPUSeconds)
+			fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%s\t%.1f\t%s\t%s\n", h.Host, h.ReadySeconds, netlab.Size(h.S3Bytes).Human(), peers, mib(h.PeakRSSBytes), h.CPUSeconds, count(h.Dials), count(h.NotOpen))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// count shows a counter a daemon may not export.
+func count(v *int64) string {
+	if v == nil {
+		return "n/a"
+	}
+	return fmt.Sprint(*v)
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.0fMiB", float64(b)/(1<<20)) }

@@ -121,6 +121,20 @@ func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model
 			v := int64(pb)
 			results[i].PeerBytes = &v
 		}
+		for _, c := range []struct {
+			metric string
+			to     **int64
+		}{
+			{`warmfleet_peer_handshakes_total{side="dialed"}`, &results[i].Dials},
+			{"warmfleet_peer_subscribes_not_open_total", &results[i].NotOpen},
+		} {
+			if v, found, err := d.Metric(ctx, c.metric); err != nil {
+				return runResult{}, err
+			} else if found {
+				n := int64(v)
+				*c.to = &n
+			}
+		}
 		ps, err := d.Stats()
 		if err != nil {
 			return runResult{}, err
