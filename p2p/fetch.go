@@ -151,7 +151,7 @@ func (s *Shard) Fetch(ctx context.Context, o FetchOptions) (FetchResult, error) 
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		s.fetching = false
+		s.fetching, s.running = false, nil
 		s.wakeTwinsLocked()
 		s.mu.Unlock()
 	}()
@@ -193,6 +193,9 @@ func (s *Shard) Fetch(ctx context.Context, o FetchOptions) (FetchResult, error) 
 		changedCh:    make(chan struct{}),
 		rnd:          rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
+	s.mu.Lock()
+	s.running = f
+	s.mu.Unlock()
 	ctx, cancel := context.WithCancelCause(ctx)
 	f.cancel = cancel
 	defer cancel(nil)

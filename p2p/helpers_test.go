@@ -163,6 +163,26 @@ func (o *httpOrigin) Source() ByteSource {
 
 func peers(addrs ...string) PeerSource { return PeerFunc(func() []string { return addrs }) }
 
+// peerHolds reports whether the fetch running on n's shard shardID knows
+// that a connected peer holds piece i.
+func peerHolds(n *Node, shardID string, i int) bool {
+	n.mu.Lock()
+	s := n.shards[shardID]
+	n.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	f := s.running
+	s.mu.Unlock()
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.st.avail[i] > 0
+}
+
 func assertFileRange(t *testing.T, path string, data []byte, m *Manifest) {
 	t.Helper()
 	got, err := os.ReadFile(path)

@@ -154,11 +154,18 @@ func TestHelperReadsTheTailOnce(t *testing.T) {
 	// The origin is held at the half: the helper takes pieces 15 down to
 	// 8+helpGap, leaving those nearer the origin's run to the origin.
 	wait.For(t, "the follower holds all but the gap", func() bool { return s.Have().Count() == 8+16-(8+helpGap) })
-	// The origin must know what the helper holds before it goes on: a
-	// connection counts as soon as its handshake ends, before the origin's
-	// subscription has the helper's bitfield, which it has once the
-	// helper lists it as a subscriber (the bitfield is written first).
-	wait.For(t, "the origin follows the helper's shard", func() bool { return s.Subscribed("origin") })
+	// The origin must know what the helper holds before it goes on: the
+	// helper lists the origin as a subscriber once it has written its
+	// bitfield, and the origin counts those pieces (or later haves) only
+	// when it has read them, a moment after.
+	wait.For(t, "the origin knows the helper's pieces", func() bool {
+		for i := 8 + helpGap; i < 16; i++ {
+			if !peerHolds(origin.Node, spec.Skeleton().ShardID, i) {
+				return false
+			}
+		}
+		return true
+	})
 	close(open)
 	if err := <-built; err != nil {
 		t.Fatal(err)

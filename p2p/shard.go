@@ -48,6 +48,7 @@ type Shard struct {
 	crcKnown Bitfield // which crcs are set
 	closed   bool
 	fetching bool
+	running  *fetch        // the Fetch in progress, if any: what it knows of its peers is tests' to see
 	fullCh   chan struct{} // closed when have is full
 	// moved is closed and replaced whenever a twin following this shard
 	// has something to look at: a piece verified, a fetch ended, Close.
