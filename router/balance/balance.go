@@ -492,24 +492,51 @@ func decidePrefix(in Input) Decision {
 	// backend under its fair share is compared with its peers, so a new
 	// group goes where traffic is short unless that costs more than slack.
 	minCost, minFair, minAny := math.MaxInt, math.MaxInt, math.MaxInt
+	best, bestAny := -1, -1 // where minCost and minAny are
+	busy := 0               // backends with a request before its first token
 	for i := range in.Candidates {
 		c := &in.Candidates[i]
 		if d.Preferred < 0 || better(c, &in.Candidates[d.Preferred], rv[i], rv[d.Preferred]) {
 			d.Preferred = i
 		}
+		if c.Prefilling > 0 {
+			busy++
+		}
 		if !underLimit(c) || loads[i]+1 > float64(bounds[i]) {
 			continue
 		}
-		minAny = min(minAny, costs[i])
-		if shares[i] <= sf {
-			minCost = min(minCost, costs[i])
+		if costs[i] < minAny {
+			minAny, bestAny = costs[i], i
+		}
+		if shares[i] <= sf && costs[i] < minCost {
+			minCost, best = costs[i], i
 		}
 		if shares[i] <= 1 {
 			minFair = min(minFair, costs[i])
 		}
 	}
 	if minCost == math.MaxInt {
-		minCost = minAny
+		minCost, best = minAny, bestAny
+	}
+	// Moving a request off the backend holding more of it recomputes
+	// what that backend held. The request's own wait counts the recompute
+	// once (cost); the requests that arrive behind it on the backend it
+	// moves to wait for it too, and lost hits raise the fleet's load. How
+	// many wait is estimated from how much of the fleet is prefilling:
+	// with busy of N backends holding a request before its first token,
+	// busy/(N-busy+1) (none on an idle fleet, N when every backend
+	// prefills: the mean queue of a server busy busy/(N+1) of the time).
+	// The wait rule and the hold's cost test charge a move that many
+	// times its recompute on top of the wait it saves: priced at the wait
+	// alone, long prompts (the Mooncake traces) left the backend holding
+	// them whenever its queue was longer, and the recomputes queued
+	// everyone behind them.
+	charge := float64(busy) / float64(len(in.Candidates)-busy+1)
+	recompute := func(i, j int) int {
+		if j < 0 {
+			return 0
+		}
+		return int(charge * float64(max(in.Candidates[i].Matched-max(in.Candidates[j].Matched, in.Common), 0)))
 	}
 	within := func(base int) int {
 		if slack < 0 || base == math.MaxInt {
@@ -596,7 +623,7 @@ func decidePrefix(in Input) Decision {
 		if alt == i {
 			alt = second
 		}
-		return alt >= 0 && c.Prefilling <= 1 && costs[i]+max(1, int(slack*float64(n))) < costs[alt]
+		return alt >= 0 && c.Prefilling <= 1 && costs[i]+max(1, int(slack*float64(n))) < costs[alt]+recompute(i, alt)
 	}
 	tiers := tierBuf[:0]
 	for i := range in.Candidates {
@@ -612,7 +639,7 @@ func decidePrefix(in Input) Decision {
 			}
 		case loads[i]+1 > float64(bounds[i]) && !hold(i):
 			t = tierOver
-		case (shares[i] > sf && !hold(i)) || (costs[i] > limit && !fair && !(saturated && hold(i))):
+		case (shares[i] > sf && !hold(i)) || (costs[i]-recompute(i, best) > limit && !fair && !(saturated && hold(i))):
 			t = tierLoad
 		case c.Matched > in.Common:
 			t = tierHit

@@ -127,6 +127,27 @@ func TestDecidePrefix(t *testing.T) {
 			}
 			c[3].Matched, c[3].Inflight = 1, 3 // moving costs 1 block: within slack
 		}, want: -1, reason: Overflow, notPick: 3, prefered: 3, yielded: BoundLoad},
+		// 15 of 20 blocks held, 40 queued: 45 to wait there, 30 anywhere
+		// else. With every backend prefilling the move's recompute is
+		// charged 8 times (busy/(N-busy+1)); with only the holder, 1/8.
+		{name: "a busy fleet charges a move its recompute", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight, c[i].Prefilling, c[i].Pending = 1, 1, 10
+			}
+			c[2].Matched, c[2].Pending = 15, 40
+		}, want: 2, reason: Hit, notPick: -1, prefered: 2},
+		{name: "an idle fleet moves a long match off a queue", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight = 1 // decoding
+			}
+			c[2].Matched, c[2].Prefilling, c[2].Pending = 15, 1, 40
+		}, want: -1, reason: Overflow, notPick: 2, prefered: 2, yielded: BoundWait},
+		{name: "a busy fleet holds a long match past its load bound", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight, c[i].Prefilling, c[i].Pending = 2, 1, 10 // bound ceil(1.25*18/8) = 3
+			}
+			c[3].Matched, c[3].Inflight, c[3].Pending = 10, 3, 30 // 40 to wait there, 30 elsewhere
+		}, want: 3, reason: Hit, notPick: -1, prefered: 3},
 		{name: "retry is labelled", setup: func(c []Candidate) { c[1].Matched = 3 }, retry: true, want: 1, reason: Retry, notPick: -1, prefered: 1},
 	}
 	for _, tc := range tests {
@@ -661,7 +682,7 @@ func TestEmptyBackendPricesTheCommonPrefixAsHeld(t *testing.T) {
 // backend holding most of the prompt keeps it although its queue is longer
 // than the others' by more than the recompute: each backend stays busy
 // wherever the request goes, so moving it only spends the recompute out of
-// the fleet's capacity. With one backend not queueing, another holding
+// the fleet's capacity. With the others not prefilling, another holding
 // nearly as much, or the holder past a hold cap, the wait rule and the
 // bounds hold as before.
 func TestSaturatedHolderKeepsItsRequest(t *testing.T) {
@@ -671,7 +692,16 @@ func TestSaturatedHolderKeepsItsRequest(t *testing.T) {
 		held  bool
 	}{
 		{"saturated", func(c []Candidate) {}, true},
-		{"one backend not queueing", func(c []Candidate) { c[6].Prefilling = 1 }, false},
+		// Every backend still prefills: the move's recompute is charged
+		// 8 times (see TestDecidePrefix).
+		{"one backend not queueing", func(c []Candidate) { c[6].Prefilling = 1 }, true},
+		{"the others not prefilling", func(c []Candidate) {
+			for i := range c {
+				if i != 2 {
+					c[i].Prefilling, c[i].Pending = 0, 0
+				}
+			}
+		}, false},
 		// Moving saves no recompute worth a longer queue.
 		{"another holds nearly as much", func(c []Candidate) { c[5].Matched = 118 }, false},
 		{"holder past the share cap", func(c []Candidate) { c[2].Recent = 3 }, false},    // share 2.4 > 1.5 x 1.1
