@@ -33,7 +33,7 @@ func TestBoundedListenerCloseWaitsForAccept(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		inner := &slowCloseListener{closed: make(chan struct{})}
 		l := &boundedListener{Listener: inner}
-		go l.Accept()
+		go func() { _, _ = l.Accept() }()
 		synctest.Wait() // Accept is blocked in the inner listener
 		if err := l.Close(); err != nil {
 			t.Fatal(err)
