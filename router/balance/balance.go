@@ -551,13 +551,26 @@ func decidePrefix(in Input) Decision {
 	// requests, not prefill, so with long, uneven prompts (the Mooncake
 	// traces) the bounds alone queued new prompts behind far longer
 	// prefill than a backend just past them had.
+	// A backend over its fair share goes past the bounds this way only
+	// when no backend at or under its fair share would: prefill is what
+	// the wait rule balances, and the backend with the shortest queue is
+	// often the one that took short prompts, so cold prompts went on
+	// piling there in requests long after its share of work was even.
 	slackBlocks := max(1, int(slack*float64(n)))
-	past := func(i int) bool {
+	pastAt := func(i int, capShare float64) bool {
 		c := &in.Candidates[i]
 		return slack >= 0 && c.Matched <= in.Common && underLimit(c) &&
-			loads[i]+1 <= HoldLoad*float64(bounds[i]) && shares[i] <= HoldShare*sf &&
+			loads[i]+1 <= HoldLoad*float64(bounds[i]) && shares[i] <= capShare &&
 			(minCost == math.MaxInt || costs[i]+slackBlocks < minCost)
 	}
+	pastShare := HoldShare * sf
+	for i := range in.Candidates {
+		if pastAt(i, 1) {
+			pastShare = 1
+			break
+		}
+	}
+	past := func(i int) bool { return pastAt(i, pastShare) }
 	minBest := minCost // the best wait a request no backend holds may take
 	// A backend holding part of the prompt keeps it past its traffic share
 	// and load bound, up to the hold caps, while moving would cost the

@@ -55,7 +55,8 @@ func TestDecidePrefix(t *testing.T) {
 		notPick  int // a backend that must not be picked, -1 none
 		prefered int // expected preferred, -2 skip
 		minBound int
-		yielded  Bound // the rule the preferred failed, for overflows
+		yielded  Bound   // the rule the preferred failed, for overflows
+		balance  float64 // BalanceSlack
 	}{
 		{name: "longest prefix wins", setup: func(c []Candidate) { c[3].Matched = 10; c[5].Matched = 4 }, want: 3, reason: Hit, notPick: -1, prefered: 3},
 		{name: "preferred at bound overflows to next best by score", setup: func(c []Candidate) {
@@ -148,13 +149,26 @@ func TestDecidePrefix(t *testing.T) {
 			}
 			c[3].Matched, c[3].Inflight, c[3].Pending = 10, 3, 30 // 40 to wait there, 30 elsewhere
 		}, want: 3, reason: Hit, notPick: -1, prefered: 3},
+		// A cold prompt: backend 3 (share 1.27) and backend 5 (share
+		// 0.88, one past its load bound of 3) both wait far less than
+		// the rest (120 and 320 blocks against 520). Past the bounds it
+		// goes to the one under its fair share, not to the shortest queue
+		// over it: unchecked, cold prompts piled in requests onto the
+		// backend whose queue the short ones kept short.
+		{name: "a cold prompt goes past the bounds to a backend over its share only if none under it would", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight, c[i].Prefilling, c[i].Recent, c[i].Pending = 2, 1, 1, 500
+			}
+			c[3].Recent, c[3].Pending = 1.3, 100
+			c[5].Inflight, c[5].Recent, c[5].Pending = 3, 0.9, 300
+		}, balance: 0.1, want: 5, reason: Cold, notPick: 3, prefered: -2},
 		{name: "retry is labelled", setup: func(c []Candidate) { c[1].Matched = 3 }, retry: true, want: 1, reason: Retry, notPick: -1, prefered: 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			c := cands(8)
 			tc.setup(c)
-			d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: k, Common: tc.common, Retry: tc.retry, MinBound: tc.minBound})
+			d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: k, Common: tc.common, Retry: tc.retry, MinBound: tc.minBound, BalanceSlack: tc.balance})
 			if tc.full {
 				if !d.Full || d.Pick != -1 {
 					t.Fatalf("got %+v, want full", d)
