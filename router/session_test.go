@@ -60,9 +60,20 @@ func chat(user, text string) string {
 func TestSessionPins(t *testing.T) {
 	h := simFleet(t, 4, balance.Session)
 	used := map[string]bool{}
-	for s := range 12 {
+	// Sessions land by a keyed hash: 12 of them missed two of the four
+	// engines about once in 150 runs. Past the 12 whose every turn is
+	// checked, first turns go on until three engines are used (64
+	// sessions fail to reach them about once in 10^18).
+	for s := range 64 {
+		if s >= 12 && len(used) >= 3 {
+			break
+		}
+		turns := 4
+		if s >= 12 {
+			turns = 1
+		}
 		var first string
-		for turn := range 4 {
+		for turn := range turns {
 			text := strings.Repeat(fmt.Sprintf("turn %d of a conversation. ", turn*100+s), 40) // no shared prefix
 			var got string
 			if s%2 == 0 {
@@ -79,7 +90,7 @@ func TestSessionPins(t *testing.T) {
 		used[first] = true
 	}
 	if len(used) < 3 {
-		t.Fatalf("12 sessions used %d of 4 engines", len(used))
+		t.Fatalf("64 sessions used %d of 4 engines", len(used))
 	}
 }
 
