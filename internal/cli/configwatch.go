@@ -14,9 +14,11 @@ import (
 // changes by swapping a symlink to a new directory: the path's content
 // changes while nothing is written to it. A failed reload is logged and
 // the running configuration kept; the same content is not tried again
-// until it changes once more.
-func watchConfigFile(ctx context.Context, path string, interval time.Duration, reload func() error, log *slog.Logger) {
-	last, _ := fileDigest(path)
+// until it changes once more. loaded is the digest of the content the
+// running configuration came from, read before it was loaded: the file may
+// change before the watcher first looks.
+func watchConfigFile(ctx context.Context, path string, loaded [sha256.Size]byte, interval time.Duration, reload func() error, log *slog.Logger) {
+	last := loaded
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

@@ -96,9 +96,13 @@ func TestWatchConfigFileReloadsOncePerChange(t *testing.T) {
 			}
 			return nil
 		}
+		loaded, err := fileDigest(path)
+		if err != nil {
+			t.Fatal(err)
+		}
 		ctx := t.Context()
 		go func() {
-			watchConfigFile(ctx, path, time.Second, reload, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			watchConfigFile(ctx, path, loaded, time.Second, reload, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		}()
 		step := func(content string, wantCalls int32) {
 			t.Helper()
@@ -124,5 +128,33 @@ func TestWatchConfigFileReloadsOncePerChange(t *testing.T) {
 		step("", 2) // unreadable: nothing
 		fail.Store(false)
 		step("b", 3) // back to earlier content: still a change
+	})
+}
+
+// TestWatchConfigFileSeesChangeBeforeItStarts: an edit between the load
+// and the watcher's start is applied at its first look (the watcher
+// compared against the file as it found it, and missed that edit until
+// the next one: CI's TestRouterReloadsChangedConfigFile once did).
+func TestWatchConfigFileSeesChangeBeforeItStarts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(path, []byte("a"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		loaded, err := fileDigest(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte("b"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var calls atomic.Int32
+		go watchConfigFile(t.Context(), path, loaded, time.Second, func() error { calls.Add(1); return nil },
+			slog.New(slog.NewTextHandler(io.Discard, nil)))
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if got := calls.Load(); got != 1 {
+			t.Fatalf("%d reloads, want 1", got)
+		}
 	})
 }

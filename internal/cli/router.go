@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -247,9 +248,13 @@ func (f *routerFlags) load() (router.Config, error) {
 
 // routerSetup is what the router's flags resolve to before any part runs.
 type routerSetup struct {
-	log         *slog.Logger
-	adminToken  string
-	cfg         router.Config
+	log        *slog.Logger
+	adminToken string
+	cfg        router.Config
+	// cfgDigest is the config file's digest read just before cfg was
+	// loaded from it: the watcher starts later, and a change made in
+	// between must still count as one.
+	cfgDigest   [sha256.Size]byte
 	clusterKeys [][]byte
 	hashKey     prefix.Key
 	// material is the secret peers prove they hold (nil: a random key).
@@ -293,6 +298,9 @@ func (f *routerFlags) setup(e *Env, fs *flagSet) (*routerSetup, error) {
 	}
 	if f.adminListen != "" && s.adminToken == "" && !(api.Addr{Network: "tcp", Address: f.adminListen}).Loopback() {
 		return nil, usageError("--admin-listen %s is reachable from other hosts: give a bearer token (--admin-token-file)", f.adminListen)
+	}
+	if f.configFile != "" {
+		s.cfgDigest, _ = fileDigest(f.configFile) // unreadable: load says why
 	}
 	if s.cfg, err = f.load(); err != nil {
 		return nil, usageError("%v", err)
@@ -462,7 +470,7 @@ func routerRoot(ctx context.Context, f *routerFlags, s *routerSetup, onListen fu
 	}, nil)
 	if f.configFile != "" && f.configPoll > 0 {
 		ps.start(stageRouting, "config watcher", func(ctx context.Context) error {
-			watchConfigFile(ctx, f.configFile, f.configPoll, reload, log)
+			watchConfigFile(ctx, f.configFile, s.cfgDigest, f.configPoll, reload, log)
 			return nil
 		}, nil)
 	}
