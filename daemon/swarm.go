@@ -165,15 +165,53 @@ func settleWait(resuming, alone bool, started, now time.Time, settle time.Durati
 	return max(started.Add(settle).Sub(now), 0)
 }
 
+// writerSettle bounds how long a fetch waits for the member that asked
+// for the model to be seen again (see writerAway).
+const writerSettle = 10 * time.Second
+
+// writerAway reports whether writer, the member that wrote the spec's
+// desired record, is a node this node sees gone (dead or left) or back
+// without its inventory yet. It asked for the model, so it most likely
+// holds it or is fetching it, and this node's view is behind: when a
+// partition heals, the other side's desired records come in the same
+// push/pull that tells a member it was declared dead, a moment before that
+// member refutes it and is seen alive again. Ranked without it, this node
+// took its shards as their origin and read from S3 what the other side
+// already held (the partition-heal chaos scenario: the two sides re-read
+// half of each other's model, every run). Unknown writers (never seen, or
+// gone from the view) and routers are not waited for.
+func writerAway(writer string, members []gossip.Member) bool {
+	for _, m := range members {
+		if m.Name == writer && !m.Self && m.Role == gossip.RoleNode {
+			return m.State != gossip.MemberAlive || m.Inventory == nil
+		}
+	}
+	return false
+}
+
 // awaitFleet waits, as settleWait says, for another target member to
-// appear; it polls, since the fleet's change channel has one consumer.
+// appear, and up to writerSettle while writerAway holds; it polls, since
+// the fleet's change channel has one consumer.
 func (f *fetch) awaitFleet(ctx context.Context, resuming bool) {
 	if f.d.swarm == nil || f.d.fleet == nil {
 		return
 	}
 	const poll = 250 * time.Millisecond
+	start := f.d.now()
+	writer, _ := f.d.desired.Writer(f.spec.Key())
+	logged := false
 	for {
-		wait := settleWait(resuming, !f.othersInSight(), f.d.started, f.d.now(), resumeSettle)
+		now := f.d.now()
+		wait := settleWait(resuming, !f.othersInSight(), f.d.started, now, resumeSettle)
+		if writer != "" && writerAway(writer, f.d.fleet.Members()) {
+			if w := start.Add(writerSettle).Sub(now); w > wait {
+				wait = w
+			}
+			if !logged && wait > 0 {
+				f.log.Info("waiting for the member that asked for the model to be seen again before fetching", "member", writer, "at_most", writerSettle)
+				logged = true
+			}
+		}
 		if wait <= 0 {
 			return
 		}
@@ -348,7 +386,7 @@ func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, 
 		rank := f.originRank(spec.ShardID, names)
 		probe := manifestAsks(rank, self, polls, holders)
 		polls++
-		inProgress, bypassed := false, false
+		inProgress, bypassed, refused := false, false, false
 		asked := f.d.now()
 		answers := f.askManifests(ctx, probe, addrs, spec.ShardID, askWait(probe, rank, self))
 		for k, name := range probe {
@@ -369,14 +407,16 @@ func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, 
 				inProgress = true
 			case errors.Is(err, p2p.ErrNoManifest):
 				bypassed = f.noteBypass(name, sh.revision) || bypassed
+			case errors.Is(err, p2p.ErrUnauthenticated) && holders[name]:
+				refused = true
 			}
 		}
 		if bypassed && !inProgress {
 			continue // rank again without it, at once
 		}
-		switch {
-		case len(rank) == 0 || rank[0] == self || f.d.now().Sub(start) > originFallback:
-			f.log.Debug("shard: reading it from S3 as its origin", "shard", spec.ShardID, "waited", f.d.now().Sub(start), "rank", rank)
+		switch waited := f.d.now().Sub(start); {
+		case readFromOrigin(rank, self, waited, refused):
+			f.log.Debug("shard: reading it from S3 as its origin", "shard", spec.ShardID, "waited", waited, "rank", rank)
 			return f.buildShard(ctx, spec)
 		case inProgress:
 			f.log.Debug("shard: following its origin", "shard", spec.ShardID, "waited", f.d.now().Sub(start))
@@ -389,6 +429,28 @@ func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, 
 		case <-time.After(pollWait(polls) - f.d.now().Sub(asked)):
 		}
 	}
+}
+
+// holderPatience bounds how long a shard's origin goes on asking a member
+// that gossip says holds the revision ready but that refused it as a
+// stranger (p2p.ErrUnauthenticated): the two saw each other come back at
+// different moments (a healed partition, a rejoin), and the holder admits
+// this node once gossip tells it. Read from S3 at once, the shard came
+// from S3 a second time (the partition-heal chaos scenario).
+const holderPatience = 5 * time.Second
+
+// readFromOrigin decides whether a shard's fetch reads it from S3 now:
+// when no member may (rank empty), when this node waited for its origin
+// longer than originFallback, or when this node is the origin, unless a
+// holder refused it less than holderPatience ago.
+func readFromOrigin(rank []string, self string, waited time.Duration, holderRefused bool) bool {
+	switch {
+	case len(rank) == 0 || waited > originFallback:
+		return true
+	case rank[0] != self:
+		return false
+	}
+	return !holderRefused || waited > holderPatience
 }
 
 // askWait is how long a poll's asks may be held until the shard opens

@@ -132,6 +132,57 @@ func TestSettleWait(t *testing.T) {
 	}
 }
 
+// TestWriterAway: a fetch waits for the member that asked for the model
+// only while that member is a node this node sees gone, or back without
+// its inventory yet.
+func TestWriterAway(t *testing.T) {
+	inv := &gossip.Inventory{}
+	for _, tc := range []struct {
+		name string
+		m    gossip.Member
+		want bool
+	}{
+		{"alive with its inventory", gossip.Member{Name: "w", State: gossip.MemberAlive, Role: gossip.RoleNode, Inventory: inv}, false},
+		{"dead: the partition has not healed here yet", gossip.Member{Name: "w", State: gossip.MemberDead, Role: gossip.RoleNode}, true},
+		{"left: restarting", gossip.Member{Name: "w", State: gossip.MemberLeft, Role: gossip.RoleNode}, true},
+		{"alive, inventory not in yet", gossip.Member{Name: "w", State: gossip.MemberAlive, Role: gossip.RoleNode}, true},
+		{"a router has no inventory to wait for", gossip.Member{Name: "w", State: gossip.MemberAlive, Role: gossip.RoleRouter}, false},
+		{"this node wrote it", gossip.Member{Name: "w", State: gossip.MemberAlive, Role: gossip.RoleNode, Self: true}, false},
+		{"another member", gossip.Member{Name: "x", State: gossip.MemberDead, Role: gossip.RoleNode}, false},
+	} {
+		if got := writerAway("w", []gossip.Member{tc.m}); got != tc.want {
+			t.Errorf("%s: writerAway = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if writerAway("w", nil) {
+		t.Error("a writer never seen (or gone from the view) is waited for")
+	}
+}
+
+// TestReadFromOrigin: a shard's origin reads it from S3 at once, unless a
+// member gossip says holds it refused this node as a stranger, and then
+// only for holderPatience; a follower reads it after originFallback.
+func TestReadFromOrigin(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		rank    []string
+		waited  time.Duration
+		refused bool
+		want    bool
+	}{
+		{"no member may read it", nil, 0, false, true},
+		{"the origin", []string{"me", "b"}, 0, false, true},
+		{"another's shard", []string{"b", "me"}, time.Second, false, false},
+		{"another's shard, past the fallback", []string{"b", "me"}, originFallback + time.Second, false, true},
+		{"the origin, a holder refused it", []string{"me", "b"}, time.Second, true, false},
+		{"the origin, a holder refused it past the patience", []string{"me", "b"}, holderPatience + time.Second, true, true},
+	} {
+		if got := readFromOrigin(tc.rank, "me", tc.waited, tc.refused); got != tc.want {
+			t.Errorf("%s: readFromOrigin = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
 // TestBypassedSwarm: only a member that holds the revision ready and has
 // no manifest of the shard bypassed the swarm; one still fetching may yet
 // open the shard (an origin builds its shards one after another).

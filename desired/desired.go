@@ -220,6 +220,18 @@ func (d *State) Get(key string) (spec.Spec, bool) {
 	return cloneSpec(*r.Spec), true
 }
 
+// Writer returns the node that wrote the live spec with the given key:
+// the one that asked for it, which most likely holds it or is fetching it.
+func (d *State) Writer(key string) (string, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, ok := d.recs[key]
+	if !ok || r.Deleted() {
+		return "", false
+	}
+	return r.TS.Node, true
+}
+
 // List returns the live specs sorted by key.
 func (d *State) List() []spec.Spec {
 	d.mu.Lock()

@@ -83,6 +83,12 @@ func TestDesiredPutListDelete(t *testing.T) {
 	if _, ok := d.Get("model/mid"); ok {
 		t.Fatal("Get found a deleted spec")
 	}
+	if w, ok := d.Writer("model/alpha"); !ok || w != "a" {
+		t.Fatalf("Writer(model/alpha) = %q, %v; want a", w, ok)
+	}
+	if _, ok := d.Writer("model/mid"); ok {
+		t.Fatal("Writer named the writer of a deleted spec")
+	}
 
 	// A restart keeps specs and tombstones.
 	d2 := newDesired(t, db, "a", clk.Now)
