@@ -56,6 +56,13 @@
 // afterwards; a piece it alters still fails its hash, but gets the member
 // it came through banned.
 //
+// A member connection outlives the exchange it was dialed for (see
+// memberconn.go): a manifest ask, a subscription answered "not open here",
+// or one the downloader left once its shard was complete, is followed by
+// the next exchange with that member on the same connection, so a warming
+// node pays a TLS and an identity handshake per connection it needs at
+// once, not per shard and retry.
+//
 // The bulk data plane is a small range-request protocol rather than the
 // BitTorrent wire protocol: the sender uses sendfile, and on plain TCP the
 // receiver splices piece bodies from the socket into the (preallocated)

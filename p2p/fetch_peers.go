@@ -78,6 +78,9 @@ type peerConn struct {
 	// spliced pieces then go to fileCh to be hashed from the file.
 	rx     *splicer
 	fileCh chan int
+	// leaving is set, under f.mu, once the peer is told the shard is
+	// complete (leave): no request may follow.
+	leaving bool
 }
 
 // peerTargets lists the addresses of src, each with the node ID expected
@@ -121,39 +124,34 @@ func (f *fetch) dial(ctx context.Context, addr, want string) (net.Conn, peerIden
 func (f *fetch) runPeer(ctx context.Context, addr, want string) {
 	backoff := redialBackoff
 	defer func() { f.dropAddr(addr, backoff) }()
-	c, peer, err := f.dial(ctx, addr, want)
+	mc, fr, backoff, err := f.subscribe(ctx, addr, want)
 	if err != nil {
-		f.n.log.Debug("p2p: dial failed", "addr", addr, "err", err)
+		f.n.log.Debug("p2p: subscribe failed", "addr", addr, "err", err)
 		return
 	}
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
-	id := peer.ID
-	if id == f.n.cfg.NodeID {
-		backoff = time.Hour // our own address
-		return
-	}
-	if f.n.Banned(peer.Key) {
-		backoff = f.n.cfg.BanDuration
-		return
-	}
-	if err := writeFrame(c, msgSubscribe, append(f.s.skel[:], f.s.m.ShardID...)); err != nil {
-		return
-	}
-	br := bufio.NewReaderSize(c, 64<<10)
-	_ = c.SetReadDeadline(f.n.cfg.Now().Add(f.n.cfg.DialTimeout))
-	fr, err := readFrameMax(br, maxBitfieldFrame)
-	if err != nil || fr.typ != msgBitfield {
+	if fr.typ != msgBitfield {
 		// Not open there (yet): gossip may list the peer a moment before it
-		// opens the shard, so ask again at the next refresh.
-		if err == nil && fr.typ == msgNotFound {
+		// opens the shard, so ask again at the next refresh, on this
+		// connection if it is still kept then.
+		if fr.typ == msgNotFound {
 			f.n.c.notOpen.Add(1)
+			f.n.idle.put(mc)
+		} else {
+			mc.c.Close()
 		}
 		backoff = f.o.PeerRefresh
 		return
 	}
-	_ = c.SetReadDeadline(time.Time{})
+	c, br, peer, id := mc.c, mc.br, mc.peer, mc.peer.ID
+	keep := false
+	defer func() {
+		if keep {
+			_ = c.SetReadDeadline(time.Time{})
+			f.n.idle.put(mc)
+		} else {
+			c.Close()
+		}
+	}()
 	has, err := f.learnBitfield(fr.payload)
 	if err != nil {
 		f.n.log.Warn("p2p: bad bitfield, banning peer", "peer", peer, "err", err)
@@ -195,6 +193,17 @@ func (f *fetch) runPeer(ctx context.Context, addr, want string) {
 	f.n.c.connected.Add(1)
 	defer f.n.c.connected.Add(-1)
 
+	// The end of the fetch ends the connection, unless the shard is
+	// complete: then the peer is told to send nothing more of it, and the
+	// connection is kept for the next exchange once it says so.
+	left := make(chan bool, 1)
+	stop := context.AfterFunc(ctx, func() {
+		ok := errors.Is(context.Cause(ctx), errFetchDone) && pc.leave()
+		if !ok {
+			c.Close()
+		}
+		left <- ok
+	})
 	peerCtx, peerDone := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	if pc.rx != nil {
@@ -206,7 +215,12 @@ func (f *fetch) runPeer(ctx context.Context, addr, want string) {
 	wg.Go(func() { pc.requestLoop(peerCtx) })
 	err = pc.readLoop(peerCtx)
 	peerDone()
-	c.Close()
+	if !stop() {
+		keep = <-left && errors.Is(err, errLeft)
+	}
+	if !keep {
+		c.Close()
+	}
 	close(pc.hashCh)
 	close(pc.writeCh)
 	close(pc.fileCh)
@@ -230,8 +244,76 @@ func (f *fetch) runPeer(ctx context.Context, addr, want string) {
 		f.n.log.Debug("p2p: peer connection ended", "peer", id, "err", err)
 	}
 	if f.n.Banned(peer.Key) {
+		keep = false
 		backoff = f.n.cfg.BanDuration
 	}
+}
+
+// errLeft ends a connection's read loop once the peer acknowledged that
+// nothing more of the shard follows (msgUnsubscribed).
+var errLeft = errors.New("p2p: left the shard")
+
+// leave tells the peer, once the shard is complete, to send nothing more
+// of it, unless a request is still unanswered (the connection then ends).
+// No request goes out after it; the read loop ends with errLeft at the
+// peer's acknowledgement.
+func (pc *peerConn) leave() bool {
+	f := pc.f
+	f.mu.Lock()
+	if len(pc.pending) > 0 || pc.bad.Load() {
+		f.mu.Unlock()
+		return false
+	}
+	pc.leaving = true
+	f.mu.Unlock()
+	_ = pc.c.SetReadDeadline(f.n.cfg.Now().Add(f.n.cfg.StallTimeout))
+	_ = pc.c.SetWriteDeadline(f.n.cfg.Now().Add(f.n.cfg.StallTimeout))
+	defer func() { _ = pc.c.SetWriteDeadline(time.Time{}) }()
+	return writeFrame(pc.c, msgUnsubscribe, nil) == nil
+}
+
+// subscribe asks the member at addr (expected to be node want) for the
+// shard, on a kept connection to it or a new one, and returns the
+// connection with the first answer; on error, the backoff before the next
+// try, the connection closed.
+func (f *fetch) subscribe(ctx context.Context, addr, want string) (*memberConn, frame, time.Duration, error) {
+	for {
+		mc, kept, err := f.n.connect(ctx, addr, want, 64<<10)
+		if err != nil {
+			return nil, frame{}, redialBackoff, err
+		}
+		if mc.peer.ID == f.n.cfg.NodeID {
+			mc.c.Close()
+			return nil, frame{}, time.Hour, errors.New("p2p: our own address")
+		}
+		if f.n.Banned(mc.peer.Key) {
+			mc.c.Close()
+			return nil, frame{}, f.n.cfg.BanDuration, fmt.Errorf("p2p: %s is banned", mc.peer)
+		}
+		stop := context.AfterFunc(ctx, func() { mc.c.Close() })
+		fr, err := f.askShard(mc)
+		if !stop() {
+			err = errors.Join(context.Cause(ctx), err)
+		} else if err == nil {
+			return mc, fr, redialBackoff, nil
+		}
+		mc.c.Close()
+		if kept && ctx.Err() == nil {
+			continue // closed on the member's side meanwhile: subscribe on a new connection
+		}
+		return nil, frame{}, f.o.PeerRefresh, err
+	}
+}
+
+// askShard sends the subscription on mc and reads the answer.
+func (f *fetch) askShard(mc *memberConn) (frame, error) {
+	if err := writeFrame(mc.c, msgSubscribe, append(f.s.skel[:], f.s.m.ShardID...)); err != nil {
+		return frame{}, err
+	}
+	_ = mc.c.SetReadDeadline(f.n.cfg.Now().Add(f.n.cfg.DialTimeout))
+	fr, err := readFrameMax(mc.br, maxBitfieldFrame)
+	_ = mc.c.SetReadDeadline(time.Time{})
+	return fr, err
 }
 
 // learnBitfield parses a peer's bitfield and the hashes that follow it,
@@ -271,7 +353,7 @@ func (pc *peerConn) requestLoop(ctx context.Context) {
 		var reqs []int
 		now := f.n.cfg.Now()
 		wait := pc.busy.Sub(now)
-		for wait <= 0 && len(pc.pending) < f.o.RequestDepth {
+		for wait <= 0 && !pc.leaving && len(pc.pending) < f.o.RequestDepth {
 			i := pickRarest(&f.st, pc.has, f.rnd.IntN)
 			if i < 0 {
 				break
@@ -376,6 +458,14 @@ func (pc *peerConn) readLoop(ctx context.Context) error {
 			if err := pc.readPiece(ctx, fr, np); err != nil {
 				return err
 			}
+		case msgUnsubscribed:
+			f.mu.Lock()
+			leaving := pc.leaving
+			f.mu.Unlock()
+			if !leaving {
+				return fmt.Errorf("%w: unsubscribed without leaving", errProtocol)
+			}
+			return errLeft
 		default:
 			return fmt.Errorf("%w: unexpected frame type %d", errProtocol, fr.typ)
 		}

@@ -119,15 +119,15 @@ func TestFetchManifestAfterMemberClosedKept(t *testing.T) {
 	}
 }
 
-// TestManifestAsksWaitingAreBounded: once askIdleConns connections wait for
+// TestManifestAsksWaitingAreBounded: once idleConns connections wait for
 // further asks, a member answers a new one and closes it, so waiting asks
 // never take the member slots downloads need; the asker still gets every
 // answer, each on a new connection.
 func TestManifestAsksWaitingAreBounded(t *testing.T) {
 	a, log := startLoggedNode(t, "a")
 	b := startNode(t, "b", nil)
-	for range cap(a.askIdle) {
-		a.askIdle <- struct{}{}
+	for range cap(a.idleWait) {
+		a.idleWait <- struct{}{}
 	}
 	for i := range 2 {
 		if _, err := b.FetchManifest(t.Context(), a.addr, "m/f#0"); !errors.Is(err, ErrNoManifest) {

@@ -1,35 +1,11 @@
 package p2p
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
-	"sync"
 	"time"
-)
-
-// A follower asks its shard's origin for the manifest every poll until the
-// origin has opened the shard, and a member that joins asks the others:
-// on a fresh connection every ask costs a TLS and an identity handshake on
-// both sides, which made most of a warming fleet's handshakes. So a member
-// answers further asks on the connection an ask came in on, for
-// askIdleServe after each answer, and FetchManifest keeps the connection
-// after an answer for askIdleKeep (shorter, so it seldom reuses one the
-// member is closing), at most askIdlePerAddr per address. A kept
-// connection that fails its next ask (the member closed it or restarted,
-// or is of a version that answers one ask per connection) is dropped and
-// the ask goes out again on a new one. A waiting connection holds one of
-// the member slots (Config.MaxConns), so at most askIdleConns of them wait
-// at once: in a large fleet every follower of a node's shards asks it, and
-// the slots are for downloads first. Beyond that a member closes the
-// connection after the answer, as before.
-const (
-	askIdleServe   = 4 * time.Second
-	askIdleKeep    = 2 * time.Second
-	askIdlePerAddr = 2
-	askIdleConns   = 32
 )
 
 // A follower that polls its origin learns that the shard opened up to a
@@ -46,70 +22,6 @@ const (
 	askWaitMax  = 5 * time.Second
 	askWaitsMax = 64
 )
-
-// askConn is an authenticated connection manifest asks go out on.
-type askConn struct {
-	c    net.Conn
-	br   *bufio.Reader
-	peer peerIdentity
-	addr string
-	idle *time.Timer // while kept: closes it once unused for askIdleKeep
-}
-
-// askPool keeps the connections of answered asks for the next ones.
-type askPool struct {
-	mu   sync.Mutex
-	idle map[string][]*askConn // by address
-}
-
-// take returns a kept connection to addr, or nil.
-func (p *askPool) take(addr string) *askConn {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for list := p.idle[addr]; len(list) > 0; list = p.idle[addr] {
-		ac := list[len(list)-1]
-		p.remove(ac)
-		if ac.idle.Stop() {
-			return ac
-		}
-		// Its timer fired and is closing it.
-	}
-	return nil
-}
-
-// put keeps ac for the next ask to its address, or closes it when as many
-// are kept already.
-func (p *askPool) put(ac *askConn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.idle[ac.addr]) >= askIdlePerAddr {
-		ac.c.Close()
-		return
-	}
-	p.idle[ac.addr] = append(p.idle[ac.addr], ac)
-	ac.idle = time.AfterFunc(askIdleKeep, func() {
-		p.mu.Lock()
-		p.remove(ac)
-		p.mu.Unlock()
-		ac.c.Close()
-	})
-}
-
-// remove forgets ac if kept; p.mu is held.
-func (p *askPool) remove(ac *askConn) {
-	list := p.idle[ac.addr]
-	for i, k := range list {
-		if k == ac {
-			list = append(list[:i], list[i+1:]...)
-			break
-		}
-	}
-	if len(list) == 0 {
-		delete(p.idle, ac.addr)
-		return
-	}
-	p.idle[ac.addr] = list
-}
 
 // FetchManifest asks the member at addr for the manifest of a shard it
 // holds complete (ErrInProgress if it is filling it, ErrNoManifest if it has
@@ -131,25 +43,16 @@ func (n *Node) askManifest(ctx context.Context, addr, shardID string, wait time.
 		return nil, fmt.Errorf("p2p: shard id %q is not valid", shardID)
 	}
 	for {
-		ac := n.asks.take(addr)
-		kept := ac != nil
-		if kept && n.Banned(ac.peer.Key) {
-			ac.c.Close()
-			continue
+		mc, kept, err := n.connect(ctx, addr, "", askBufSize)
+		if err != nil {
+			return nil, err
 		}
-		if !kept {
-			c, peer, err := (&fetch{n: n}).dial(ctx, addr, "")
-			if err != nil {
-				return nil, err
-			}
-			ac = &askConn{c: c, br: bufio.NewReader(c), peer: peer, addr: addr}
-		}
-		stop := context.AfterFunc(ctx, func() { ac.c.Close() })
-		m, answered, err := n.ask(ac, shardID, wait)
+		stop := context.AfterFunc(ctx, func() { mc.c.Close() })
+		m, answered, err := n.ask(mc, shardID, wait)
 		if stop() && answered {
-			n.asks.put(ac)
+			n.idle.put(mc)
 		} else {
-			ac.c.Close()
+			mc.c.Close()
 		}
 		if !answered && kept && ctx.Err() == nil {
 			continue // closed on the member's side meanwhile: ask on a new connection
@@ -158,10 +61,13 @@ func (n *Node) askManifest(ctx context.Context, addr, shardID string, wait time.
 	}
 }
 
+// askBufSize is the reader size of a connection dialed for a manifest ask.
+const askBufSize = 4096
+
 // ask sends one manifest request on ac, held up to wait by the member, and
 // reads the answer; answered is false when no whole answer came back (the
 // connection is then unusable).
-func (n *Node) ask(ac *askConn, shardID string, wait time.Duration) (m *Manifest, answered bool, err error) {
+func (n *Node) ask(ac *memberConn, shardID string, wait time.Duration) (m *Manifest, answered bool, err error) {
 	wait = min(wait, askWaitMax)
 	_ = ac.c.SetDeadline(n.cfg.Now().Add(n.cfg.StallTimeout + wait))
 	typ, payload := msgGetManifest, []byte(shardID)
@@ -192,28 +98,6 @@ func (n *Node) ask(ac *askConn, shardID string, wait time.Duration) (m *Manifest
 		return nil, false, fmt.Errorf("%w: asked for shard %q, got %q", errProtocol, shardID, m.ShardID)
 	}
 	return m, true, nil
-}
-
-// serveManifests answers a member's manifest asks: the first one, then each
-// further one it sends on the connection within askIdleServe of the last
-// answer. Anything else ends the connection.
-func (n *Node) serveManifests(ctx context.Context, c net.Conn, br *bufio.Reader, peer peerIdentity, f frame) {
-	if !n.serveAsk(ctx, c, peer, f) {
-		return
-	}
-	select {
-	case n.askIdle <- struct{}{}:
-		defer func() { <-n.askIdle }()
-	default:
-		return // enough connections wait for asks already
-	}
-	for {
-		_ = c.SetReadDeadline(n.cfg.Now().Add(askIdleServe))
-		f, err := readFrame(br)
-		if err != nil || n.Banned(peer.Key) || !n.serveAsk(ctx, c, peer, f) {
-			return
-		}
-	}
 }
 
 // serveAsk answers one manifest ask frame, and reports whether the

@@ -152,8 +152,8 @@ type Node struct {
 	bans                  map[string]time.Time         // identity key -> until
 	pins                  map[string]ed25519.PublicKey // node ID -> first key seen, without PeerKeys
 	serveWG               sync.WaitGroup
-	asks                  askPool       // idle connections FetchManifest asks again on
-	askIdle               chan struct{} // connections waiting for a member's next manifest ask
+	idle                  idlePool      // member connections kept for the next exchange (see memberconn.go)
+	idleWait              chan struct{} // connections waiting for a member's next exchange
 	// opened is closed (and replaced) under mu whenever a shard ID opens
 	// here: manifest asks held until then (WaitManifest) wake on it.
 	opened chan struct{}
@@ -246,8 +246,8 @@ func NewNode(cfg Config) (*Node, error) {
 		held:       map[net.Conn]*time.Timer{},
 		bans:       map[string]time.Time{},
 		pins:       map[string]ed25519.PublicKey{},
-		asks:       askPool{idle: map[string][]*askConn{}},
-		askIdle:    make(chan struct{}, askIdleConns),
+		idle:       idlePool{idle: map[string][]*memberConn{}},
+		idleWait:   make(chan struct{}, idleConns),
 		opened:     make(chan struct{}),
 		askWaits:   make(chan struct{}, askWaitsMax),
 	}
@@ -399,8 +399,8 @@ func (n *Node) closeHeld() {
 const maxRefusedHeld = 1024
 
 // serveConn authenticates a connection holding a handshake slot from src,
-// then moves it to a member's slot and answers the downloader: subscribe,
-// bitfield, then have notifications and pieces until either side hangs up.
+// then moves it to a member's slot and answers the member's exchanges on it
+// (serveMember).
 func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 	defer raw.Close()
 	// The end of ctx cuts the handshake too: Serve waits for this, and
@@ -415,7 +415,6 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 		return
 	}
 	n.c.accepted.Add(1)
-	peerID := peer.ID
 	if n.Banned(peer.Key) {
 		n.log.Info("p2p: refused banned peer", "peer", peer, "remote", raw.RemoteAddr())
 		return
@@ -433,15 +432,19 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 	n.c.connected.Add(1)
 	defer n.c.connected.Add(-1)
 
-	br := bufio.NewReaderSize(c, 4096)
-	f, err := readFrame(br)
-	if err == nil && (f.typ == msgGetManifest || f.typ == msgWaitManifest) {
-		n.serveManifests(ctx, c, br, peer, f)
-		return
-	}
-	if err != nil || f.typ != msgSubscribe || len(f.payload) <= 32 {
-		n.log.Info("p2p: bad subscribe", "peer", peerID, "err", err)
-		return
+	n.serveMember(ctx, c, bufio.NewReaderSize(c, 4096), peer)
+}
+
+// serveShard answers a subscription: the shard's bitfield, then have
+// notifications and the pieces asked for, until the downloader hangs up or
+// leaves (msgUnsubscribe). It reports whether the connection may carry
+// another exchange: after "not open here", or once the downloader left and
+// was told that nothing more of this shard follows.
+func (n *Node) serveShard(ctx context.Context, c net.Conn, br *bufio.Reader, peer peerIdentity, f frame) bool {
+	peerID := peer.ID
+	if len(f.payload) <= 32 {
+		n.log.Info("p2p: bad subscribe", "peer", peerID, "err", fmt.Errorf("%w: short subscribe", errProtocol))
+		return false
 	}
 	n.mu.Lock()
 	s := n.shards[string(f.payload[32:])]
@@ -449,36 +452,49 @@ func (n *Node) serveConn(ctx context.Context, raw net.Conn, src string) {
 	if s == nil || string(s.skel[:]) != string(f.payload[:32]) {
 		// Not open here, or cut into other pieces (another piece length or
 		// algorithm): nothing to exchange.
-		_ = writeFrame(c, msgNotFound, nil)
-		return
+		return writeFrame(c, msgNotFound, nil) == nil
 	}
 	sc := &serverConn{c: c, n: n, s: s, peer: peerID, wake: make(chan struct{}, 1)}
 	if !s.subscribe(sc) {
-		_ = writeFrame(c, msgNotFound, nil)
-		return
+		return writeFrame(c, msgNotFound, nil) == nil
 	}
-	defer s.unsubscribe(sc)
 	done := make(chan struct{})
-	defer close(done)
-	go sc.sendHaves(done)
+	var haves sync.WaitGroup
+	haves.Go(func() { sc.sendHaves(done) })
+	leave := sync.OnceFunc(func() {
+		s.unsubscribe(sc)
+		close(done)
+		haves.Wait()
+	})
+	defer leave()
 
 	for {
 		f, err := readFrame(br)
 		if err != nil {
-			return
+			return false
 		}
-		if f.typ != msgRequest {
+		switch f.typ {
+		case msgRequest:
+		case msgUnsubscribe:
+			// Every request before it is answered (one at a time, above);
+			// once no have can follow, the acknowledgement is the last
+			// frame of this shard on the connection.
+			leave()
+			sc.wmu.Lock()
+			defer sc.wmu.Unlock()
+			return writeFrame(c, msgUnsubscribed, nil) == nil
+		default:
 			n.log.Info("p2p: unexpected frame from downloader", "peer", peerID, "type", f.typ)
-			return
+			return false
 		}
 		i, err := f.index(s.m.NumPieces())
 		if err != nil {
 			n.log.Info("p2p: bad request", "peer", peerID, "err", err)
-			return
+			return false
 		}
 		if err := sc.upload(ctx, i); err != nil {
 			n.log.Debug("p2p: upload ended", "peer", peerID, "err", err)
-			return
+			return false
 		}
 	}
 }

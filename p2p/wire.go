@@ -27,6 +27,8 @@ const (
 	msgManifest                     // S->C encoded manifest
 	msgInProgress                   // S->C shard open but incomplete: pieces held u32
 	msgWaitManifest                 // C->S wait ms u32, shard id: msgGetManifest answered once the shard opens here (or the wait ends)
+	msgUnsubscribe                  // C->S the shard is complete here: send nothing more of it
+	msgUnsubscribed                 // S->C after msgUnsubscribe: nothing more of the shard follows, the connection may carry another exchange
 )
 
 // maxManifestFrame bounds a manifest frame: every piece hash plus names.

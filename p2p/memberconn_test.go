@@ -1,0 +1,176 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+)
+
+// startLoggedNodeWith is startLoggedNode with the config changed by mod.
+func startLoggedNodeWith(t *testing.T, id string, mod func(*Config)) (*testNode, *acceptLog) {
+	var log *acceptLog
+	n := startNodeListening(t, id, mod, func(ln net.Listener) net.Listener {
+		log = &acceptLog{Listener: ln}
+		return log
+	})
+	return n, log
+}
+
+// buildShard has n build shard id of a file of size bytes from an HTTP
+// origin, and returns it with the file's bytes.
+func buildShard(t *testing.T, n *testNode, id, file string, size int) (*Shard, []byte) {
+	t.Helper()
+	data := randomData(t, size)
+	s, err := n.Build(t.Context(), BuildSpec{ShardID: id, Name: file, Path: filepath.Join(n.dir, file),
+		FileSize: int64(len(data)), Length: int64(len(data)), PieceLength: testPiece,
+		Source: newHTTPOrigin(t, data).Source(), Completion: n.comp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, data
+}
+
+func encryptions(t *testing.T, run func(t *testing.T, mod func(*Config))) {
+	for _, enc := range []bool{false, true} {
+		name := "plaintext"
+		if enc {
+			name = "tls"
+		}
+		t.Run(name, func(t *testing.T) { run(t, func(c *Config) { c.Encrypt = enc }) })
+	}
+}
+
+// TestFetchReusesConnection: a node that fetched one shard from a member
+// fetches the next one on the same connection, not on a new one (a TLS
+// and an identity handshake on both sides each), and both arrive whole.
+func TestFetchReusesConnection(t *testing.T) {
+	encryptions(t, func(t *testing.T, mod func(*Config)) {
+		a, log := startLoggedNodeWith(t, "a", mod)
+		b := startNode(t, "b", mod)
+		for _, file := range []string{"f", "g", "h"} {
+			sa, data := buildShard(t, a, "m/"+file+"#0", file, 1<<20+int(file[0]))
+			sb, err := b.Open(t.Context(), sa.Manifest(), filepath.Join(b.dir, file), b.comp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := sb.Fetch(t.Context(), FetchOptions{Peers: peers(a.addr)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.PeerBytes != sa.Manifest().Length {
+				t.Fatalf("%s: %+v, want all %d bytes from a", file, res, sa.Manifest().Length)
+			}
+			assertFileRange(t, filepath.Join(b.dir, file), data, sa.Manifest())
+		}
+		if got := len(log.accepted()); got != 1 {
+			t.Fatalf("3 shards fetched one after another took %d connections, want 1", got)
+		}
+		if st := b.Stats(); st.HandshakesDialed != 1 {
+			t.Fatalf("b dialed %d handshakes, want 1", st.HandshakesDialed)
+		}
+		if st := a.Stats(); st.HandshakesAccepted != 1 {
+			t.Fatalf("a accepted %d handshakes, want 1", st.HandshakesAccepted)
+		}
+	})
+}
+
+// TestSubscribeNotOpenReusesConnection: a fetch that asks a member which
+// has not opened the shard yet asks again on the same connection at its
+// next refresh, and fills the shard once the member opens it.
+func TestSubscribeNotOpenReusesConnection(t *testing.T) {
+	encryptions(t, func(t *testing.T, mod func(*Config)) {
+		a, log := startLoggedNodeWith(t, "a", mod)
+		b := startNode(t, "b", mod)
+		data := randomData(t, 1<<20+3)
+		m := manifestFor(t, data, 0, int64(len(data)), testPiece, BLAKE3)
+		sb, err := b.Open(t.Context(), m, filepath.Join(b.dir, "f"), b.comp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := sb.Fetch(t.Context(), FetchOptions{Peers: peers(a.addr), PeerRefresh: 20 * time.Millisecond})
+			done <- err
+		}()
+		wait.For(t, "3 subscriptions answered not open", func() bool { return b.Stats().SubscribesNotOpen >= 3 })
+		if _, err := a.Build(t.Context(), BuildSpec{ShardID: m.ShardID, Name: m.Name, Path: filepath.Join(a.dir, "f"),
+			FileSize: int64(len(data)), Length: int64(len(data)), PieceLength: testPiece,
+			Source: newHTTPOrigin(t, data).Source(), Completion: a.comp}); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		assertFileRange(t, filepath.Join(b.dir, "f"), data, m)
+		if got, asked := len(log.accepted()), b.Stats().SubscribesNotOpen; got != 1 {
+			t.Fatalf("%d subscriptions answered not open, then one served, took %d connections, want 1", asked, got)
+		}
+	})
+}
+
+// TestFetchAfterMemberClosedKept: when the member has closed the kept
+// connection (an idle timeout, a restart, a member serving one exchange per
+// connection), the next shard is fetched on a new one at once.
+func TestFetchAfterMemberClosedKept(t *testing.T) {
+	a, log := startLoggedNode(t, "a")
+	b := startNode(t, "b", nil)
+	for _, file := range []string{"f", "g"} {
+		sa, data := buildShard(t, a, "m/"+file+"#0", file, 1<<20+int(file[0]))
+		for _, c := range log.accepted() {
+			c.Close()
+		}
+		sb, err := b.Open(t.Context(), sa.Manifest(), filepath.Join(b.dir, file), b.comp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A PeerRefresh longer than the test's timeout: only an immediate
+		// redial can fill the shard.
+		if _, err := sb.Fetch(t.Context(), FetchOptions{Peers: peers(a.addr), PeerRefresh: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		assertFileRange(t, filepath.Join(b.dir, file), data, sa.Manifest())
+	}
+	if got := len(log.accepted()); got != 2 {
+		t.Fatalf("2 shards, the first one's connection closed by the member, took %d connections, want 2", got)
+	}
+}
+
+// TestKeptConnectionOnlyForItsMember: a connection kept after an exchange
+// with one member is never used for an exchange meant for another node at
+// that address, nor once its member is banned: each gets a new connection
+// and handshake, which the node at the address must pass as the one meant.
+func TestKeptConnectionOnlyForItsMember(t *testing.T) {
+	a, log := startLoggedNode(t, "a")
+	b := startNode(t, "b", nil)
+	if _, err := b.FetchManifest(t.Context(), a.addr, "m/f#0"); !errors.Is(err, ErrNoManifest) {
+		t.Fatalf("manifest of a shard nobody holds: %v, want ErrNoManifest", err)
+	}
+	// The address now belongs, as far as b knows, to node "c": a refuses
+	// a handshake meant for c.
+	if _, _, err := b.connect(t.Context(), a.addr, "c", askBufSize); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("connect to a's address expecting c: %v, want a refusal", err)
+	}
+	if got := len(log.accepted()); got != 2 {
+		t.Fatalf("an exchange meant for c took %d connections in all, want 2 (the kept one was not c's)", got)
+	}
+	if _, err := b.FetchManifest(t.Context(), a.addr, "m/f#0"); !errors.Is(err, ErrNoManifest) {
+		t.Fatalf("manifest of a shard nobody holds: %v, want ErrNoManifest", err)
+	}
+	if got := len(log.accepted()); got != 3 {
+		t.Fatalf("%d connections, want 3", got)
+	}
+	b.Ban(a.PublicKey())
+	mc, kept, err := b.connect(context.Background(), a.addr, "a", askBufSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mc.c.Close()
+	if kept {
+		t.Fatal("a connection kept for a banned member was used again")
+	}
+}
