@@ -254,13 +254,20 @@ func (f *fetch) runPeer(ctx context.Context, addr, want string) {
 var errLeft = errors.New("p2p: left the shard")
 
 // leave tells the peer, once the shard is complete, to send nothing more
-// of it, unless a request is still unanswered (the connection then ends).
-// No request goes out after it; the read loop ends with errLeft at the
-// peer's acknowledgement.
+// of it, unless a request to it is still unanswered (the connection then
+// ends). A piece still pending may be verified already: its last bytes are
+// in and the read loop has yet to take it off pending. No request goes out
+// after leave; the read loop ends with errLeft at the peer's
+// acknowledgement.
 func (pc *peerConn) leave() bool {
 	f := pc.f
+	have := f.s.Have()
 	f.mu.Lock()
-	if len(pc.pending) > 0 || pc.bad.Load() {
+	answered := !pc.bad.Load()
+	for _, i := range pc.pending {
+		answered = answered && have.Has(i)
+	}
+	if !answered {
 		f.mu.Unlock()
 		return false
 	}
@@ -397,7 +404,8 @@ func waitChange(ctx context.Context, ch <-chan struct{}, wait time.Duration) boo
 }
 
 // popPending removes the answered request at the front and keeps the stall
-// deadline armed exactly while something is outstanding.
+// deadline armed exactly while something is outstanding: a request, or
+// the acknowledgement of leave.
 func (pc *peerConn) popPending(i int) error {
 	f := pc.f
 	f.mu.Lock()
@@ -406,7 +414,7 @@ func (pc *peerConn) popPending(i int) error {
 		return fmt.Errorf("%w: answer for piece %d not asked for next", errProtocol, i)
 	}
 	pc.pending = pc.pending[1:]
-	if len(pc.pending) == 0 {
+	if len(pc.pending) == 0 && !pc.leaving {
 		_ = pc.c.SetReadDeadline(time.Time{})
 	} else {
 		_ = pc.c.SetReadDeadline(f.n.cfg.Now().Add(f.n.cfg.StallTimeout))

@@ -30,14 +30,14 @@ type testNode struct {
 }
 
 // startNode runs a node on a loopback port until the test ends.
-func startNode(t *testing.T, id string, mod func(*Config)) *testNode {
+func startNode(t testing.TB, id string, mod func(*Config)) *testNode {
 	t.Helper()
 	return startNodeListening(t, id, mod, nil)
 }
 
 // startNodeListening is startNode with the node's listener wrapped by wrap
 // (if not nil), for a test that watches what the node accepts.
-func startNodeListening(t *testing.T, id string, mod func(*Config), wrap func(net.Listener) net.Listener) *testNode {
+func startNodeListening(t testing.TB, id string, mod func(*Config), wrap func(net.Listener) net.Listener) *testNode {
 	t.Helper()
 	cfg := Config{NodeID: id, ClusterKey: testKey, StallTimeout: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))}
@@ -77,7 +77,7 @@ func startNodeListening(t *testing.T, id string, mod func(*Config), wrap func(ne
 	return &testNode{Node: n, addr: ln.Addr().String(), dir: dir, comp: comp}
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(bytes.TrimRight(p, "\n")))
@@ -114,7 +114,7 @@ type httpOrigin struct {
 	sent int64
 }
 
-func newHTTPOrigin(t *testing.T, data []byte) *httpOrigin {
+func newHTTPOrigin(t testing.TB, data []byte) *httpOrigin {
 	o := &httpOrigin{}
 	o.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.ServeContent(countingWriter{w, o}, r, "blob", time.Time{}, bytes.NewReader(data))

@@ -1,10 +1,15 @@
 package p2p
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +28,7 @@ func startLoggedNodeWith(t *testing.T, id string, mod func(*Config)) (*testNode,
 
 // buildShard has n build shard id of a file of size bytes from an HTTP
 // origin, and returns it with the file's bytes.
-func buildShard(t *testing.T, n *testNode, id, file string, size int) (*Shard, []byte) {
+func buildShard(t testing.TB, n *testNode, id, file string, size int) (*Shard, []byte) {
 	t.Helper()
 	data := randomData(t, size)
 	s, err := n.Build(t.Context(), BuildSpec{ShardID: id, Name: file, Path: filepath.Join(n.dir, file),
@@ -172,5 +177,94 @@ func TestKeptConnectionOnlyForItsMember(t *testing.T) {
 	defer mc.c.Close()
 	if kept {
 		t.Fatal("a connection kept for a banned member was used again")
+	}
+}
+
+// BenchmarkFetchFromMember is a node fetching one small shard after
+// another from the same member, as a warming node does from its peers; it
+// reports the handshakes it dialed per fetch.
+func BenchmarkFetchFromMember(b *testing.B) {
+	for _, enc := range []bool{false, true} {
+		name := "plaintext"
+		if enc {
+			name = "tls"
+		}
+		b.Run(name, func(b *testing.B) {
+			mod := func(c *Config) { c.Encrypt = enc; c.Logger = slog.New(slog.DiscardHandler) }
+			a := startNode(b, "a", mod)
+			n := startNode(b, "b", mod)
+			sa, _ := buildShard(b, a, "m/f#0", "f", 4*testPiece)
+			path := filepath.Join(n.dir, "f")
+			b.ReportAllocs()
+			for b.Loop() {
+				s, err := n.Open(b.Context(), sa.Manifest(), path, noCompletion{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := s.Fetch(b.Context(), FetchOptions{Peers: peers(a.addr)}); err != nil {
+					b.Fatal(err)
+				}
+				if err := errors.Join(s.Close(), os.Remove(path)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(n.Stats().HandshakesDialed)/float64(b.N), "dials/op")
+		})
+	}
+}
+
+// noCompletion stores nothing: every Open starts from an empty shard.
+type noCompletion struct{}
+
+func (noCompletion) Load(string) ([]byte, error) { return nil, nil }
+func (noCompletion) Store(string, []byte) error  { return nil }
+func (noCompletion) Delete(string) error         { return nil }
+
+// TestFetchReturnsWhenLeaveIsNotAcknowledged: a member that never answers
+// the downloader's leave, nor closes, costs the fetch at most StallTimeout;
+// the connection is then closed, not kept.
+func TestFetchReturnsWhenLeaveIsNotAcknowledged(t *testing.T) {
+	data := randomData(t, 4*testPiece+5)
+	m := manifestFor(t, data, 0, int64(len(data)), testPiece, SHA256)
+	addr := fakeMember(t, "mute", m, func(c net.Conn, br *bufio.Reader) {
+		for {
+			fr, err := readFrame(br)
+			if err != nil {
+				return
+			}
+			if fr.typ == msgUnsubscribe {
+				_, _ = io.Copy(io.Discard, br) // until the downloader closes
+				return
+			}
+			i, err := fr.index(m.NumPieces())
+			if err != nil {
+				return
+			}
+			off, n := m.PieceRange(i)
+			if writeFrame(c, msgPiece, append(u32(i), u32(int(n))...)) != nil {
+				return
+			}
+			if _, err := c.Write(data[off : off+n]); err != nil {
+				return
+			}
+		}
+	})
+	x := startNode(t, "x", func(c *Config) { c.StallTimeout = 300 * time.Millisecond })
+	s, err := x.Open(t.Context(), m, filepath.Join(x.dir, "f"), x.comp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fetched atomic.Bool
+	go func() {
+		if _, err := s.Fetch(t.Context(), FetchOptions{Peers: peers(addr)}); err != nil {
+			t.Error(err)
+		}
+		fetched.Store(true)
+	}()
+	wait.For(t, "the fetch to return", fetched.Load, wait.Timeout(10*time.Second))
+	assertFileRange(t, filepath.Join(x.dir, "f"), data, m)
+	if mc := x.idle.take(addr); mc != nil {
+		mc.c.Close()
+		t.Fatal("a connection whose leave was never acknowledged was kept")
 	}
 }
