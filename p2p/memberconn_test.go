@@ -268,3 +268,21 @@ func TestFetchReturnsWhenLeaveIsNotAcknowledged(t *testing.T) {
 		t.Fatal("a connection whose leave was never acknowledged was kept")
 	}
 }
+
+// TestBannedMemberLosesKeptConnection: a member banned while its
+// connection waits for the next exchange gets nothing more on it, nor on a
+// new one.
+func TestBannedMemberLosesKeptConnection(t *testing.T) {
+	a, log := startLoggedNode(t, "a")
+	b := startNode(t, "b", nil)
+	if _, err := b.FetchManifest(t.Context(), a.addr, "m/f#0"); !errors.Is(err, ErrNoManifest) {
+		t.Fatalf("manifest of a shard nobody holds: %v, want ErrNoManifest", err)
+	}
+	a.Ban(b.PublicKey())
+	if _, err := b.FetchManifest(t.Context(), a.addr, "m/f#0"); err == nil || errors.Is(err, ErrNoManifest) {
+		t.Fatalf("a banned member's ask: %v, want no answer", err)
+	}
+	if got := len(log.accepted()); got != 2 {
+		t.Fatalf("%d connections, want 2 (the kept one, then a new one refused)", got)
+	}
+}
