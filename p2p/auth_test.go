@@ -150,7 +150,7 @@ func TestNewAuthRejectsBadConfig(t *testing.T) {
 	}
 }
 
-func tcpPair(t *testing.T) (client, server net.Conn) {
+func tcpPair(t testing.TB) (client, server net.Conn) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

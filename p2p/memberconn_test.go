@@ -286,3 +286,41 @@ func TestBannedMemberLosesKeptConnection(t *testing.T) {
 		t.Fatalf("%d connections, want 2 (the kept one, then a new one refused)", got)
 	}
 }
+
+// BenchmarkHandshake is what a new member connection costs both ends
+// together before its first exchange: TCP connect, TLS (when encrypting)
+// and the identity handshake, over loopback.
+func BenchmarkHandshake(b *testing.B) {
+	for _, enc := range []bool{false, true} {
+		name := "plaintext"
+		if enc {
+			name = "tls"
+		}
+		b.Run(name, func(b *testing.B) {
+			cli, err := newAuth("c", oneKey(testKey), enc)
+			if err != nil {
+				b.Fatal(err)
+			}
+			srv, err := newAuth("s", oneKey(testKey), enc)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				cc, sc := tcpPair(b)
+				deadline := time.Now().Add(10 * time.Second)
+				done := make(chan error, 1)
+				go func() {
+					_, _, err := srv.server(sc, deadline)
+					done <- err
+				}()
+				_, _, err := cli.client(cc, deadline, "s")
+				if err := errors.Join(err, <-done); err != nil {
+					b.Fatal(err)
+				}
+				cc.Close()
+				sc.Close()
+			}
+		})
+	}
+}
