@@ -184,32 +184,38 @@ func TestKeptConnectionOnlyForItsMember(t *testing.T) {
 // another from the same member, as a warming node does from its peers; it
 // reports the handshakes it dialed per fetch.
 func BenchmarkFetchFromMember(b *testing.B) {
+	eachEncryption(b, func(b *testing.B, enc bool) {
+		mod := func(c *Config) { c.Encrypt = enc; c.Logger = slog.New(slog.DiscardHandler) }
+		a := startNode(b, "a", mod)
+		n := startNode(b, "b", mod)
+		sa, _ := buildShard(b, a, "m/f#0", "f", 4*testPiece)
+		path := filepath.Join(n.dir, "f")
+		b.ReportAllocs()
+		for b.Loop() {
+			s, err := n.Open(b.Context(), sa.Manifest(), path, noCompletion{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.Fetch(b.Context(), FetchOptions{Peers: peers(a.addr)}); err != nil {
+				b.Fatal(err)
+			}
+			if err := errors.Join(s.Close(), os.Remove(path)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(n.Stats().HandshakesDialed)/float64(b.N), "dials/op")
+	})
+}
+
+// eachEncryption runs f as a sub-benchmark per peer-connection mode:
+// plaintext, then TLS.
+func eachEncryption(b *testing.B, f func(b *testing.B, enc bool)) {
 	for _, enc := range []bool{false, true} {
 		name := "plaintext"
 		if enc {
 			name = "tls"
 		}
-		b.Run(name, func(b *testing.B) {
-			mod := func(c *Config) { c.Encrypt = enc; c.Logger = slog.New(slog.DiscardHandler) }
-			a := startNode(b, "a", mod)
-			n := startNode(b, "b", mod)
-			sa, _ := buildShard(b, a, "m/f#0", "f", 4*testPiece)
-			path := filepath.Join(n.dir, "f")
-			b.ReportAllocs()
-			for b.Loop() {
-				s, err := n.Open(b.Context(), sa.Manifest(), path, noCompletion{})
-				if err != nil {
-					b.Fatal(err)
-				}
-				if _, err := s.Fetch(b.Context(), FetchOptions{Peers: peers(a.addr)}); err != nil {
-					b.Fatal(err)
-				}
-				if err := errors.Join(s.Close(), os.Remove(path)); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(n.Stats().HandshakesDialed)/float64(b.N), "dials/op")
-		})
+		b.Run(name, func(b *testing.B) { f(b, enc) })
 	}
 }
 
@@ -291,36 +297,30 @@ func TestBannedMemberLosesKeptConnection(t *testing.T) {
 // together before its first exchange: TCP connect, TLS (when encrypting)
 // and the identity handshake, over loopback.
 func BenchmarkHandshake(b *testing.B) {
-	for _, enc := range []bool{false, true} {
-		name := "plaintext"
-		if enc {
-			name = "tls"
+	eachEncryption(b, func(b *testing.B, enc bool) {
+		cli, err := newAuth("c", oneKey(testKey), enc)
+		if err != nil {
+			b.Fatal(err)
 		}
-		b.Run(name, func(b *testing.B) {
-			cli, err := newAuth("c", oneKey(testKey), enc)
-			if err != nil {
+		srv, err := newAuth("s", oneKey(testKey), enc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			cc, sc := tcpPair(b)
+			deadline := time.Now().Add(10 * time.Second)
+			done := make(chan error, 1)
+			go func() {
+				_, _, err := srv.server(sc, deadline)
+				done <- err
+			}()
+			_, _, err := cli.client(cc, deadline, "s")
+			if err := errors.Join(err, <-done); err != nil {
 				b.Fatal(err)
 			}
-			srv, err := newAuth("s", oneKey(testKey), enc)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportAllocs()
-			for b.Loop() {
-				cc, sc := tcpPair(b)
-				deadline := time.Now().Add(10 * time.Second)
-				done := make(chan error, 1)
-				go func() {
-					_, _, err := srv.server(sc, deadline)
-					done <- err
-				}()
-				_, _, err := cli.client(cc, deadline, "s")
-				if err := errors.Join(err, <-done); err != nil {
-					b.Fatal(err)
-				}
-				cc.Close()
-				sc.Close()
-			}
-		})
-	}
+			cc.Close()
+			sc.Close()
+		}
+	})
 }
