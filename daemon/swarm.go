@@ -419,7 +419,7 @@ func (f *fetch) fetchShard(ctx context.Context, obj origin.Object, path string, 
 			f.log.Debug("shard: reading it from S3 as its origin", "shard", spec.ShardID, "waited", waited, "rank", rank)
 			return f.buildShard(ctx, spec)
 		case inProgress:
-			f.log.Debug("shard: following its origin", "shard", spec.ShardID, "waited", f.d.now().Sub(start))
+			f.log.Debug("shard: following its origin", "shard", spec.ShardID, "waited", waited)
 			return f.fillShard(ctx, spec, nil)
 		}
 		// An ask the origin held for its wait counts as the pause.

@@ -178,17 +178,19 @@ func Defaults() Config {
 	}
 }
 
-// LoadConfig reads a YAML config file over Defaults. Unknown keys are errors.
-func LoadConfig(path string) (Config, error) {
+// LoadConfig reads a YAML config file over Defaults. Unknown keys are
+// errors. It also returns the bytes it parsed, so a caller that watches
+// the file compares later reads with what it loaded, read once.
+func LoadConfig(path string) (Config, []byte, error) {
 	cfg := Defaults()
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return cfg, fmt.Errorf("router config: %w", err)
+		return cfg, nil, fmt.Errorf("router config: %w", err)
 	}
 	if err := ParseConfig(b, &cfg); err != nil {
-		return cfg, fmt.Errorf("router config %s: %w", path, err)
+		return cfg, nil, fmt.Errorf("router config %s: %w", path, err)
 	}
-	return cfg, nil
+	return cfg, b, nil
 }
 
 // ParseConfig decodes YAML into cfg (fields absent keep their values) and validates.

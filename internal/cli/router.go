@@ -190,14 +190,17 @@ func (f *routerFlags) register(fs *flagSet) {
 	fs.StringVar(&f.peerAdvertise, "peer-advertise", "", "host:port other routers should stream to, if not --peer-listen (default: its port on the --advertise or --gossip host)")
 }
 
-// load builds the configuration: file, then flags given explicitly.
-func (f *routerFlags) load() (router.Config, error) {
+// load builds the configuration: file, then flags given explicitly. It
+// returns the digest of the file's content it loaded (zero without one).
+func (f *routerFlags) load() (router.Config, [sha256.Size]byte, error) {
 	cfg := router.Defaults()
+	var digest [sha256.Size]byte
 	if f.configFile != "" {
-		var err error
-		if cfg, err = router.LoadConfig(f.configFile); err != nil {
-			return cfg, err
+		loaded, b, err := router.LoadConfig(f.configFile)
+		if err != nil {
+			return loaded, digest, err
 		}
+		cfg, digest = loaded, sha256.Sum256(b)
 	}
 	if f.set["strategy"] || f.configFile == "" {
 		cfg.Strategy = f.strategy
@@ -240,10 +243,10 @@ func (f *routerFlags) load() (router.Config, error) {
 			}
 		}
 		if !found {
-			return cfg, fmt.Errorf("--kv-events %s: not a configured backend (give it with --backend or in --config)", u)
+			return cfg, digest, fmt.Errorf("--kv-events %s: not a configured backend (give it with --backend or in --config)", u)
 		}
 	}
-	return cfg, cfg.Validate()
+	return cfg, digest, cfg.Validate()
 }
 
 // routerSetup is what the router's flags resolve to before any part runs.
@@ -251,9 +254,9 @@ type routerSetup struct {
 	log        *slog.Logger
 	adminToken string
 	cfg        router.Config
-	// cfgDigest is the config file's digest read just before cfg was
-	// loaded from it: the watcher starts later, and a change made in
-	// between must still count as one.
+	// cfgDigest is the digest of the config file's content cfg was
+	// loaded from: the watcher starts later, and a change made in between
+	// must still count as one.
 	cfgDigest   [sha256.Size]byte
 	clusterKeys [][]byte
 	hashKey     prefix.Key
@@ -299,10 +302,7 @@ func (f *routerFlags) setup(e *Env, fs *flagSet) (*routerSetup, error) {
 	if f.adminListen != "" && s.adminToken == "" && !(api.Addr{Network: "tcp", Address: f.adminListen}).Loopback() {
 		return nil, usageError("--admin-listen %s is reachable from other hosts: give a bearer token (--admin-token-file)", f.adminListen)
 	}
-	if f.configFile != "" {
-		s.cfgDigest, _ = fileDigest(f.configFile) // unreadable: load says why
-	}
-	if s.cfg, err = f.load(); err != nil {
+	if s.cfg, s.cfgDigest, err = f.load(); err != nil {
 		return nil, usageError("%v", err)
 	}
 	if len(s.cfg.Backends) == 0 && len(f.join) == 0 {
@@ -426,7 +426,7 @@ func routerRoot(ctx context.Context, f *routerFlags, s *routerSetup, onListen fu
 	reload := func() error {
 		reloadMu.Lock()
 		defer reloadMu.Unlock()
-		next, err := f.load()
+		next, _, err := f.load()
 		if err != nil {
 			return err
 		}
