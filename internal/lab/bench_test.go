@@ -52,6 +52,9 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"router", "--scale-out", "everything"}, "scale-out workload"},
 		{[]string{"router", "--scale-out-add", "0"}, "scale-out workload"},
 		{[]string{"router", "--strategies", "prefix-aware,round-robin"}, `unknown strategy "round-robin"`},
+		{[]string{"router", "--backend-speeds", "2,fast"}, `"fast" is not a number`},
+		{[]string{"router", "--backends", "2", "--backend-speeds", "2,2,1"}, "3 backend speeds for 2 backends"},
+		{[]string{"router", "--backends", "2", "--backend-speeds", "2,-1"}, "speed -1"},
 	}
 	for _, tt := range tests {
 		args := append([]string{"bench"}, tt.args...)

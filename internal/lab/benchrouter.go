@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/warmfleet/warmfleet/internal/cli"
@@ -17,6 +18,7 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 	fs := cli.NewFlagSet(e, "bench router")
 	o := bench.DefaultOptions()
 	fs.IntVar(&o.Backends, "backends", o.Backends, "simulated backends")
+	speeds := fs.String("backend-speeds", "", "comma-separated speed of each backend relative to the simulator's times, e.g. 2,2,2,2,1,1,1,1 for a fleet of two GPU generations (empty: all 1)")
 	fs.Float64Var(&o.Load, "load", o.Load, "offered load: uncached prefill work / fleet prefill capacity (with --engine llm-d-inference-sim: sequence slot time / the fleet's slots)")
 	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per workload")
 	workloads := fs.String("workloads", strings.Join(o.Workloads, ","), "comma-separated: "+strings.Join(bench.AllWorkloads(), ", "))
@@ -93,6 +95,16 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 			return cli.UsageError("%v", err)
 		}
 		o.Strategies = append(o.Strategies, st)
+	}
+	for _, f := range strings.Split(*speeds, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			return cli.UsageError("--backend-speeds: %q is not a number", f)
+		}
+		o.Speeds = append(o.Speeds, v)
 	}
 	if *engine != "llmsim" {
 		o.Engine = *engine

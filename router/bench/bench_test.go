@@ -281,6 +281,13 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		"decision 300 backends": func(o *Options) { o.DecisionBackends = 300 },
 		"replicas -1":           func(o *Options) { o.Replicas = -1 },
 		"replicas 17":           func(o *Options) { o.Replicas = 17 },
+		"speeds for 2 of 8":     func(o *Options) { o.Speeds = []float64{1, 2} },
+		"speed 0":               func(o *Options) { o.Backends, o.Speeds = 2, []float64{1, 0} },
+		"speed NaN":             func(o *Options) { o.Backends, o.Speeds = 2, []float64{math.NaN(), 1} },
+		"speed 1000":            func(o *Options) { o.Backends, o.Speeds = 2, []float64{1, 1000} },
+		"speeds of inference-sim": func(o *Options) {
+			o.Backends, o.Speeds, o.Engine, o.Sim.BlockTokens = 2, []float64{1, 2}, EngineInferenceSim, 16
+		},
 	} {
 		o := DefaultOptions()
 		o.Workloads, o.DecisionBackends, o.OverheadRate = []string{WorkNoShare}, 0, 0
@@ -355,5 +362,38 @@ func TestRunWithKVEvents(t *testing.T) {
 	// on a loaded machine), a residue not yet tracked down.
 	if a, b := runs[0], runs[1]; math.Abs(a.HitRate-b.HitRate) > 0.005 || !maps.Equal(a.Reasons, b.Reasons) || !slices.Equal(a.ByReplica, b.ByReplica) {
 		t.Errorf("runs differ:\n%+v\n%+v", a, b)
+	}
+}
+
+// TestBackendSpeeds: a fleet whose every backend is 4 times as fast, at the
+// same offered load, replays the same run in a quarter of the time (load is
+// offered against the fleet's capacity, and each simulator's times
+// shrink); busiest shares are taken over each backend's speed.
+func TestBackendSpeeds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 2 fleets")
+	}
+	o := DefaultOptions()
+	o.Backends, o.Requests, o.Saturation = 2, 60, false
+	o.Workloads, o.Strategies = []string{WorkNoShare}, []balance.Strategy{balance.Random}
+	o.OverheadRate, o.DecisionBackends, o.ScaleOut = 0, 0, ""
+	p50 := func(speeds []float64) float64 {
+		o.Speeds = speeds
+		res, err := Run(t.Context(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Workloads[0].Strategies[0].TTFTp50
+	}
+	slow, fast := p50(nil), p50([]float64{4, 4})
+	if r := fast / slow; r < 0.24 || r > 0.26 {
+		t.Errorf("TTFT p50 %.4fs at speed 4, %.4fs at 1: ratio %.3f, want 0.25", fast, slow, r)
+	}
+	o.Speeds = []float64{3, 1}
+	if got := o.fairBusiest([]float64{30, 10}); got != 1 {
+		t.Errorf("busiest of 30 and 10 requests at speeds 3 and 1: %v, want 1 (each its fair share)", got)
+	}
+	if got := o.fairBusiest([]float64{20, 20}); got != 1.5 {
+		t.Errorf("busiest of 20 and 20 requests at speeds 3 and 1: %v, want 1.5", got)
 	}
 }

@@ -91,6 +91,10 @@ func startFleet(ctx context.Context, o *Options, n int, sim llmsim.Config, st ba
 	}
 	f, err := startFleetWith(ctx, o, n, o.replicas(), st, now, func() (http.Handler, string, error) {
 		c := sim
+		if v := o.speed(len(sims)); v != 1 {
+			c.PrefillPerToken = time.Duration(float64(c.PrefillPerToken) / v)
+			c.DecodePerToken = time.Duration(float64(c.DecodePerToken) / v)
+		}
 		kvEvents := ""
 		if o.KVEvents {
 			k, err := newKVFeed(kctx, sim.Clock)

@@ -32,7 +32,14 @@ type Options struct {
 	// sequence slot (Sim.MaxSeqs), so the backends, not the clients,
 	// limit the rate: with fewer, a client's time is mostly decode and the
 	// figure measures latency rather than capacity.
-	ClosedPerBE   int
+	ClosedPerBE int
+	// Speeds, if set, is each backend's speed relative to Sim (one per
+	// backend): a backend at 2 prefills and decodes in half Sim's times, as
+	// a fleet of mixed GPU generations does. Load is then offered against
+	// the fleet's summed capacity, and busiest shares are taken over each
+	// backend's fair share (its speed over the mean). Backends a scale-out
+	// phase adds run at 1.
+	Speeds        []float64
 	RouterMaxInf  int // router's per-backend concurrency limit (0: none)
 	LoadFactor    float64
 	Slack         float64 // router slack (0: router default)
@@ -137,6 +144,8 @@ type OptionsSummary struct {
 	// EngineClients > 0: closed-loop clients instead of open-loop arrivals.
 	EngineClients    int     `json:"engine_clients,omitempty"`
 	EngineLoadFactor float64 `json:"engine_load_factor,omitempty"`
+	// Speeds: each backend's speed relative to the simulator's times.
+	Speeds []float64 `json:"backend_speeds,omitempty"`
 }
 
 // WorkloadResult is one workload under every strategy.
@@ -228,6 +237,19 @@ func (o *Options) Validate() error {
 	if err := o.Sim.Validate(); err != nil {
 		return err
 	}
+	if len(o.Speeds) > 0 {
+		if len(o.Speeds) != o.Backends {
+			return fmt.Errorf("bench: %d backend speeds for %d backends: give one per backend", len(o.Speeds), o.Backends)
+		}
+		for i, v := range o.Speeds {
+			if !(v >= 0.01 && v <= 100) {
+				return fmt.Errorf("bench: backend %d's speed %v: want 0.01..100 (relative to the simulator's times)", i, v)
+			}
+		}
+		if o.Engine != "" {
+			return errors.New("bench: backend speeds apply to llmsim backends only")
+		}
+	}
 	switch o.Engine {
 	case "":
 	case EngineInferenceSim:
@@ -255,7 +277,7 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 		Options: OptionsSummary{Backends: o.Backends, Load: o.Load, Requests: o.Requests, KVBlocks: o.Sim.KVBlocks, BlockTokens: o.Sim.BlockTokens,
 			MaxSeqs: o.Sim.MaxSeqs, PrefillPerToken: o.Sim.PrefillPerToken.String(), DecodePerToken: o.Sim.DecodePerToken.String(),
 			LoadFactor: rc.LoadFactor, ShareFactor: rc.ShareFactor, BalanceSlack: rc.BalanceSlack, Slack: rc.Slack, HotShare: rc.HotShare,
-			Replicas: o.replicas(), KVEvents: o.KVEvents, TokenPrompts: o.TokenPrompts, Engine: o.Engine}}
+			Replicas: o.replicas(), KVEvents: o.KVEvents, TokenPrompts: o.TokenPrompts, Engine: o.Engine, Speeds: o.Speeds}}
 	if o.Engine != "" {
 		res.Options.EngineClients, res.Options.EngineLoadFactor = o.EngineClients, o.EngineLoadFactor
 	}
@@ -383,8 +405,40 @@ func (o *Options) workload(name string, n int) (Workload, error) {
 	if err != nil {
 		return w, err
 	}
-	w.Schedule(o.Load, o.Backends, o.Sim.PrefillPerToken, o.Seed)
+	// Mixed speeds: the fleet's capacity is its mean backend's times.
+	w.Schedule(o.Load, o.Backends, time.Duration(float64(o.Sim.PrefillPerToken)/o.meanSpeed()), o.Seed)
 	return w, nil
+}
+
+// speed is backend i's speed (Speeds; 1 when not given, as for backends
+// a scale-out phase adds).
+func (o *Options) speed(i int) float64 {
+	if i < len(o.Speeds) {
+		return o.Speeds[i]
+	}
+	return 1
+}
+
+// meanSpeed is the mean of the first Backends backends' speeds.
+func (o *Options) meanSpeed() float64 {
+	sum := 0.0
+	for i := range o.Backends {
+		sum += o.speed(i)
+	}
+	return sum / float64(o.Backends)
+}
+
+// fairBusiest is busiest over backends whose fair shares follow their
+// speeds: each one's figure is taken over its speed first.
+func (o *Options) fairBusiest(xs []float64) float64 {
+	if len(o.Speeds) == 0 {
+		return busiest(xs)
+	}
+	scaled := make([]float64, len(xs))
+	for i, x := range xs {
+		scaled[i] = x / o.speed(i)
+	}
+	return busiest(scaled)
 }
 
 // routerConfig is the router configuration the options produce: 0 keeps
@@ -450,7 +504,7 @@ func runStrategy(ctx context.Context, o *Options, w, sat *Workload, st balance.S
 		f.stop()
 		return sr, err
 	}
-	sr.HitRate, sr.BusiestShare, sr.BusiestWork = stats.hitRate(), busiest(stats.requests), busiest(stats.computed())
+	sr.HitRate, sr.BusiestShare, sr.BusiestWork = stats.hitRate(), o.fairBusiest(stats.requests), o.fairBusiest(stats.computed())
 	sr.Reasons, sr.ByReplica = f.reasons()
 	f.stop()
 	if sat != nil {
