@@ -124,6 +124,11 @@ type BackendConfig struct {
 	// default), bind:tcp://HOST:PORT for the router to bind and the engine
 	// to connect (llm-d-inference-sim's --zmq-endpoint). Empty: none.
 	KVEvents string `yaml:"kv_events"`
+	// Speed is how fast its engine prefills and decodes relative to the
+	// fleet's usual backend, e.g. 2 for a GPU generation twice as fast (0:
+	// 1). It scales the backend's fair share of traffic, and prefix-aware
+	// prices its queue in time; self-tuning learns speeds instead.
+	Speed float64 `yaml:"speed"`
 }
 
 // Defaults returns the default configuration.
@@ -294,6 +299,9 @@ func (c *Config) Validate() error {
 		}
 		if b.MaxInflight < 0 || b.KVCacheTokens < 0 {
 			errs = append(errs, fmt.Errorf("backends[%d]: max_inflight and kv_cache_tokens must be >= 0", i))
+		}
+		if b.Speed != 0 && !(b.Speed >= 1.0/balance.MaxSpeed && b.Speed <= balance.MaxSpeed) {
+			errs = append(errs, fmt.Errorf("backends[%d]: speed %v: want 1/%d..%d relative to the fleet's usual backend (0: 1)", i, b.Speed, balance.MaxSpeed, balance.MaxSpeed))
 		}
 	}
 	return errors.Join(errs...)

@@ -695,7 +695,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	for _, b := range members {
 		c := balance.Candidate{ID: b.id, Inflight: b.inflight + b.peers.inflight, Limit: b.limit,
 			Pending: b.pending + b.peers.pending, Prefilling: b.prefilling + b.peers.prefilling,
-			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights, Recent: b.recent}
+			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights, Recent: b.recent, Speed: b.ep.Speed}
 		if req.strategy == balance.CacheAware {
 			c.Held = int(rt.heldLocked(b, req.exact))
 		}

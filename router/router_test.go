@@ -638,6 +638,13 @@ func TestConfigParse(t *testing.T) {
 	if eps := StaticEndpoints(&cfg); len(eps) != 1 || eps[0].URL != "http://127.0.0.1:8000" || !eps[0].HoldsWeights {
 		t.Fatalf("endpoints %+v", eps)
 	}
+	fast := Defaults()
+	if err := ParseConfig([]byte("backends:\n  - {url: http://a, speed: 2.5}\n  - url: http://b\n"), &fast); err != nil {
+		t.Fatal(err)
+	}
+	if eps := StaticEndpoints(&fast); len(eps) != 2 || eps[0].Speed != 2.5 || eps[1].Speed != 0 {
+		t.Fatalf("speeds: endpoints %+v", eps)
+	}
 	for _, bad := range []string{"strategy: fastest\n", "load_factor: 0.5\n", "unknown_key: 1\n", "backends:\n  - url: ftp://x\n",
 		"backends:\n  - url: http://a\n  - url: http://a/\n", "block_chars: 1\n", "queue_timeout: soon\n",
 		"share_factor: 0.5\n", "share_half_life: 0\n", "decode_weight: 2\n", "decode_weight: 0\n", "eject_5xx: -1\n", "hot_share: -1\n", "hot_share: .nan\n",
@@ -646,7 +653,9 @@ func TestConfigParse(t *testing.T) {
 		"share_factor: .nan\n", "chars_per_token: .nan\n", "chars_per_token: .inf\n", "chars_per_token: -1\n",
 		"backends:\n  - {url: http://a, id: x}\n  - {url: http://b, id: x}\n", "backends:\n  - url: http://a\n  - {url: http://b, id: \"http://a\"}\n",
 		"cache_threshold: 0\n", "cache_threshold: 1.5\n", "cache_threshold: .nan\n", "balance_abs_threshold: 0\n", "balance_rel_threshold: 0.5\n",
-		"balance_rel_threshold: .nan\n", "strategy: sglang\n"} {
+		"balance_rel_threshold: .nan\n", "strategy: sglang\n",
+		"backends:\n  - {url: http://a, speed: -1}\n", "backends:\n  - {url: http://a, speed: .nan}\n", "backends:\n  - {url: http://a, speed: .inf}\n",
+		"backends:\n  - {url: http://a, speed: 100}\n", "backends:\n  - {url: http://a, speed: 0.001}\n"} {
 		c := Defaults()
 		if err := ParseConfig([]byte(bad), &c); err == nil {
 			t.Errorf("accepted %q", bad)

@@ -302,3 +302,35 @@ func TestForwardedForIPv6(t *testing.T) {
 		t.Fatalf("X-Forwarded-For %q, want ::1", xff)
 	}
 }
+
+// TestConfiguredSpeed: one at a time, new prompts all go to a backend
+// configured three times as fast as the other (idle, it answers in a third
+// of the time, past what balance may cost: balance_slack); unconfigured,
+// the two split them.
+func TestConfiguredSpeed(t *testing.T) {
+	for _, speed := range []float64{0, 3} {
+		var urls []string
+		for range 2 {
+			sim, err := llmsim.New(llmsim.Defaults(), prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(sim)
+			t.Cleanup(srv.Close)
+			urls = append(urls, srv.URL)
+		}
+		cfg := Defaults()
+		cfg.Backends = []BackendConfig{{URL: urls[0], Speed: speed}, {URL: urls[1]}}
+		h := newHarness(t, cfg, Options{})
+		fast := 0
+		for i := range 40 {
+			got, _ := routedTo(t, h, chat("", strings.Repeat(fmt.Sprintf("prompt %d, nothing shared. ", i), 40)))
+			if got == urls[0] {
+				fast++
+			}
+		}
+		if speed == 3 && fast != 40 || speed == 0 && (fast < 17 || fast > 23) {
+			t.Errorf("speed %v: %d of 40 prompts went to it, want 40 at speed 3, 17-23 unconfigured", speed, fast)
+		}
+	}
+}

@@ -31,6 +31,9 @@ type Endpoint struct {
 	// KVEvents is the engine's KV-event address (BackendConfig.KVEvents);
 	// empty: it publishes none.
 	KVEvents string
+	// Speed is the engine's speed relative to the fleet's usual backend
+	// (BackendConfig.Speed); 0: 1.
+	Speed float64
 }
 
 // EndpointSource is what the router needs from discovery: the current set
@@ -104,7 +107,7 @@ func StaticEndpoints(cfg *Config) []Endpoint {
 		}
 		warm := b.HoldsWeights == nil || *b.HoldsWeights
 		eps = append(eps, Endpoint{URL: u, ID: b.ID, Models: slices.Clone(b.Models), Ready: true, HoldsWeights: warm,
-			MaxInflight: b.MaxInflight, KVCacheTokens: b.KVCacheTokens, KVEvents: b.KVEvents})
+			MaxInflight: b.MaxInflight, KVCacheTokens: b.KVCacheTokens, KVEvents: b.KVEvents, Speed: b.Speed})
 	}
 	return eps
 }

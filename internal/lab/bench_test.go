@@ -55,6 +55,7 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"router", "--backend-speeds", "2,fast"}, `"fast" is not a number`},
 		{[]string{"router", "--backends", "2", "--backend-speeds", "2,2,1"}, "3 backend speeds for 2 backends"},
 		{[]string{"router", "--backends", "2", "--backend-speeds", "2,-1"}, "speed -1"},
+		{[]string{"router", "--router-speeds"}, "only when they are given"},
 	}
 	for _, tt := range tests {
 		args := append([]string{"bench"}, tt.args...)

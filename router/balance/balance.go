@@ -107,6 +107,12 @@ type Candidate struct {
 	// Held is how many blocks the router's index has it hold (the size of
 	// its approximate prefix tree, for cache-aware).
 	Held int
+	// Speed is how fast it prefills and decodes relative to the fleet's
+	// usual backend (2: twice as fast, a newer GPU generation; 0: 1): it
+	// gets Speed times the fair share of recent traffic (and of random
+	// picks), and prefix-aware prices its queue in time, not blocks.
+	// Self-tuning learns speeds from what it observes instead.
+	Speed float64
 }
 
 // Input is everything one decision depends on.
@@ -194,11 +200,39 @@ func (in *Input) loadFactor() float64 {
 	return in.LoadFactor
 }
 
+// weight is c's ramp-up weight, (0, 1]: its share of groups and its load
+// bound. Speed does not scale them: a backend twice as fast holds the same
+// KV cache (more groups there would evict each other), and it keeps twice
+// the arrivals at the same in-flight count, since each leaves in half the
+// time.
 func weight(c *Candidate) float64 {
 	if c.Weight <= 0 || math.IsNaN(c.Weight) {
 		return 1e-3
 	}
 	return min(c.Weight, 1)
+}
+
+// rateShare is c's share of the request rate: its weight times its speed.
+func rateShare(c *Candidate) float64 { return weight(c) * speed(c) }
+
+// MaxSpeed bounds Candidate.Speed both ways (1/MaxSpeed..MaxSpeed).
+const MaxSpeed = 64
+
+// speed is c.Speed within 1/MaxSpeed..MaxSpeed; 1 when unset or not a
+// number.
+func speed(c *Candidate) float64 {
+	if !(c.Speed > 0) || math.IsInf(c.Speed, 1) {
+		return 1
+	}
+	return min(max(c.Speed, 1.0/MaxSpeed), MaxSpeed)
+}
+
+// inTime converts blocks of prefill on c into blocks at speed 1.
+func inTime(c *Candidate, blocks int) int {
+	if s := speed(c); s != 1 {
+		return int(math.Ceil(float64(blocks) / s))
+	}
+	return blocks
 }
 
 func (in *Input) decodeWeight() float64 {
@@ -302,7 +336,7 @@ func decideRandom(in Input) Decision {
 	wsum := 0.0
 	for i := range in.Candidates {
 		if underLimit(&in.Candidates[i]) {
-			wsum += weight(&in.Candidates[i])
+			wsum += rateShare(&in.Candidates[i])
 		}
 	}
 	if wsum == 0 {
@@ -316,7 +350,7 @@ func decideRandom(in Input) Decision {
 			continue
 		}
 		d.Pick = i
-		if target -= weight(c); target < 0 {
+		if target -= rateShare(c); target < 0 {
 			break
 		}
 	}
@@ -373,8 +407,8 @@ func tierBetter(t int8, i, j int, cands []Candidate, costs []int, rv []float64) 
 	if t >= tierFair && costs[i] != costs[j] {
 		return costs[i] < costs[j]
 	}
-	if t >= tierCold && cands[i].Recent != cands[j].Recent {
-		return cands[i].Recent < cands[j].Recent
+	if ri, rj := cands[i].Recent/speed(&cands[i]), cands[j].Recent/speed(&cands[j]); t >= tierCold && ri != rj {
+		return ri < rj
 	}
 	return better(&cands[i], &cands[j], rv[i], rv[j])
 }
@@ -396,18 +430,19 @@ func (in *Input) shareFactor() float64 {
 	return in.ShareFactor
 }
 
-// Shares returns each candidate's recent traffic over its fair share (1 is
-// exactly fair; 0 for all when there is no history yet).
+// Shares returns each candidate's recent traffic over its fair share, in
+// proportion to its weight and speed (1 is exactly fair; 0 for all when
+// there is no history yet).
 func Shares(cands []Candidate, dst []float64) []float64 {
 	sum, wsum := 0.0, 0.0
 	for i := range cands {
 		sum += max(cands[i].Recent, 0)
-		wsum += weight(&cands[i])
+		wsum += rateShare(&cands[i])
 	}
 	for i := range cands {
 		s := 0.0
 		if sum > 0 {
-			s = max(cands[i].Recent, 0) / sum * wsum / weight(&cands[i])
+			s = max(cands[i].Recent, 0) / sum * wsum / rateShare(&cands[i])
 		}
 		dst = append(dst, s)
 	}
@@ -480,7 +515,7 @@ func decidePrefix(in Input) Decision {
 			rv = append(rv, Rendezvous(key, c.ID, weight(c)))
 		}
 		loads = append(loads, load(c, dw))
-		costs = append(costs, cost(c, n, in.Common))
+		costs = append(costs, inTime(c, cost(c, n, in.Common)))
 	}
 	slack := in.Slack
 	if slack == 0 {
@@ -536,7 +571,7 @@ func decidePrefix(in Input) Decision {
 		if j < 0 {
 			return 0
 		}
-		return int(charge * float64(max(in.Candidates[i].Matched-max(in.Candidates[j].Matched, in.Common), 0)))
+		return inTime(&in.Candidates[j], int(charge*float64(max(in.Candidates[i].Matched-max(in.Candidates[j].Matched, in.Common), 0))))
 	}
 	within := func(base int) int {
 		if slack < 0 || base == math.MaxInt {

@@ -102,6 +102,12 @@ func TestDecidePrefix(t *testing.T) {
 		}, want: 1, reason: Overflow, notPick: 4, prefered: 4, yielded: BoundShare},
 		{name: "a long match is worth a moderate queue", setup: func(c []Candidate) { c[2].Matched, c[2].Pending = 18, 12 },
 			want: 2, reason: Hit, notPick: -1, prefered: 2},
+		{name: "a queue on a backend twice as fast waits half as long", setup: func(c []Candidate) {
+			c[2].Matched, c[2].Pending, c[2].Speed = 3, 20, 2 // 20 queued + 17 uncached blocks take 19 at speed 2, 37 at 1
+		}, want: 2, reason: Hit, notPick: -1, prefered: 2},
+		{name: "a queue on a backend half as fast spills a longer match", setup: func(c []Candidate) {
+			c[2].Matched, c[2].Pending, c[2].Speed = 18, 12, 0.5 // 12 queued blocks take 24 at speed 1/2
+		}, want: -1, reason: Overflow, notPick: 2, prefered: 2, yielded: BoundWait},
 		{name: "a long match holds a little past its load bound", setup: func(c []Candidate) {
 			for i := range c {
 				c[i].Inflight = 2 // bound ceil(1.25*17/8) = 3
@@ -425,6 +431,15 @@ func TestDecidePrefixShares(t *testing.T) {
 		reason       Reason
 		balanceSlack float64
 	}{
+		{name: "a backend twice as fast is fair at twice the traffic", setup: func(c []Candidate) {
+			even(c)
+			c[2].Recent, c[2].Matched, c[2].Speed = 2, 12, 2 // 2 / 9 x 9 / 2 = 1: at its fair share
+		}, want: fixed(2), reason: Hit},
+		{name: "a backend half as fast yields at its plain share", setup: func(c []Candidate) {
+			even(c)
+			c[2].Recent, c[2].Matched, c[2].Speed = 1.5, 12, 0.5 // 1.5 / 8.5 x 7.5 / 0.5 = 2.6 > HoldShare x 1.1
+			c[5].Matched = 6
+		}, want: fixed(5), reason: Overflow},
 		{name: "hit within its share factor keeps affinity", setup: func(c []Candidate) {
 			even(c)
 			c[2].Recent, c[2].Matched = 1.08, 12

@@ -285,7 +285,8 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		"speed 0":               func(o *Options) { o.Backends, o.Speeds = 2, []float64{1, 0} },
 		"speed NaN":             func(o *Options) { o.Backends, o.Speeds = 2, []float64{math.NaN(), 1} },
 		"speed 1000":            func(o *Options) { o.Backends, o.Speeds = 2, []float64{1, 1000} },
-		"speeds of inference-sim": func(o *Options) {
+		"told, none given":      func(o *Options) { o.SpeedsConfigured = true },
+		"speeds, inference-sim": func(o *Options) {
 			o.Backends, o.Speeds, o.Engine, o.Sim.BlockTokens = 2, []float64{1, 2}, EngineInferenceSim, 16
 		},
 	} {

@@ -182,7 +182,11 @@ func startFleetWith(ctx context.Context, o *Options, n, replicas int, st balance
 		f.simURLs = append(f.simURLs, u)
 		// Rendezvous by name, not by the ephemeral port: the same seed
 		// then makes the same decisions.
-		cfg.Backends = append(cfg.Backends, router.BackendConfig{URL: u, ID: fmt.Sprintf("sim-%d", i), KVEvents: kvEvents})
+		bc := router.BackendConfig{URL: u, ID: fmt.Sprintf("sim-%d", i), KVEvents: kvEvents}
+		if o.SpeedsConfigured {
+			bc.Speed = o.speed(i)
+		}
+		cfg.Backends = append(cfg.Backends, bc)
 	}
 	for i := range replicas {
 		var onEvent func(router.Event)

@@ -46,7 +46,11 @@ func WriteText(w io.Writer, r *Results) error {
 	fmt.Fprintf(w, "router benchmark (%s): %d backends, %s, %d requests/workload, KV %d blocks x %d tokens, %d seqs, prefill %s/token, decode %s/token, router c=%.2f share=%.2f slack=%.2f hot=%.2f, %d router replica(s)\n",
 		mode, o.Backends, load, o.Requests, o.KVBlocks, o.BlockTokens, o.MaxSeqs, o.PrefillPerToken, o.DecodePerToken, o.LoadFactor, o.ShareFactor, o.Slack, o.HotShare, max(o.Replicas, 1))
 	if len(o.Speeds) > 0 {
-		fmt.Fprintf(w, "backend speeds %v (relative to those times; busiest figures are over each backend's fair share, its speed over the mean)\n", o.Speeds)
+		told := "not told to the routers"
+		if o.SpeedsConfigured {
+			told = "the routers' backend config gives them"
+		}
+		fmt.Fprintf(w, "backend speeds %v (relative to those times; %s; busiest figures are over each backend's fair share, its speed over the mean)\n", o.Speeds, told)
 	}
 	fmt.Fprintf(w, "machine: %d CPUs, load average %.2f at start, %.2f at end, %s\n\n", r.Machine.CPUs, r.Machine.LoadAvg1, r.Machine.LoadAvg1E, r.Machine.GoVersion)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -38,16 +38,18 @@ type Options struct {
 	// a fleet of mixed GPU generations does. Load is then offered against
 	// the fleet's summed capacity, and busiest shares are taken over each
 	// backend's fair share (its speed over the mean). Backends a scale-out
-	// phase adds run at 1.
-	Speeds        []float64
-	RouterMaxInf  int // router's per-backend concurrency limit (0: none)
-	LoadFactor    float64
-	Slack         float64 // router slack (0: router default)
-	ShareFactor   float64 // router share factor (0: router default)
-	DecodeWeight  float64 // router decode weight (0: router default)
-	BalanceSlack  float64 // router balance slack (0: router default)
-	ShareHalfLife int     // router share half-life in decisions (0: router default)
-	HotShare      float64 // router hot-prefix share (0: router default, off)
+	// phase adds run at 1. SpeedsConfigured tells the routers each
+	// backend's speed, as an operator's config would (BackendConfig.Speed).
+	Speeds           []float64
+	SpeedsConfigured bool
+	RouterMaxInf     int // router's per-backend concurrency limit (0: none)
+	LoadFactor       float64
+	Slack            float64 // router slack (0: router default)
+	ShareFactor      float64 // router share factor (0: router default)
+	DecodeWeight     float64 // router decode weight (0: router default)
+	BalanceSlack     float64 // router balance slack (0: router default)
+	ShareHalfLife    int     // router share half-life in decisions (0: router default)
+	HotShare         float64 // router hot-prefix share (0: router default, off)
 	// Replicas is how many routers, each with its own state, share the
 	// workload phases' traffic: request i goes to replica i mod Replicas,
 	// as a load balancer in front of them would spread it, session turns
@@ -144,8 +146,10 @@ type OptionsSummary struct {
 	// EngineClients > 0: closed-loop clients instead of open-loop arrivals.
 	EngineClients    int     `json:"engine_clients,omitempty"`
 	EngineLoadFactor float64 `json:"engine_load_factor,omitempty"`
-	// Speeds: each backend's speed relative to the simulator's times.
-	Speeds []float64 `json:"backend_speeds,omitempty"`
+	// Speeds: each backend's speed relative to the simulator's times;
+	// SpeedsConfigured: the routers were told them.
+	Speeds           []float64 `json:"backend_speeds,omitempty"`
+	SpeedsConfigured bool      `json:"backend_speeds_configured,omitempty"`
 }
 
 // WorkloadResult is one workload under every strategy.
@@ -250,6 +254,9 @@ func (o *Options) Validate() error {
 			return errors.New("bench: backend speeds apply to llmsim backends only")
 		}
 	}
+	if o.SpeedsConfigured && len(o.Speeds) == 0 {
+		return errors.New("bench: the routers can be told backend speeds only when they are given")
+	}
 	switch o.Engine {
 	case "":
 	case EngineInferenceSim:
@@ -277,7 +284,7 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 		Options: OptionsSummary{Backends: o.Backends, Load: o.Load, Requests: o.Requests, KVBlocks: o.Sim.KVBlocks, BlockTokens: o.Sim.BlockTokens,
 			MaxSeqs: o.Sim.MaxSeqs, PrefillPerToken: o.Sim.PrefillPerToken.String(), DecodePerToken: o.Sim.DecodePerToken.String(),
 			LoadFactor: rc.LoadFactor, ShareFactor: rc.ShareFactor, BalanceSlack: rc.BalanceSlack, Slack: rc.Slack, HotShare: rc.HotShare,
-			Replicas: o.replicas(), KVEvents: o.KVEvents, TokenPrompts: o.TokenPrompts, Engine: o.Engine, Speeds: o.Speeds}}
+			Replicas: o.replicas(), KVEvents: o.KVEvents, TokenPrompts: o.TokenPrompts, Engine: o.Engine, Speeds: o.Speeds, SpeedsConfigured: o.SpeedsConfigured}}
 	if o.Engine != "" {
 		res.Options.EngineClients, res.Options.EngineLoadFactor = o.EngineClients, o.EngineLoadFactor
 	}
