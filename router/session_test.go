@@ -19,6 +19,14 @@ import (
 // simFleet starts n llmsim engines and a router over them with strategy st.
 func simFleet(t *testing.T, n int, st balance.Strategy) *harness {
 	t.Helper()
+	cfg := Defaults()
+	cfg.Strategy = st
+	return newHarness(t, cfg, Options{}, sims(t, n)...)
+}
+
+// sims starts n llmsim engines for the test and returns their URLs.
+func sims(t *testing.T, n int) []string {
+	t.Helper()
 	var urls []string
 	for range n {
 		sim, err := llmsim.New(llmsim.Defaults(), prometheus.NewRegistry())
@@ -29,9 +37,7 @@ func simFleet(t *testing.T, n int, st balance.Strategy) *harness {
 		t.Cleanup(srv.Close)
 		urls = append(urls, srv.URL)
 	}
-	cfg := Defaults()
-	cfg.Strategy = st
-	return newHarness(t, cfg, Options{}, urls...)
+	return urls
 }
 
 // routedTo sends body and returns the backend and reason the router names.
@@ -309,16 +315,7 @@ func TestForwardedForIPv6(t *testing.T) {
 // the two split them.
 func TestConfiguredSpeed(t *testing.T) {
 	for _, speed := range []float64{0, 3} {
-		var urls []string
-		for range 2 {
-			sim, err := llmsim.New(llmsim.Defaults(), prometheus.NewRegistry())
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := httptest.NewServer(sim)
-			t.Cleanup(srv.Close)
-			urls = append(urls, srv.URL)
-		}
+		urls := sims(t, 2)
 		cfg := Defaults()
 		cfg.Backends = []BackendConfig{{URL: urls[0], Speed: speed}, {URL: urls[1]}}
 		h := newHarness(t, cfg, Options{})
