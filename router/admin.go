@@ -24,6 +24,7 @@ type BackendState struct {
 	Ready        bool     `json:"ready"`
 	HoldsWeights bool     `json:"holds_weights"`
 	Weight       float64  `json:"weight"`
+	Speed        float64  `json:"speed,omitempty"` // configured (BackendConfig.Speed)
 	Inflight     int      `json:"inflight"`
 	Prefilling   int      `json:"prefilling"`     // in flight, no first byte yet
 	PendingBlock int      `json:"pending_blocks"` // estimated prompt blocks queued for prefill
@@ -75,7 +76,7 @@ func (rt *Router) snapshot(ttft *[][]time.Duration) State {
 	}
 	for _, b := range rt.order {
 		st.Backends = append(st.Backends, BackendState{URL: b.url, Models: b.ep.Models, Node: b.ep.Node, Ready: b.ep.Ready,
-			HoldsWeights: b.ep.HoldsWeights, Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Inflight: b.inflight, Prefilling: b.prefilling,
+			HoldsWeights: b.ep.HoldsWeights, Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Speed: b.ep.Speed, Inflight: b.inflight, Prefilling: b.prefilling,
 			PendingBlock: b.pending, PeerInflight: b.peers.inflight, PeerPending: b.peers.pending, Recent: b.recent, Limit: b.limit,
 			IndexBlocks: rt.index.Len(b.slot), IndexCap: b.kvSize, EjectedUntil: b.ejectedUntil, Failures: b.failures,
 			Requests: b.stats.requests, PromptBlocks: b.stats.promptBlocks, HitRate: b.stats.hitRate()})

@@ -127,7 +127,8 @@ type BackendConfig struct {
 	// Speed is how fast its engine prefills and decodes relative to the
 	// fleet's usual backend, e.g. 2 for a GPU generation twice as fast (0:
 	// 1). It scales the backend's fair share of traffic, and prefix-aware
-	// prices its queue in time; self-tuning learns speeds instead.
+	// prices its queue in time; self-tuning uses it until it has learned
+	// speeds itself.
 	Speed float64 `yaml:"speed"`
 }
 

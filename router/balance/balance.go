@@ -111,7 +111,7 @@ type Candidate struct {
 	// usual backend (2: twice as fast, a newer GPU generation; 0: 1): it
 	// gets Speed times the fair share of recent traffic (and of random
 	// picks), and prefix-aware prices its queue in time, not blocks.
-	// Self-tuning learns speeds from what it observes instead.
+	// Self-tuning uses it only until it has learned speeds itself.
 	Speed float64
 }
 
