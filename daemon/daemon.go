@@ -285,13 +285,28 @@ func (d *Daemon) restoreMetrics() error {
 		return err
 	}
 	for name, rec := range recs {
-		d.metrics.setState(name, rec.State)
-		d.metrics.cacheTotal.WithLabelValues(name).Set(float64(rec.BytesTotal))
-		if rec.State == api.StateReady {
-			d.metrics.cacheBytes.WithLabelValues(name).Set(float64(rec.BytesTotal))
-		}
+		d.setMetrics(name, rec)
 	}
 	return nil
+}
+
+// setMetrics sets a cache's gauges from its record.
+func (d *Daemon) setMetrics(name string, rec cacheRecord) {
+	d.metrics.setState(name, rec.State)
+	d.metrics.cacheTotal.WithLabelValues(name).Set(float64(rec.BytesTotal))
+	if rec.State == api.StateReady {
+		d.metrics.cacheBytes.WithLabelValues(name).Set(float64(rec.BytesTotal))
+	}
+}
+
+// setStoredMetrics sets a cache's gauges from its stored record again, after
+// they moved ahead of a record that could not be written.
+func (d *Daemon) setStoredMetrics(name string) {
+	rec, found, err := d.state.record(name)
+	if err != nil || !found {
+		return
+	}
+	d.setMetrics(name, rec)
 }
 
 // Close stops every fetch and closes the base (state and store).

@@ -347,7 +347,13 @@ func (f *fetch) markReady(revision string, rec cacheRecord, path string) error {
 	}
 	rec.State, rec.Path, rec.Error, rec.Attempts, rec.Updating = api.StateReady, path, "", 0, ""
 	rec.BytesDone, rec.ReadyAt, rec.CheckedAt, rec.UpdatedAt = rec.BytesTotal, now, now, now
+	// The gauges move before the record: the API reads the record, and
+	// whoever it tells the cache is ready must find the metrics saying so
+	// too. Set after, they lagged behind it by the clean-up below.
+	f.d.setMetrics(f.spec.Name, rec)
 	if err := f.d.state.putRecord(rec); err != nil {
+		// The record did not move: neither do the gauges.
+		f.d.setStoredMetrics(f.spec.Name)
 		return err
 	}
 	if err := f.d.state.deleteParts(f.spec.Name, ""); err != nil {
@@ -359,8 +365,6 @@ func (f *fetch) markReady(revision string, rec cacheRecord, path string) error {
 	if err := f.d.swarm.release(f.spec.Name, revision); err != nil {
 		f.log.Warn("stop serving old revisions", "err", err)
 	}
-	f.d.metrics.setState(f.spec.Name, api.StateReady)
-	f.d.metrics.cacheBytes.WithLabelValues(f.spec.Name).Set(float64(rec.BytesTotal))
 	f.log.Info("ready", "revision", revision, "path", path, "bytes", rec.BytesTotal)
 	return nil
 }
@@ -479,6 +483,11 @@ func (d *Daemon) retireOthers(name, current string) error {
 	}
 	if err := d.state.retire(name, old, d.now()); err != nil {
 		return err
+	}
+	// The gauge counts them from now: the new revision is reported ready
+	// before any prune pass would count them.
+	if all, err := d.state.retired(); err == nil {
+		d.setOldBytes(all)
 	}
 	if d.cfg.OldRevisionGrace > 0 {
 		d.log.Info("keeping old revisions for readers", "model", name, "revisions", len(old), "grace", d.cfg.OldRevisionGrace)
