@@ -432,6 +432,13 @@ func (d *Daemon) startFetch(ctx context.Context, s spec.Spec) {
 	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	f := &fetch{d: d, spec: s, log: d.log.With("model", s.Name), cancel: cancel, exited: make(chan struct{})}
 	d.mu.Lock()
+	if _, ok := d.claimed[s.Name]; ok {
+		// Claimed since the loop's snapshot (an eviction or a Verify):
+		// the pass after the claim ends decides again.
+		d.mu.Unlock()
+		cancel()
+		return
+	}
 	d.fetches[s.Name] = f
 	d.mu.Unlock()
 	d.wg.Add(1)
@@ -463,15 +470,11 @@ func (d *Daemon) stopFetch(name string, why error) {
 
 func (d *Daemon) removeCache(name string) error {
 	d.stopFetch(name, errors.New("cache removed"))
-	if err := d.swarm.release(name, ""); err != nil {
-		d.log.Warn("stop serving removed model", "model", name, "err", err)
+	rec, found, err := d.state.record(name)
+	if err != nil {
+		found = false
 	}
-	if rec, found, err := d.state.record(name); err == nil && found {
-		if err := d.state.deleteManifests(name, []string{rec.RevisionID, rec.Updating}, ""); err != nil {
-			return err
-		}
-	}
-	if err := d.store.Remove(name); err != nil {
+	if err := d.removeFiles(name, rec, found); err != nil {
 		return err
 	}
 	if err := d.state.deleteRecord(name); err != nil {
@@ -482,6 +485,20 @@ func (d *Daemon) removeCache(name string) error {
 	d.oldBytes.DeleteLabelValues(name)
 	d.log.Info("cache removed", "model", name)
 	return nil
+}
+
+// removeFiles stops serving a cache's files to peers and deletes them, with
+// the manifests of rec's revisions when found.
+func (d *Daemon) removeFiles(name string, rec cacheRecord, found bool) error {
+	if err := d.swarm.release(name, ""); err != nil {
+		d.log.Warn("stop serving removed model", "model", name, "err", err)
+	}
+	if found {
+		if err := d.state.deleteManifests(name, []string{rec.RevisionID, rec.Updating}, ""); err != nil {
+			return err
+		}
+	}
+	return d.store.Remove(name)
 }
 
 // AddCache records a model spec in the fleet's desired state.

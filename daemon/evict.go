@@ -12,6 +12,7 @@ import (
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/bytesize"
 	"github.com/warmfleet/warmfleet/nvme"
+	"github.com/warmfleet/warmfleet/spec"
 )
 
 // Capacity rules. A model cache that needs more space than is free (less
@@ -180,13 +181,22 @@ func lastRead(dir string, since time.Time) time.Time {
 
 // evict frees a ready cache's space for another: its files go, its record
 // stays, in the evicted state, so the loop does not fetch it straight
-// back (see the capacity rules).
+// back (see the capacity rules). The record moves from ready to evicted in
+// one write, and no fetch of it starts meanwhile (it is claimed): when the
+// record was deleted and written again, a loop pass in between saw a
+// cache with no record, a new one, and fetched it at once, evicting
+// others to make it fit.
 func (d *Daemon) evict(name, forWhom string) error {
 	rec, found, err := d.state.record(name)
 	if err != nil || !found {
 		return err
 	}
-	if err := d.removeCache(name); err != nil {
+	if err := d.claimVictim(name, rec.Spec, forWhom); err != nil {
+		return err
+	}
+	defer d.unclaim(name)
+	// Again: a fetch the claim stopped may have written it.
+	if rec, found, err = d.state.record(name); err != nil || !found {
 		return err
 	}
 	now := d.now()
@@ -195,11 +205,50 @@ func (d *Daemon) evict(name, forWhom string) error {
 		Error:    fmt.Sprintf("evicted to make room for %s; comes back when it fits without evicting others", forWhom),
 		Attempts: 1, NextTry: now.Add(retryDelay(1)),
 	}
+	// The record first: a crash before the files go leaves an evicted
+	// cache whose revision is still published, which its next attempt
+	// makes ready again without a download, never a ready record over
+	// deleted files.
 	if err := d.state.putRecord(next); err != nil {
 		return err
 	}
+	if err := d.removeFiles(name, rec, true); err != nil {
+		return err
+	}
+	d.releaseRetry(name)
+	d.metrics.forget(name)
+	d.oldBytes.DeleteLabelValues(name)
 	d.metrics.setState(name, api.StateEvicted)
 	d.metrics.evictions.Inc()
 	d.log.Warn("cache evicted", "model", name, "for", forWhom, "bytes", rec.BytesTotal, "priority", rec.Spec.Priority)
 	return nil
+}
+
+// claimVictim stops any fetch of name and claims it, as Verify does, so
+// the loop starts none until unclaim. It fails when a Verify holds it.
+func (d *Daemon) claimVictim(name string, s spec.Spec, forWhom string) error {
+	for {
+		d.mu.Lock()
+		f := d.fetches[name]
+		if f != nil {
+			select {
+			case <-f.exited: // it has let go of its files, just not of d.fetches yet
+				f = nil
+			default:
+			}
+		}
+		if f == nil {
+			if _, busy := d.claimed[name]; busy {
+				d.mu.Unlock()
+				return fmt.Errorf("evict %s: a verify works on it", name)
+			}
+			d.claimed[name] = s
+			d.mu.Unlock()
+			return nil
+		}
+		d.mu.Unlock()
+		f.log.Info("stopping fetch", "reason", "evicted to make room for "+forWhom)
+		f.cancel()
+		<-f.exited
+	}
 }
