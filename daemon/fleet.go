@@ -59,7 +59,7 @@ func (d *Daemon) inventory() (gossip.Inventory, error) {
 	}
 	d.mu.Unlock()
 	for _, ep := range eps {
-		inv.Endpoints = append(inv.Endpoints, gossip.Endpoint{Model: ep.Model, URL: ep.URL})
+		inv.Endpoints = append(inv.Endpoints, gossip.Endpoint{Model: ep.Model, URL: ep.URL, Speed: ep.Speed})
 	}
 	inv.Images = d.imageInventory()
 	inv.S3Bytes = d.metrics.s3Bytes.Load()
@@ -157,7 +157,7 @@ func fillInventory(m *api.Member, inv *gossip.Inventory) {
 		m.Images[ref] = api.MemberModel{Revision: ii.Digest, State: string(ii.State), BytesDone: ii.BytesDone, BytesTotal: ii.BytesTotal}
 	}
 	for _, ep := range inv.Endpoints {
-		m.Endpoints = append(m.Endpoints, api.Endpoint{Model: ep.Model, URL: ep.URL})
+		m.Endpoints = append(m.Endpoints, api.Endpoint{Model: ep.Model, URL: ep.URL, Speed: ep.Speed})
 	}
 }
 

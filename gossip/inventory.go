@@ -51,6 +51,9 @@ type ImageInventory struct {
 type Endpoint struct {
 	Model string `json:"m"`
 	URL   string `json:"u"`
+	// Speed is the endpoint's engine speed relative to the fleet's usual
+	// backend (0: not given, 1). Older members leave it out and ignore it.
+	Speed float64 `json:"s,omitempty"`
 }
 
 // Inventory is what one node holds and serves.
@@ -120,6 +123,8 @@ const (
 	maxInventoryItems = 4096
 	maxInventoryStr   = 1024
 	maxInventoryBytes = 1 << 20
+	// maxEndpointSpeed bounds an endpoint's speed, as the daemon's API does.
+	maxEndpointSpeed = 64
 )
 
 // Validate checks an inventory from this node or a peer.
@@ -170,6 +175,9 @@ func (inv Inventory) Validate() error {
 		checkStr("endpoint url", e.URL)
 		if e.Model == "" || e.URL == "" {
 			errs = append(errs, errors.New("endpoint needs a model and a URL"))
+		}
+		if e.Speed < 0 || e.Speed > maxEndpointSpeed {
+			errs = append(errs, fmt.Errorf("endpoint %s: speed %v: want 0..%d", truncate(e.URL), e.Speed, maxEndpointSpeed))
 		}
 	}
 	checkBytes("disk", inv.DiskFreeBytes, inv.DiskTotalBytes)

@@ -75,7 +75,7 @@ func TestClusterSpecsInventoryAndLeave(t *testing.T) {
 	inv := Inventory{
 		Models:        map[string]ModelInventory{"llama": {Revision: "r1", State: StateReady, BytesDone: 10, BytesTotal: 10, Path: "/cache/llama"}},
 		Images:        map[string]ImageInventory{"vllm/vllm:0.6": {Digest: "sha256:abc", State: StateDownloading, BytesDone: 5, BytesTotal: 9}},
-		Endpoints:     []Endpoint{{Model: "llama", URL: "http://10.0.0.1:8000"}},
+		Endpoints:     []Endpoint{{Model: "llama", URL: "http://10.0.0.1:8000", Speed: 2}},
 		DiskFreeBytes: 100, DiskTotalBytes: 200,
 	}
 	if err := nodes[1].SetLocalInventory(inv); err != nil {
@@ -85,7 +85,8 @@ func TestClusterSpecsInventoryAndLeave(t *testing.T) {
 		wait.For(t, n.LocalName()+" sees n1's inventory", func() bool {
 			m, _ := member(n, "n1")
 			return m.Inventory != nil && m.Inventory.Models["llama"].State == StateReady &&
-				m.Labels["gpu"] == "h100" && m.Inventory.Images["vllm/vllm:0.6"].BytesDone == 5
+				m.Labels["gpu"] == "h100" && m.Inventory.Images["vllm/vllm:0.6"].BytesDone == 5 &&
+				len(m.Inventory.Endpoints) == 1 && m.Inventory.Endpoints[0].Speed == 2
 		})
 	}
 	// A big one is announced by version and fetched over a stream.
@@ -404,6 +405,8 @@ func TestSetLocalInventoryRejectsInvalid(t *testing.T) {
 		{Models: map[string]ModelInventory{"m": {State: "bogus"}}},
 		{Models: map[string]ModelInventory{"m": {State: StateReady, BytesDone: -1}}},
 		{Endpoints: []Endpoint{{Model: "m"}}},
+		{Endpoints: []Endpoint{{Model: "m", URL: "http://a", Speed: -1}}},
+		{Endpoints: []Endpoint{{Model: "m", URL: "http://a", Speed: 65}}},
 		{Labels: map[string]string{"": "x"}},
 		{S3Bytes: -1},
 		{PeerBytesIn: -1},

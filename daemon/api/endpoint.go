@@ -25,5 +25,12 @@ func (ep Endpoint) Validate() error {
 	case len(ep.URL) > 512 || strings.ContainsAny(ep.URL, " \t\r\n"):
 		errs = append(errs, fmt.Errorf("url %q: too long or has spaces", ep.URL))
 	}
+	if ep.Speed != 0 && !(ep.Speed >= 1.0/MaxEndpointSpeed && ep.Speed <= MaxEndpointSpeed) {
+		errs = append(errs, fmt.Errorf("speed %v: want 1/%d..%d relative to the fleet's usual backend (0: 1)", ep.Speed, MaxEndpointSpeed, MaxEndpointSpeed))
+	}
 	return errors.Join(errs...)
 }
+
+// MaxEndpointSpeed bounds Endpoint.Speed both ways, as the router bounds a
+// backend's (balance.MaxSpeed): the API does not import the router.
+const MaxEndpointSpeed = 64

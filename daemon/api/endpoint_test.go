@@ -1,6 +1,7 @@
 package api
 
 import (
+	"math"
 	"strings"
 	"testing"
 )
@@ -21,6 +22,12 @@ func TestEndpointValidate(t *testing.T) {
 		{Endpoint{Model: "m", URL: "http://h:1/" + strings.Repeat("a", 512)}, "too long"},
 		{Endpoint{Model: "m", URL: "http://h:1/a b"}, "too long or has spaces"},
 		{Endpoint{Model: "m", URL: "http://h:1/\x7f"}, "invalid control character"},
+		{Endpoint{Model: "m", URL: "http://h:1", Speed: 2.5}, ""},
+		{Endpoint{Model: "m", URL: "http://h:1", Speed: 1.0 / 64}, ""},
+		{Endpoint{Model: "m", URL: "http://h:1", Speed: -1}, "speed -1"},
+		{Endpoint{Model: "m", URL: "http://h:1", Speed: 65}, "speed 65"},
+		{Endpoint{Model: "m", URL: "http://h:1", Speed: math.NaN()}, "speed NaN"},
+		{Endpoint{Model: "m", URL: "http://h:1", Speed: math.Inf(1)}, "speed +Inf"},
 	} {
 		err := tc.ep.Validate()
 		if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {

@@ -179,6 +179,10 @@ type Error struct {
 type Endpoint struct {
 	Model string `json:"model"`
 	URL   string `json:"url"`
+	// Speed is its engine's prefill and decode speed relative to the
+	// fleet's usual backend (0: 1), which routers weigh its traffic share
+	// and queue by (router.BackendConfig.Speed); 1/64..64.
+	Speed float64 `json:"speed,omitempty"`
 	// AppliedBy names the source that applied it (see spec.Spec); empty
 	// for one registered by hand. POST /v1/endpoints refuses it set.
 	AppliedBy string `json:"applied_by,omitempty"`

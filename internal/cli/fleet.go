@@ -6,6 +6,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -83,6 +84,7 @@ func endpointCommandOf(e *Env, use, short, example, urlHelp string, adding bool,
 	c.register(cmd, false)
 	if adding {
 		cmd.Flags().StringVar(&ep.Model, "model", "", "model the endpoint serves")
+		cmd.Flags().Float64Var(&ep.Speed, "speed", 0, "its engine's prefill and decode speed relative to the fleet's usual backend, e.g. 2 for a GPU twice as fast: routers give it that many times the traffic share (0: 1)")
 	}
 	cmd.Flags().StringVar(&ep.URL, "url", "", urlHelp)
 	return cmd
@@ -90,7 +92,7 @@ func endpointCommandOf(e *Env, use, short, example, urlHelp string, adding bool,
 
 func endpointAddCommand(e *Env) *cobra.Command {
 	return endpointCommandOf(e, "add --model MODEL --url URL", "register an OpenAI-compatible server that serves a model on this node",
-		"  warmfleet endpoint add --model llama --url http://10.0.0.5:8000",
+		"  warmfleet endpoint add --model llama --url http://10.0.0.5:8000\n  warmfleet endpoint add --model llama --url http://10.0.0.6:8000 --speed 2",
 		"base URL of the OpenAI-compatible server, e.g. http://10.0.0.5:8000", true,
 		func(ctx context.Context, cl *api.Client, ep api.Endpoint) error {
 			if err := cl.AddEndpoint(ctx, ep); err != nil {
@@ -105,9 +107,13 @@ func endpointListCommand(e *Env) *cobra.Command {
 	return listCommand(e, "ls", "list the endpoints registered on this node",
 		"  warmfleet endpoint ls\n  warmfleet endpoint ls -o json", (*api.Client).Endpoints, func(w io.Writer, eps []api.Endpoint) error {
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "MODEL\tURL")
+			fmt.Fprintln(tw, "MODEL\tURL\tSPEED")
 			for _, ep := range eps {
-				fmt.Fprintf(tw, "%s\t%s\n", ep.Model, ep.URL)
+				speed := "-"
+				if ep.Speed != 0 {
+					speed = strconv.FormatFloat(ep.Speed, 'g', -1, 64)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", ep.Model, ep.URL, speed)
 			}
 			return tw.Flush()
 		})

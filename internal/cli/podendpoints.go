@@ -50,26 +50,26 @@ type podPlan struct {
 }
 
 // planPodEndpoints decides, from this node's registered endpoints and the
-// ready pods' URLs with their models ("" when not known yet: the server
-// did not answer), which endpoints to add or change and which of the
-// discovery's to remove. Before the watcher's first list (synced false)
-// nothing is removed: an empty set then means "not known".
-func planPodEndpoints(registered []api.Endpoint, want map[string]string, synced bool) podPlan {
+// ready pods' endpoints by URL (a Model of "" when not known yet: the
+// server did not answer), which endpoints to add or change and which of
+// the discovery's to remove. Before the watcher's first list (synced
+// false) nothing is removed: an empty set then means "not known".
+func planPodEndpoints(registered []api.Endpoint, want map[string]api.Endpoint, synced bool) podPlan {
 	var p podPlan
 	cur := map[string]api.Endpoint{}
 	for _, ep := range registered {
 		cur[ep.URL] = ep
 	}
 	for _, u := range slices.Sorted(maps.Keys(want)) {
-		model := want[u]
+		w := want[u]
 		ep, ok := cur[u]
 		switch {
 		case ok && ep.AppliedBy != podOwner:
 			p.taken = append(p.taken, u)
-		case model == "":
+		case w.Model == "":
 			// Keep what is registered until the server names a model.
-		case !ok || ep.Model != model:
-			p.add = append(p.add, api.Endpoint{Model: model, URL: u, AppliedBy: podOwner})
+		case !ok || ep.Model != w.Model || ep.Speed != w.Speed:
+			p.add = append(p.add, api.Endpoint{Model: w.Model, URL: u, Speed: w.Speed, AppliedBy: podOwner})
 		}
 	}
 	if !synced {
@@ -144,12 +144,12 @@ func syncPods(ctx context.Context, log *slog.Logger, reg endpointRegistry, w *po
 		return
 	}
 	ready := map[string]bool{}
-	want := map[string]string{}
+	want := map[string]api.Endpoint{}
 	pods := map[string]string{}
 	for _, ep := range found {
 		pods[ep.URL] = ep.Pod
 		if ep.Model != "" {
-			want[ep.URL] = ep.Model
+			want[ep.URL] = api.Endpoint{Model: ep.Model, Speed: ep.Speed}
 			continue
 		}
 		if len(ready) == 0 {
@@ -168,7 +168,7 @@ func syncPods(ctx context.Context, log *slog.Logger, reg endpointRegistry, w *po
 		if err != nil {
 			log.Debug("pod endpoints: server not answering yet", "pod", ep.Pod, "err", err)
 		}
-		want[ep.URL] = pickModel(models, ready)
+		want[ep.URL] = api.Endpoint{Model: pickModel(models, ready), Speed: ep.Speed}
 	}
 	p := planPodEndpoints(registered, want, synced)
 	for _, u := range p.taken {
@@ -179,7 +179,7 @@ func syncPods(ctx context.Context, log *slog.Logger, reg endpointRegistry, w *po
 			log.Warn("pod endpoints: register", "pod", pods[ep.URL], "url", ep.URL, "err", err)
 			continue
 		}
-		log.Info("pod endpoint registered", "pod", pods[ep.URL], "url", ep.URL, "model", ep.Model)
+		log.Info("pod endpoint registered", "pod", pods[ep.URL], "url", ep.URL, "model", ep.Model, "speed", ep.Speed)
 	}
 	for _, u := range p.remove {
 		if _, err := reg.RemoveEndpoint(ctx, u); err != nil {

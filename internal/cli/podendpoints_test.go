@@ -59,7 +59,7 @@ func TestPlanPodEndpoints(t *testing.T) {
 		{Model: "m", URL: "http://127.0.0.1:1"},      // made by hand elsewhere
 		{Model: "m", URL: e, AppliedBy: "file:/x.y"}, // applied, its pod's model unknown
 	}
-	want := map[string]string{a: "m", b: "new", d: "m", e: "", "http://10.0.0.6:8000": "x", "http://10.0.0.7:8000": ""}
+	want := map[string]api.Endpoint{a: {Model: "m"}, b: {Model: "new"}, d: {Model: "m"}, e: {}, "http://10.0.0.6:8000": {Model: "x"}, "http://10.0.0.7:8000": {}}
 	p := planPodEndpoints(registered, want, true)
 	wantAdd := []api.Endpoint{{Model: "new", URL: b, AppliedBy: podOwner}, {Model: "x", URL: "http://10.0.0.6:8000", AppliedBy: podOwner}}
 	if !slices.Equal(p.add, wantAdd) || !slices.Equal(p.remove, []string{c}) || !slices.Equal(p.taken, []string{d, e}) {
@@ -70,8 +70,12 @@ func TestPlanPodEndpoints(t *testing.T) {
 		t.Fatalf("unsynced plan %+v, want nothing", p)
 	}
 	// A pod whose server does not name a model yet keeps its registration.
-	if p := planPodEndpoints(registered[:1], map[string]string{a: ""}, true); len(p.remove)+len(p.add) != 0 {
+	if p := planPodEndpoints(registered[:1], map[string]api.Endpoint{a: {}}, true); len(p.remove)+len(p.add) != 0 {
 		t.Fatalf("model unknown: %+v, want a kept", p)
+	}
+	// A pod annotated with a new speed is registered again with it.
+	if p := planPodEndpoints(registered[:1], map[string]api.Endpoint{a: {Model: "m", Speed: 2}}, true); !slices.Equal(p.add, []api.Endpoint{{Model: "m", URL: a, Speed: 2, AppliedBy: podOwner}}) {
+		t.Fatalf("speed annotated: %+v, want a registered at speed 2", p)
 	}
 }
 
@@ -110,7 +114,7 @@ func TestPodEndpointsRouted(t *testing.T) {
 	elsewhere.Spec.NodeName = "gpu-2"
 	cs := fake.NewClientset(
 		pod("sim", map[string]string{podendpoints.AnnotationPort: portOf(simAddr)}),
-		pod("liar", map[string]string{podendpoints.AnnotationPort: portOf(liarAddr), podendpoints.AnnotationModel: "liar"}),
+		pod("liar", map[string]string{podendpoints.AnnotationPort: portOf(liarAddr), podendpoints.AnnotationModel: "liar", podendpoints.AnnotationSpeed: "2"}),
 		pod("hostile", map[string]string{podendpoints.AnnotationPort: "8000", podendpoints.AnnotationModel: strings.Repeat("../", 1000)}),
 		elsewhere)
 
@@ -151,7 +155,7 @@ func TestPodEndpointsRouted(t *testing.T) {
 	}
 	has := func(eps []api.Endpoint, want api.Endpoint) bool { return slices.Contains(eps, want) }
 	simEP := api.Endpoint{Model: "sim", URL: "http://" + simAddr, AppliedBy: podOwner}
-	liarEP := api.Endpoint{Model: "liar", URL: "http://" + liarAddr, AppliedBy: podOwner}
+	liarEP := api.Endpoint{Model: "liar", URL: "http://" + liarAddr, Speed: 2, AppliedBy: podOwner}
 	wait.For(t, "both pods registered", func() bool {
 		eps := endpoints()
 		return has(eps, simEP) && has(eps, liarEP)

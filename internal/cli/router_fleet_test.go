@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/internal/testutil/wait"
+	"github.com/warmfleet/warmfleet/router"
 )
 
 // runInBackground runs a long-running command until the test ends.
@@ -43,7 +45,8 @@ func runInBackgroundEnv(t *testing.T, getenv func(string) string, args ...string
 
 // TestRouterLearnsWarmEndpointsFromFleet joins a router to a daemon's
 // gossip cluster: the endpoint registered on the node gets traffic only
-// once the node has the endpoint's model ready.
+// once the node has the endpoint's model ready, and the router weighs it
+// by the speed it was registered with.
 func TestRouterLearnsWarmEndpointsFromFleet(t *testing.T) {
 	s3 := testenv.StartS3(t)
 	s3.SetEnv(t)
@@ -58,7 +61,8 @@ func TestRouterLearnsWarmEndpointsFromFleet(t *testing.T) {
 	simAddr := testenv.FreeAddr(t)
 	startSim(t, simAddr, "sim")
 	routerAddr := testenv.FreeAddr(t)
-	routerLog := runInBackground(t, "router", "--listen", routerAddr, "--admin-listen", "", "--join", gossipAddr,
+	adminAddr := testenv.FreeAddr(t)
+	routerLog := runInBackground(t, "router", "--listen", routerAddr, "--admin-listen", adminAddr, "--join", gossipAddr,
 		"--gossip", testenv.FreeAddr(t), "--insecure-gossip", "--node-name", "r1")
 
 	waitUntil := func(what string, cond func() bool) {
@@ -75,7 +79,7 @@ func TestRouterLearnsWarmEndpointsFromFleet(t *testing.T) {
 		return Run(t.Context(), append(args, "--api", sock), &Env{Stdout: &out, Stderr: &out, Getenv: os.Getenv})
 	}
 	waitUntil("daemon API", func() bool { return cli("cache", "ls") == 0 })
-	if code := cli("endpoint", "add", "--model", "sim", "--url", "http://"+simAddr); code != 0 {
+	if code := cli("endpoint", "add", "--model", "sim", "--url", "http://"+simAddr, "--speed", "2"); code != 0 {
 		t.Fatalf("endpoint add exited %d", code)
 	}
 	complete := func() (int, string) { return complete(routerAddr, "sim") }
@@ -88,6 +92,18 @@ func TestRouterLearnsWarmEndpointsFromFleet(t *testing.T) {
 		t.Fatalf("cache add exited %d", code)
 	}
 	waitUntil("request served through the warm endpoint", func() bool { code, _ := complete(); return code == http.StatusOK })
+	resp, err := http.Get("http://" + adminAddr + "/admin/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st router.State
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Backends) != 1 || st.Backends[0].Speed != 2 {
+		t.Fatalf("router state %+v: want the endpoint at speed 2", st.Backends)
+	}
 }
 
 // TestRouterExitsWhenAnAddressIsTaken: a busy admin or API address ends the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"regexp"
 	"slices"
 	"strings"
@@ -215,6 +216,17 @@ func (d *decoder) integer(f field, path string) int {
 	return n
 }
 
+// number is a YAML integer or float; NaN and the infinities are refused
+// here, since a range check passes NaN.
+func (d *decoder) number(f field, path string) float64 {
+	v := deref(f.val)
+	var x float64
+	if v.Kind != yaml.ScalarNode || (v.Tag != "!!int" && v.Tag != "!!float") || v.Decode(&x) != nil || math.IsNaN(x) || math.IsInf(x, 0) {
+		d.errorf(f.key, "%s: want a number, got %s", path, describe(v))
+	}
+	return x
+}
+
 func (d *decoder) boolean(f field, path string) bool {
 	v := deref(f.val)
 	var b bool
@@ -344,12 +356,15 @@ func (d *decoder) spec(o *Object, f field) {
 		d.targets(fs, &s.Targets)
 		o.Spec, verr = s, s.Validate()
 	case KindEndpoint:
-		fs, ok := d.mapping(f.val, "spec", "model", "url")
+		fs, ok := d.mapping(f.val, "spec", "model", "url", "speed")
 		if !ok {
 			return
 		}
 		d.str2(fs, "model", &o.Endpoint.Model)
 		d.str2(fs, "url", &o.Endpoint.URL)
+		if f, ok := fs["speed"]; ok {
+			o.Endpoint.Speed = d.number(f, "spec.speed")
+		}
 		verr = o.Endpoint.Validate()
 		if !endpointNameRE.MatchString(o.Name) {
 			verr = errors.Join(fmt.Errorf("name %q: want 1 to 63 letters, digits, '.', '_', '-'", o.Name), verr)

@@ -84,7 +84,11 @@ type kv struct{ k, v string }
 func fields(o Object) []kv {
 	switch o.Kind {
 	case KindEndpoint:
-		return []kv{{"model", o.Endpoint.Model}, {"url", o.Endpoint.URL}}
+		speed := ""
+		if o.Endpoint.Speed != 0 {
+			speed = strconv.FormatFloat(o.Endpoint.Speed, 'g', -1, 64)
+		}
+		return []kv{{"model", o.Endpoint.Model}, {"url", o.Endpoint.URL}, {"speed", speed}}
 	case KindImageCache:
 		return []kv{{"image", o.Spec.Name}, {"selector", selector(o.Spec.Targets.Selector)}, {"nodes", nodes(o.Spec.Targets.Nodes)}}
 	default:

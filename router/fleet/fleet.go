@@ -100,6 +100,10 @@ func Endpoints(members []gossip.Member) []router.Endpoint {
 			if !slices.Contains(e.Models, ep.Model) {
 				e.Models = append(e.Models, ep.Model)
 			}
+			// One engine serves every model registered at its URL: the
+			// fastest speed any registration gives stands for it, so the
+			// outcome does not depend on the members' order.
+			e.Speed = max(e.Speed, ep.Speed)
 			e.Ready = e.Ready && ready
 			e.HoldsWeights = e.HoldsWeights && ready
 		}

@@ -28,7 +28,7 @@ func TestEndpoints(t *testing.T) {
 		member("n3", gossip.MemberDead, ready, gossip.Endpoint{Model: "llama", URL: "http://10.0.0.3:8000"}),
 		{Name: "router", State: gossip.MemberAlive, Role: gossip.RoleRouter, Inventory: &gossip.Inventory{Endpoints: []gossip.Endpoint{{Model: "llama", URL: "http://evil:1"}}}},
 		member("n4", gossip.MemberAlive, map[string]gossip.State{"llama": gossip.StateReady, "qwen": gossip.StateReady},
-			gossip.Endpoint{Model: "qwen", URL: "http://10.0.0.4:8000"}, gossip.Endpoint{Model: "llama", URL: "http://10.0.0.4:8000"}),
+			gossip.Endpoint{Model: "qwen", URL: "http://10.0.0.4:8000"}, gossip.Endpoint{Model: "llama", URL: "http://10.0.0.4:8000", Speed: 2}),
 	}
 	got := Endpoints(members)
 	if len(got) != 3 {
@@ -44,8 +44,11 @@ func TestEndpoints(t *testing.T) {
 	if e := got[byURL["http://10.0.0.2:8000"]]; e.Ready || e.HoldsWeights {
 		t.Errorf("endpoint of a node still downloading gets traffic: %+v", e)
 	}
-	if e := got[byURL["http://10.0.0.4:8000"]]; !e.Ready || len(e.Models) != 2 || e.Models[0] != "llama" {
-		t.Errorf("two-model endpoint: %+v", e)
+	if e := got[byURL["http://10.0.0.4:8000"]]; !e.Ready || len(e.Models) != 2 || e.Models[0] != "llama" || e.Speed != 2 {
+		t.Errorf("two-model endpoint, one registration with speed 2: %+v", e)
+	}
+	if e := got[byURL["http://10.0.0.1:8000"]]; e.Speed != 0 {
+		t.Errorf("endpoint registered without a speed: %+v", e)
 	}
 }
 

@@ -6,6 +6,7 @@
 //	  annotations:
 //	    warmfleet.io/endpoint-port: "8000"     # or a container port's name, e.g. "http"
 //	    warmfleet.io/model: llama-3-8b          # optional: else GET /v1/models is asked
+//	    warmfleet.io/speed: "2"                 # optional: twice the usual backend's speed (routers weigh its share)
 //
 // # Which pods, when
 //
@@ -23,8 +24,8 @@
 // # Annotations are outside input
 //
 // Anyone who may create a pod may write them. A port that is not 1-65535
-// or names no TCP container port, or a model name the fleet could never
-// cache, makes the pod Invalid: it gets no endpoint, the error (the
+// or names no TCP container port, a model name the fleet could never
+// cache, or a speed that is not a number in 1/64..64, makes the pod Invalid: it gets no endpoint, the error (the
 // value quoted, cut at 64 bytes) is logged and counted once per pod and
 // value in warmfleet_pod_endpoint_rejects_total, and
 // warmfleet_pod_endpoints{state="invalid"} counts such pods. A server

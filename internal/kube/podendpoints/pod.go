@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/spec"
 )
 
@@ -21,6 +22,10 @@ const (
 	// AnnotationModel, optional, is the model the server serves; without
 	// it the server is asked (GET /v1/models).
 	AnnotationModel = "warmfleet.io/model"
+	// AnnotationSpeed, optional, is the server's prefill and decode speed
+	// relative to the fleet's usual backend (1/64..64, e.g. "2" on a GPU
+	// twice as fast): routers give it that many times the traffic share.
+	AnnotationSpeed = "warmfleet.io/speed"
 )
 
 // State is where an annotated pod stands, the values of the state label of
@@ -45,6 +50,8 @@ type Endpoint struct {
 	URL string
 	// Model is AnnotationModel's value; empty means ask the server.
 	Model string
+	// Speed is AnnotationSpeed's value; 0 when not annotated.
+	Speed float64
 	// Pod is namespace/name, for logs.
 	Pod string
 }
@@ -73,6 +80,12 @@ func FromPod(pod *corev1.Pod, node string) (ep Endpoint, st State, ok bool, err 
 			return Endpoint{}, Invalid, true, fmt.Errorf("pod %s: annotation %s %s: %w", name, AnnotationModel, shown(model), err)
 		}
 	}
+	var speed float64
+	if v, ok := pod.Annotations[AnnotationSpeed]; ok {
+		if speed, err = strconv.ParseFloat(v, 64); err != nil || !(speed >= 1.0/api.MaxEndpointSpeed && speed <= api.MaxEndpointSpeed) {
+			return Endpoint{}, Invalid, true, fmt.Errorf("pod %s: annotation %s %s: want a number 1/%d..%d", name, AnnotationSpeed, shown(v), api.MaxEndpointSpeed, api.MaxEndpointSpeed)
+		}
+	}
 	if !podReady(pod) {
 		return Endpoint{}, NotReady, true, nil
 	}
@@ -81,7 +94,7 @@ func FromPod(pod *corev1.Pod, node string) (ep Endpoint, st State, ok bool, err 
 		return Endpoint{}, NotReady, true, nil
 	}
 	u := "http://" + net.JoinHostPort(ip.String(), strconv.Itoa(port))
-	return Endpoint{URL: u, Model: model, Pod: name}, Ready, true, nil
+	return Endpoint{URL: u, Model: model, Speed: speed, Pod: name}, Ready, true, nil
 }
 
 // resolvePort reads AnnotationPort: a decimal port or a container port's

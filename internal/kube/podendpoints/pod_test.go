@@ -59,6 +59,11 @@ func TestFromPod(t *testing.T) {
 		{"bad model", nil, map[string]string{AnnotationPort: "8000", AnnotationModel: "../../etc/passwd"}, true, Invalid, "", AnnotationModel},
 		{"empty model", nil, map[string]string{AnnotationPort: "8000", AnnotationModel: ""}, true, Invalid, "", AnnotationModel},
 		{"invalid even when not ready", func(p *corev1.Pod) { p.Status.Phase = corev1.PodPending }, port("x"), true, Invalid, "", "no TCP container port"},
+		{"speed given", nil, map[string]string{AnnotationPort: "8000", AnnotationSpeed: "2.5"}, true, Ready, "http://10.1.2.3:8000", ""},
+		{"speed not a number", nil, map[string]string{AnnotationPort: "8000", AnnotationSpeed: "fast"}, true, Invalid, "", AnnotationSpeed},
+		{"speed NaN", nil, map[string]string{AnnotationPort: "8000", AnnotationSpeed: "NaN"}, true, Invalid, "", "want a number 1/64..64"},
+		{"speed 0", nil, map[string]string{AnnotationPort: "8000", AnnotationSpeed: "0"}, true, Invalid, "", "want a number 1/64..64"},
+		{"speed 1e9", nil, map[string]string{AnnotationPort: "8000", AnnotationSpeed: "1e9"}, true, Invalid, "", "want a number 1/64..64"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPod("vllm-0", "10.1.2.3", tc.ann)
@@ -73,7 +78,7 @@ func TestFromPod(t *testing.T) {
 				if err != nil {
 					t.Fatalf("FromPod: %v", err)
 				}
-				if st == Ready && (ep.Pod != "infer/vllm-0" || ep.Model != tc.ann[AnnotationModel]) {
+				if st == Ready && (ep.Pod != "infer/vllm-0" || ep.Model != tc.ann[AnnotationModel] || (ep.Speed != 0) != (tc.ann[AnnotationSpeed] != "")) {
 					t.Errorf("endpoint %+v", ep)
 				}
 				return
