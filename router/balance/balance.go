@@ -407,8 +407,10 @@ func tierBetter(t int8, i, j int, cands []Candidate, costs []int, rv []float64) 
 	if t >= tierFair && costs[i] != costs[j] {
 		return costs[i] < costs[j]
 	}
-	if ri, rj := cands[i].Recent/speed(&cands[i]), cands[j].Recent/speed(&cands[j]); t >= tierCold && ri != rj {
-		return ri < rj
+	if t >= tierCold {
+		if ri, rj := cands[i].Recent/speed(&cands[i]), cands[j].Recent/speed(&cands[j]); ri != rj {
+			return ri < rj
+		}
 	}
 	return better(&cands[i], &cands[j], rv[i], rv[j])
 }
