@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/anacrolix/torrent"
@@ -93,9 +95,7 @@ func (rr *rangeReader) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	p = p[:min(int64(len(p)), rr.left)]
-	ctx, cancel := context.WithTimeout(rr.ctx, rr.o.opts.StallTimeout)
-	n, err := rr.r.ReadContext(ctx, p)
-	cancel()
+	n, err := rr.wait(p)
 	rr.left -= int64(n)
 	rr.off += int64(n)
 	if n > 0 && rr.count {
@@ -108,8 +108,8 @@ func (rr *rangeReader) Read(p []byte) (int, error) {
 		return 0, nil
 	case rr.ctx.Err() != nil:
 		rr.err = context.Cause(rr.ctx)
-	case errors.Is(err, context.DeadlineExceeded):
-		rr.err = rr.stalled()
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errHopeless):
+		rr.err = rr.stalled(errors.Is(err, errHopeless))
 	case errors.Is(err, io.EOF):
 		rr.err = fmt.Errorf("%w: torrent %s ended %d bytes early", origin.ErrServer, rr.e.l.infoHash, rr.left)
 	default:
@@ -118,13 +118,73 @@ func (rr *rangeReader) Read(p []byte) (int, error) {
 	return n, rr.err
 }
 
-// stalled explains a read that got no verified piece in StallTimeout.
-func (rr *rangeReader) stalled() error {
+// hopeCheck is how often a read that waits for a piece asks whether any
+// peer is left that could deliver it.
+const hopeCheck = time.Second
+
+// errHopeless ends a wait no peer is left to serve.
+var errHopeless = errors.New("no peer left to try")
+
+// wait reads into p, waiting at most StallTimeout for the next verified
+// piece, and less once every peer that had it has been banned for bad
+// data: a swarm whose only seeders corrupt fails now, not minutes later.
+func (rr *rangeReader) wait(p []byte) (int, error) {
+	waited := time.Duration(0)
+	for {
+		slice := min(rr.o.opts.StallTimeout-waited, hopeCheck)
+		ctx, cancel := context.WithTimeout(rr.ctx, slice)
+		n, err := rr.r.ReadContext(ctx, p)
+		cancel()
+		if n > 0 || !errors.Is(err, context.DeadlineExceeded) || rr.ctx.Err() != nil {
+			return n, err
+		}
+		if waited += slice; waited >= rr.o.opts.StallTimeout {
+			return 0, err
+		}
+		if rr.o.hopeless(rr.e) {
+			return 0, errHopeless
+		}
+	}
+}
+
+// hopeless tells whether no peer is left that could deliver e's pieces:
+// some sent data that failed the hash check, and every peer the client
+// knows of (connected, being dialled or waiting to be) is banned for it.
+// A torrent with web seeds always has one to try.
+func (o *Origin) hopeless(e *entry) bool {
+	st := e.t.Stats()
+	if st.PiecesDirtiedBad.Int64() == 0 || st.ActivePeers > 0 || st.HalfOpenPeers > 0 {
+		return false
+	}
+	if o.opts.WebSeeds && len(e.t.Metainfo().UrlList) > 0 {
+		return false
+	}
+	o.mu.Lock()
+	cl := o.cl
+	o.mu.Unlock()
+	banned := cl.BadPeerIPs()
+	for _, p := range e.t.KnownSwarm() {
+		ap, err := netip.ParseAddrPort(p.Addr.String())
+		if err != nil || !slices.Contains(banned, ap.Addr().String()) {
+			return false
+		}
+	}
+	return true
+}
+
+// stalled explains a read that got no verified piece in StallTimeout, or
+// that no peer is left to try (hopeless).
+func (rr *rangeReader) stalled(hopeless bool) error {
 	st := rr.e.t.Stats()
 	piece := rr.off / rr.e.l.pieceLength
-	if bad := st.PiecesDirtiedBad.Int64(); bad > 0 {
-		return fmt.Errorf("%w: torrent %s: no good copy of piece %d in %v; %d pieces failed the torrent's SHA-1 check (a peer sent bad data)",
-			origin.ErrCorrupt, rr.e.l.infoHash, piece, rr.o.opts.StallTimeout, bad)
+	bad := st.PiecesDirtiedBad.Int64()
+	switch {
+	case hopeless:
+		return fmt.Errorf("%w: torrent %s: no good copy of piece %d: %d pieces failed the torrent's SHA-1 check, and every peer that sent one is banned with none other left to try",
+			origin.ErrCorrupt, rr.e.l.infoHash, piece, bad)
+	case bad > 0:
+		return fmt.Errorf("%w: torrent %s: no good copy of piece %d in %v; %d pieces failed the torrent's SHA-1 check (a peer sent bad data), %d peers connected",
+			origin.ErrCorrupt, rr.e.l.infoHash, piece, rr.o.opts.StallTimeout, bad, st.ActivePeers)
 	}
 	return fmt.Errorf("%w: torrent %s: no peer delivered piece %d in %v (%d peers connected)",
 		origin.ErrUnreachable, rr.e.l.infoHash, piece, rr.o.opts.StallTimeout, st.ActivePeers)

@@ -484,7 +484,11 @@ func (o *Origin) addPeers(t *torrent.Torrent, extra []string) {
 	o.addPeersLocked(t, extra)
 }
 
-// addPeersLocked adds Options.Peers and extra to t.
+// addPeersLocked adds Options.Peers and extra to t. None is trusted: a
+// peer that alone sent a piece failing its hash is banned by IP for the
+// client's life, as any swarm peer would be. Trusted, a corrupting seeder
+// was asked for the same bad pieces again and again, at line rate, until
+// the stall timeout.
 func (o *Origin) addPeersLocked(t *torrent.Torrent, extra []string) {
 	var peers []torrent.PeerInfo
 	for _, p := range append(append([]string(nil), o.opts.Peers...), extra...) {
@@ -493,7 +497,7 @@ func (o *Origin) addPeersLocked(t *torrent.Torrent, extra []string) {
 			o.opts.Logger.Warn("torrent peer address", "peer", p, "err", err)
 			continue
 		}
-		peers = append(peers, torrent.PeerInfo{Addr: addr, Source: torrent.PeerSourceDirect, Trusted: true})
+		peers = append(peers, torrent.PeerInfo{Addr: addr, Source: torrent.PeerSourceDirect})
 	}
 	if len(peers) > 0 {
 		t.AddPeers(peers)
