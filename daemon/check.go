@@ -118,8 +118,8 @@ func (d *Daemon) repair(rec cacheRecord, dmg nvme.Damage) error {
 	return nil
 }
 
-// ErrBusy reports a cache that another Verify is working on.
-var ErrBusy = errors.New("a verify is running for this cache")
+// ErrBusy reports a cache that another verify, or an eviction, holds.
+var ErrBusy = errors.New("a verify or an eviction holds this cache")
 
 // ErrNotReady reports a cache with no published revision to check.
 var ErrNotReady = errors.New("not ready: nothing published to check")
@@ -139,7 +139,7 @@ func (d *Daemon) Verify(ctx context.Context, name string) (api.VerifyResult, err
 	// A running fetch (say the one that just made the cache ready, or a
 	// resync) is waited for: it may be changing the files.
 	for {
-		ok, running := d.claim(name, rec)
+		ok, running := d.claim(name, rec.Spec)
 		if ok {
 			break
 		}
@@ -147,7 +147,7 @@ func (d *Daemon) Verify(ctx context.Context, name string) (api.VerifyResult, err
 			return api.VerifyResult{}, fmt.Errorf("verify %s: %w", name, ErrBusy)
 		}
 		select {
-		case <-running:
+		case <-running.exited:
 		case <-ctx.Done():
 			return api.VerifyResult{}, fmt.Errorf("verify %s: %w", name, context.Cause(ctx))
 		}
@@ -253,17 +253,33 @@ func sourceBucket(source string) (string, error) {
 // claim keeps the reconciler from starting a fetch of name while Verify
 // works on it. It fails when a fetch holds name (running is closed when
 // that fetch ends) or another Verify does (running is nil).
-func (d *Daemon) claim(name string, rec cacheRecord) (ok bool, running <-chan struct{}) {
+func (d *Daemon) claim(name string, s spec.Spec) (ok bool, running *fetch) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if f, busy := d.fetches[name]; busy {
-		return false, f.exited
+	if f := d.runningFetch(name); f != nil {
+		return false, f
 	}
 	if _, busy := d.claimed[name]; busy {
 		return false, nil
 	}
-	d.claimed[name] = rec.Spec
+	d.claimed[name] = s
 	return true, nil
+}
+
+// runningFetch is name's fetch while it may still change its files: nil
+// once it has exited, though it may not have left d.fetches yet. With d.mu
+// held.
+func (d *Daemon) runningFetch(name string) *fetch {
+	f := d.fetches[name]
+	if f == nil {
+		return nil
+	}
+	select {
+	case <-f.exited:
+		return nil
+	default:
+		return f
+	}
 }
 
 func (d *Daemon) unclaim(name string) {

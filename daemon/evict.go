@@ -123,12 +123,8 @@ func (d *Daemon) evictables(keep string) ([]evictable, error) {
 	}
 	d.mu.Lock()
 	busy := map[string]bool{}
-	for name, f := range d.fetches {
-		select {
-		case <-f.exited: // it has let go of its files, just not of d.fetches yet
-		default:
-			busy[name] = true
-		}
+	for name := range d.fetches {
+		busy[name] = d.runningFetch(name) != nil
 	}
 	for name := range d.claimed {
 		busy[name] = true
@@ -228,25 +224,13 @@ func (d *Daemon) evict(name, forWhom string) error {
 // the loop starts none until unclaim. It fails when a Verify holds it.
 func (d *Daemon) claimVictim(name string, s spec.Spec, forWhom string) error {
 	for {
-		d.mu.Lock()
-		f := d.fetches[name]
-		if f != nil {
-			select {
-			case <-f.exited: // it has let go of its files, just not of d.fetches yet
-				f = nil
-			default:
-			}
-		}
-		if f == nil {
-			if _, busy := d.claimed[name]; busy {
-				d.mu.Unlock()
-				return fmt.Errorf("evict %s: a verify works on it", name)
-			}
-			d.claimed[name] = s
-			d.mu.Unlock()
+		ok, f := d.claim(name, s)
+		if ok {
 			return nil
 		}
-		d.mu.Unlock()
+		if f == nil {
+			return fmt.Errorf("evict %s: %w", name, ErrBusy)
+		}
 		f.log.Info("stopping fetch", "reason", "evicted to make room for "+forWhom)
 		f.cancel()
 		<-f.exited
