@@ -180,10 +180,10 @@ func (rr *rangeReader) stalled(hopeless bool) error {
 	bad := st.PiecesDirtiedBad.Int64()
 	switch {
 	case hopeless:
-		return fmt.Errorf("%w: torrent %s: no good copy of piece %d: %d pieces failed the torrent's SHA-1 check, and every peer that sent one is banned with none other left to try",
+		return fmt.Errorf("%w: torrent %s: no good copy of piece %d: every peer that sent data failing the torrent's SHA-1 check is banned, and none other is left to try (bad pieces: %d)",
 			origin.ErrCorrupt, rr.e.l.infoHash, piece, bad)
 	case bad > 0:
-		return fmt.Errorf("%w: torrent %s: no good copy of piece %d in %v; %d pieces failed the torrent's SHA-1 check (a peer sent bad data), %d peers connected",
+		return fmt.Errorf("%w: torrent %s: no good copy of piece %d in %v: a peer sent data failing the torrent's SHA-1 check (bad pieces: %d; peers connected: %d)",
 			origin.ErrCorrupt, rr.e.l.infoHash, piece, rr.o.opts.StallTimeout, bad, st.ActivePeers)
 	}
 	return fmt.Errorf("%w: torrent %s: no peer delivered piece %d in %v (%d peers connected)",
