@@ -250,9 +250,10 @@ func sourceBucket(source string) (string, error) {
 	return src.Bucket, err
 }
 
-// claim keeps the reconciler from starting a fetch of name while Verify
-// works on it. It fails when a fetch holds name (running is closed when
-// that fetch ends) or another Verify does (running is nil).
+// claim keeps the reconciler from starting a fetch of name while Verify or
+// an eviction works on it. It fails when a running fetch holds name
+// (running is that fetch; its exited closes when it ends) or another claim
+// does (running is nil).
 func (d *Daemon) claim(name string, s spec.Spec) (ok bool, running *fetch) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -124,7 +124,9 @@ func (d *Daemon) evictables(keep string) ([]evictable, error) {
 	d.mu.Lock()
 	busy := map[string]bool{}
 	for name := range d.fetches {
-		busy[name] = d.runningFetch(name) != nil
+		if d.runningFetch(name) != nil {
+			busy[name] = true
+		}
 	}
 	for name := range d.claimed {
 		busy[name] = true
@@ -221,7 +223,8 @@ func (d *Daemon) evict(name, forWhom string) error {
 }
 
 // claimVictim stops any fetch of name and claims it, as Verify does, so
-// the loop starts none until unclaim. It fails when a Verify holds it.
+// the loop starts none until unclaim. It fails with ErrBusy when a Verify
+// holds it.
 func (d *Daemon) claimVictim(name string, s spec.Spec, forWhom string) error {
 	for {
 		ok, f := d.claim(name, s)
