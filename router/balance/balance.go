@@ -269,10 +269,15 @@ func LoadBounds(cands []Candidate, c, decodeWeight float64, minBound int, dst []
 		wsum += weight(&cands[i])
 	}
 	for i := range cands {
-		b := int(math.Ceil(c * (total + 1) * weight(&cands[i]) / wsum))
-		dst = append(dst, max(b, minBound, 1))
+		dst = append(dst, loadBound(c, total, weight(&cands[i]), wsum, minBound))
 	}
 	return dst
+}
+
+// loadBound is one candidate's bound given the fleet's total load and
+// weight (see LoadBounds).
+func loadBound(c, total, w, wsum float64, minBound int) int {
+	return max(int(math.Ceil(c*(total+1)*w/wsum)), minBound, 1)
 }
 
 // mix is a 64-bit finaliser (splitmix64) for rendezvous scores.
@@ -288,7 +293,12 @@ func mix(x uint64) uint64 {
 // Rendezvous is the weighted rendezvous score of a backend for key: the
 // highest score wins, and a backend's share of keys is proportional to w.
 func Rendezvous(key, id uint64, w float64) float64 {
-	u := (float64(mix(key^mix(id))>>11) + 0.5) / (1 << 53)
+	return rendezvousScore(mix(key^mix(id)), w)
+}
+
+// rendezvousScore is Rendezvous given the mixed key and id.
+func rendezvousScore(h uint64, w float64) float64 {
+	u := (float64(h>>11) + 0.5) / (1 << 53)
 	return -w / math.Log(u)
 }
 
@@ -397,22 +407,22 @@ func better(a, b *Candidate, ra, rb float64) bool {
 	return ra > rb
 }
 
-// tierBetter reports whether candidate i ranks above j within tier t (see
+// tierBetter reports whether candidate a (its view pa) ranks above b within tier t (see
 // the tier constants). Past tierCold the shortest expected wait wins; past
 // tierHit then the least recent traffic: among backends whose queues are
 // within slack of the shortest, the one sent the fewest requests lately is
 // likely the one whose queued prefill started first and ends first, where
 // rendezvous would pile arrivals on one of them.
-func tierBetter(t int8, i, j int, cands []Candidate, costs []int, rv []float64) bool {
-	if t >= tierFair && costs[i] != costs[j] {
-		return costs[i] < costs[j]
+func tierBetter(t int8, a, b *Candidate, pa, pb *prefixView) bool {
+	if t >= tierFair && pa.cost != pb.cost {
+		return pa.cost < pb.cost
 	}
 	if t >= tierCold {
-		if ri, rj := cands[i].Recent/speed(&cands[i]), cands[j].Recent/speed(&cands[j]); ri != rj {
-			return ri < rj
+		if ra, rb := a.Recent/speed(a), b.Recent/speed(b); ra != rb {
+			return ra < rb
 		}
 	}
-	return better(&cands[i], &cands[j], rv[i], rv[j])
+	return better(a, b, pa.rv, pb.rv)
 }
 
 // cost is the expected wait for the first token in blocks of prefill: what
@@ -442,13 +452,18 @@ func Shares(cands []Candidate, dst []float64) []float64 {
 		wsum += rateShare(&cands[i])
 	}
 	for i := range cands {
-		s := 0.0
-		if sum > 0 {
-			s = max(cands[i].Recent, 0) / sum * wsum / rateShare(&cands[i])
-		}
-		dst = append(dst, s)
+		dst = append(dst, share(cands[i].Recent, sum, rateShare(&cands[i]), wsum))
 	}
 	return dst
+}
+
+// share is one candidate's recent traffic over its fair share given the
+// fleet's total traffic and rate share (see Shares).
+func share(recent, sum, rs, rsum float64) float64 {
+	if sum > 0 {
+		return max(recent, 0) / sum * rsum / rs
+	}
+	return 0
 }
 
 // Tiers rank candidates for one request; the lowest non-empty tier wins.
@@ -493,63 +508,102 @@ func yielded(tier int8, overShare bool) Bound {
 // that order before the request is refused.
 func decidePrefix(in Input) Decision {
 	d := Decision{Pick: -1, Preferred: -1}
-	var boundBuf [64]int
-	var rvBuf, shareBuf, loadBuf [64]float64
-	var costBuf [64]int
-	var tierBuf [64]int8
 	n := len(in.Keys)
 	dw := in.decodeWeight()
-	bounds := LoadBounds(in.Candidates, in.loadFactor(), dw, in.MinBound, boundBuf[:0])
-	shares := Shares(in.Candidates, shareBuf[:0])
 	key := RendezvousKey(in.Keys, in.Common, in.RendezvousBlocks)
-	rv, loads, costs := rvBuf[:0], loadBuf[:0], costBuf[:0]
-	equal := true
-	for i := range in.Candidates {
-		equal = equal && weight(&in.Candidates[i]) == weight(&in.Candidates[0])
-	}
-	for i := range in.Candidates {
-		c := &in.Candidates[i]
-		if equal {
-			// -w/log(u) is increasing in u: with equal weights the raw
-			// hash orders backends the same, without a logarithm each.
-			rv = append(rv, float64(mix(key^mix(c.ID))>>11))
-		} else {
-			rv = append(rv, Rendezvous(key, c.ID, weight(c)))
-		}
-		loads = append(loads, load(c, dw))
-		costs = append(costs, inTime(c, cost(c, n, in.Common)))
-	}
 	slack := in.Slack
 	if slack == 0 {
 		slack = DefaultSlack
 	}
 	sf := in.shareFactor()
+	// First pass: each candidate's own figures and the fleet's sums that
+	// the bounds and shares divide by. The fleet is saturated when every
+	// backend that may take a request queues prefill behind prefill: each
+	// will be busy until its queue drains wherever the request goes, so
+	// moving the request off the backend that alone holds most of it buys
+	// no wait worth having and spends the recompute out of the fleet's
+	// capacity (see hold).
+	var viewBuf [64]prefixView
+	v := viewBuf[:0]
+	if len(in.Candidates) > len(viewBuf) {
+		v = make([]prefixView, 0, len(in.Candidates))
+	}
+	v = v[:len(in.Candidates)]
+	total, wsum, sum, rsum := 0.0, 0.0, 0.0, 0.0
+	w0 := weight(&in.Candidates[0])
+	equal := true
+	busy := 0 // backends with a request before its first token
+	saturated := slack >= 0
+	top, next := -1, -1 // the two longest matches
+	for i := range in.Candidates {
+		c := &in.Candidates[i]
+		p := &v[i]
+		p.w, p.load, p.cost, p.h = weight(c), load(c, dw), inTime(c, cost(c, n, in.Common)), mix(key^mix(c.ID))
+		p.rs = p.w * speed(c)
+		total += p.load
+		wsum += p.w
+		sum += max(c.Recent, 0)
+		rsum += p.rs
+		equal = equal && p.w == w0
+		if c.Prefilling > 0 {
+			busy++
+		}
+		if underLimit(c) && c.Prefilling <= 1 {
+			saturated = false
+		}
+		switch {
+		case top < 0 || c.Matched > in.Candidates[top].Matched:
+			top, next = i, top
+		case next < 0 || c.Matched > in.Candidates[next].Matched:
+			next = i
+		}
+	}
+	// Second pass: bounds, shares and rendezvous scores, the preferred
+	// backend, and the best expected waits among those under their bounds.
 	// The expected-wait filter compares backends that pass the other
 	// bounds: one over its traffic share does not set the pace, and a
 	// backend under its fair share is compared with its peers, so a new
 	// group goes where traffic is short unless that costs more than slack.
+	lf := in.loadFactor()
 	minCost, minFair, minAny := math.MaxInt, math.MaxInt, math.MaxInt
-	best, bestAny := -1, -1 // where minCost and minAny are
-	busy := 0               // backends with a request before its first token
-	for i := range in.Candidates {
-		c := &in.Candidates[i]
-		if d.Preferred < 0 || better(c, &in.Candidates[d.Preferred], rv[i], rv[d.Preferred]) {
+	best, bestAny := -1, -1                               // where minCost and minAny are
+	first, second := -1, -1                               // the two shortest waits under their load bounds
+	bound0 := loadBound(lf, total, w0, wsum, in.MinBound) // everyone's, with equal weights
+	for i := range v {
+		c, p := &in.Candidates[i], &v[i]
+		p.bound = bound0
+		if !equal {
+			p.bound = loadBound(lf, total, p.w, wsum, in.MinBound)
+		}
+		p.share = share(c.Recent, sum, p.rs, rsum)
+		if equal {
+			// -w/log(u) is increasing in u: with equal weights the raw
+			// hash orders backends the same, without a logarithm each.
+			p.rv = float64(p.h >> 11)
+		} else {
+			p.rv = rendezvousScore(p.h, p.w)
+		}
+		if d.Preferred < 0 || better(c, &in.Candidates[d.Preferred], p.rv, v[d.Preferred].rv) {
 			d.Preferred = i
 		}
-		if c.Prefilling > 0 {
-			busy++
-		}
-		if !underLimit(c) || loads[i]+1 > float64(bounds[i]) {
+		p.ok = underLimit(c) && p.load+1 <= float64(p.bound)
+		if !p.ok {
 			continue
 		}
-		if costs[i] < minAny {
-			minAny, bestAny = costs[i], i
+		if p.cost < minAny {
+			minAny, bestAny = p.cost, i
 		}
-		if shares[i] <= sf && costs[i] < minCost {
-			minCost, best = costs[i], i
+		if p.share <= sf && p.cost < minCost {
+			minCost, best = p.cost, i
 		}
-		if shares[i] <= 1 {
-			minFair = min(minFair, costs[i])
+		if p.share <= 1 {
+			minFair = min(minFair, p.cost)
+		}
+		switch {
+		case first < 0 || p.cost < v[first].cost:
+			first, second = i, first
+		case second < 0 || p.cost < v[second].cost:
+			second = i
 		}
 	}
 	if minCost == math.MaxInt {
@@ -570,10 +624,14 @@ func decidePrefix(in Input) Decision {
 	// everyone behind them.
 	charge := float64(busy) / float64(len(in.Candidates)-busy+1)
 	recompute := func(i, j int) int {
-		if j < 0 {
+		if j < 0 || charge == 0 {
 			return 0
 		}
-		return inTime(&in.Candidates[j], int(charge*float64(max(in.Candidates[i].Matched-max(in.Candidates[j].Matched, in.Common), 0))))
+		lost := in.Candidates[i].Matched - max(in.Candidates[j].Matched, in.Common)
+		if lost <= 0 {
+			return 0
+		}
+		return inTime(&in.Candidates[j], int(charge*float64(lost)))
 	}
 	within := func(base int) int {
 		if slack < 0 || base == math.MaxInt {
@@ -594,76 +652,52 @@ func decidePrefix(in Input) Decision {
 	// often the one that took short prompts, so cold prompts went on
 	// piling there in requests long after its share of work was even.
 	slackBlocks := max(1, int(slack*float64(n)))
-	pastAt := func(i int, capShare float64) bool {
-		c := &in.Candidates[i]
-		return slack >= 0 && c.Matched <= in.Common && underLimit(c) &&
-			loads[i]+1 <= HoldLoad*float64(bounds[i]) && shares[i] <= capShare &&
-			(minCost == math.MaxInt || costs[i]+slackBlocks < minCost)
-	}
-	pastShare := HoldShare * sf
-	for i := range in.Candidates {
-		if pastAt(i, 1) {
-			pastShare = 1
-			break
-		}
-	}
-	past := func(i int) bool { return pastAt(i, pastShare) }
-	minBest := minCost // the best wait a request no backend holds may take
-	// A backend holding part of the prompt keeps it past its traffic share
-	// and load bound, up to the hold caps, while moving would cost the
-	// request more than slack in expected wait: the recompute of a long
-	// match (a conversation's history) costs more than the balance gains.
-	// Not while more than one request there waits for its first token: a
-	// backend that is queueing prefill (saturation) needs the bounds to
-	// spread work, or a closed loop of clients piles onto it.
-	first, second := -1, -1 // the two shortest waits under their load bounds
-	for i := range in.Candidates {
-		if past(i) {
-			minBest = min(minBest, costs[i])
-		}
-		if !underLimit(&in.Candidates[i]) || loads[i]+1 > float64(bounds[i]) {
+	holdShare := HoldShare * sf
+	minPastFair, minPastHeld := math.MaxInt, math.MaxInt
+	anyFair := false
+	for i := range v {
+		c, p := &in.Candidates[i], &v[i]
+		p.past = slack >= 0 && c.Matched <= in.Common && underLimit(c) &&
+			p.load+1 <= HoldLoad*float64(p.bound) &&
+			(minCost == math.MaxInt || p.cost+slackBlocks < minCost)
+		if !p.past {
 			continue
 		}
-		switch {
-		case first < 0 || costs[i] < costs[first]:
-			first, second = i, first
-		case second < 0 || costs[i] < costs[second]:
-			second = i
+		if p.share <= 1 {
+			anyFair, minPastFair = true, min(minPastFair, p.cost)
+		}
+		if p.share <= holdShare {
+			minPastHeld = min(minPastHeld, p.cost)
 		}
 	}
+	pastShare, minPast := holdShare, minPastHeld
+	if anyFair {
+		pastShare, minPast = 1, minPastFair
+	}
+	past := func(i int) bool { return v[i].past && v[i].share <= pastShare }
+	minBest := min(minCost, minPast) // the best wait a request no backend holds may take
 	limit, limitFair, limitBest := within(minCost), within(minFair), within(minBest)
 	if bs := in.BalanceSlack; bs > 0 && minBest < math.MaxInt {
 		// A new group may wait this much longer than on the best backend
 		// to go where traffic is short.
 		limitFair = min(limitFair, minBest+max(1, int(bs*float64(n))))
 	}
-	// The fleet is saturated when every backend that may take a request
-	// queues prefill behind prefill: each will be busy until its queue
-	// drains wherever the request goes, so moving the request off the
-	// backend that alone holds most of it buys no wait worth having and
-	// spends the recompute out of the fleet's capacity. There that holder
+	// A backend holding part of the prompt keeps it past its traffic share
+	// and load bound, up to the hold caps, while moving would cost the
+	// request more than slack in expected wait: the recompute of a long
+	// match (a conversation's history) costs more than the balance gains.
+	// Not while more than one request there waits for its first token: a
+	// backend that is queueing prefill (saturation) needs the bounds to
+	// spread work, or a closed loop of clients piles onto it. On a
+	// saturated fleet the backend that alone holds most of the prompt
 	// keeps it past the bounds and the wait rule, up to the hold caps,
 	// which still spread a hot group. Where another backend holds nearly
 	// as much (a system prompt most of them hold) the wait rule still
 	// chooses between them: the recompute saved is small, and holding
 	// piled such prompts on one backend.
-	saturated := slack >= 0
-	top, next := -1, -1 // the two longest matches
-	for i := range in.Candidates {
-		c := &in.Candidates[i]
-		if underLimit(c) && c.Prefilling <= 1 {
-			saturated = false
-		}
-		switch {
-		case top < 0 || c.Matched > in.Candidates[top].Matched:
-			top, next = i, top
-		case next < 0 || c.Matched > in.Candidates[next].Matched:
-			next = i
-		}
-	}
 	hold := func(i int) bool {
-		c := &in.Candidates[i]
-		if slack < 0 || c.Matched <= in.Common || loads[i]+1 > HoldLoad*float64(bounds[i]) || shares[i] > HoldShare*sf {
+		c, p := &in.Candidates[i], &v[i]
+		if slack < 0 || c.Matched <= in.Common || p.load+1 > HoldLoad*float64(p.bound) || p.share > holdShare {
 			return false
 		}
 		if saturated && i == top && (next < 0 || c.Matched-max(in.Candidates[next].Matched, in.Common) > slackBlocks) {
@@ -673,23 +707,23 @@ func decidePrefix(in Input) Decision {
 		if alt == i {
 			alt = second
 		}
-		return alt >= 0 && c.Prefilling <= 1 && costs[i]+max(1, int(slack*float64(n))) < costs[alt]+recompute(i, alt)
+		return alt >= 0 && c.Prefilling <= 1 && p.cost+max(1, int(slack*float64(n))) < v[alt].cost+recompute(i, alt)
 	}
-	tiers := tierBuf[:0]
-	for i := range in.Candidates {
-		c := &in.Candidates[i]
-		fair := shares[i] <= 1 && costs[i] <= limitFair
+	for i := range v {
+		c, p := &in.Candidates[i], &v[i]
+		fair := p.share <= 1 && p.cost <= limitFair
+		held := hold(i)
 		t := tierNone
 		switch {
 		case !underLimit(c):
-		case costs[i] <= limitBest && past(i):
+		case p.cost <= limitBest && past(i):
 			t = tierFair
 			if fair {
 				t = tierCold
 			}
-		case loads[i]+1 > float64(bounds[i]) && !hold(i):
+		case p.load+1 > float64(p.bound) && !held:
 			t = tierOver
-		case (shares[i] > sf && !hold(i)) || (costs[i]-recompute(i, best) > limit && !fair && !(saturated && hold(i))):
+		case (p.share > sf && !held) || (p.cost-recompute(i, best) > limit && !fair && !(saturated && held)):
 			t = tierLoad
 		case c.Matched > in.Common:
 			t = tierHit
@@ -698,14 +732,12 @@ func decidePrefix(in Input) Decision {
 		default:
 			t = tierFair
 		}
-		tiers = append(tiers, int8(t))
-	}
-	for i := range in.Candidates {
-		if tiers[i] == tierNone {
+		p.tier = int8(t)
+		if t == tierNone {
 			continue
 		}
-		if d.Pick < 0 || tiers[i] < tiers[d.Pick] ||
-			(tiers[i] == tiers[d.Pick] && tierBetter(tiers[i], i, d.Pick, in.Candidates, costs, rv)) {
+		if d.Pick < 0 || p.tier < v[d.Pick].tier ||
+			(p.tier == v[d.Pick].tier && tierBetter(p.tier, c, &in.Candidates[d.Pick], p, &v[d.Pick])) {
 			d.Pick = i
 		}
 	}
@@ -713,18 +745,32 @@ func decidePrefix(in Input) Decision {
 		d.Full = true
 		return d
 	}
-	p := &in.Candidates[d.Pick]
-	d.Bound, d.Matched, d.Share = bounds[d.Pick], p.Matched, shares[d.Pick]
-	switch {
-	case d.Pick != d.Preferred && (in.Candidates[d.Preferred].Matched > in.Common || tiers[d.Preferred] >= tierOver):
+	p, pv := &in.Candidates[d.Pick], &v[d.Pick]
+	d.Bound, d.Matched, d.Share = pv.bound, p.Matched, pv.share
+	switch pref := &v[d.Preferred]; {
+	case d.Pick != d.Preferred && (in.Candidates[d.Preferred].Matched > in.Common || pref.tier >= tierOver):
 		// Lost affinity, or the rendezvous choice was at a hard bound. A
 		// cold request steered to a backend with less traffic is Cold.
 		d.Reason = Overflow
-		d.Yielded = yielded(tiers[d.Preferred], shares[d.Preferred] > sf)
+		d.Yielded = yielded(pref.tier, pref.share > sf)
 	case p.Matched > in.Common:
 		d.Reason = Hit
 	default:
 		d.Reason = Cold
 	}
 	return d
+}
+
+// prefixView is what decidePrefix works out about one candidate.
+type prefixView struct {
+	w, rs float64 // weight and rate share
+	load  float64 // prefill-weighted in-flight requests
+	share float64 // recent traffic over its fair share
+	h     uint64  // the rendezvous key mixed with its ID
+	rv    float64 // rendezvous score
+	cost  int     // expected wait in blocks at speed 1
+	bound int     // load bound
+	ok    bool    // under its own limit and its load bound
+	past  bool    // may go past the bounds for a shorter wait, within the share the caller allows
+	tier  int8
 }

@@ -750,3 +750,31 @@ func TestSaturatedHolderKeepsItsRequest(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDecidePrefix64 is the prefix-aware decision alone over 64
+// backends and a 64-block prompt (BenchmarkRoute64x16k's shape): idle, as
+// that benchmark leaves the backends, and busy, with requests in flight,
+// prefill queued and uneven recent traffic.
+func BenchmarkDecidePrefix64(b *testing.B) {
+	for _, busy := range []bool{false, true} {
+		b.Run(fmt.Sprintf("busy=%v", busy), func(b *testing.B) {
+			c := cands(64)
+			for i := range c {
+				c[i].Warm = true
+				c[i].Recent = float64(i%7) + 0.5
+				if i%5 == 0 {
+					c[i].Matched = 10 + i%40
+				}
+				if busy {
+					c[i].Inflight, c[i].Prefilling, c[i].Pending = 1+i%4, i%2, (i%3)*40
+				}
+			}
+			in := Input{Strategy: PrefixAware, Candidates: c, Keys: keys(3, 64), Common: 2}
+			for b.Loop() {
+				if d := Decide(in); d.Pick < 0 {
+					b.Fatal("no pick")
+				}
+			}
+		})
+	}
+}
