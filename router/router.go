@@ -692,8 +692,10 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		// place for every request.
 		common = max(common, rt.index.Hot(req.keys, len(members), rt.cfg.HotShare))
 	}
-	for _, b := range members {
-		c := balance.Candidate{ID: b.id, Inflight: b.inflight + b.peers.inflight, Limit: b.limit,
+	cands = slices.Grow(cands, len(members))[:len(members)]
+	for i, b := range members {
+		c := &cands[i] // filled in place: a Candidate is too big to copy per backend
+		*c = balance.Candidate{ID: b.id, Inflight: b.inflight + b.peers.inflight, Limit: b.limit,
 			Pending: b.pending + b.peers.pending, Prefilling: b.prefilling + b.peers.prefilling,
 			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights, Recent: b.recent, Speed: b.ep.Speed}
 		if req.strategy == balance.CacheAware {
@@ -702,7 +704,6 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		if len(req.keys) > 0 {
 			c.Matched = depth[b.slot]
 		}
-		cands = append(cands, c)
 	}
 	var rnd uint64
 	switch req.strategy {
