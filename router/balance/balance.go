@@ -407,12 +407,13 @@ func better(a, b *Candidate, ra, rb float64) bool {
 	return ra > rb
 }
 
-// tierBetter reports whether candidate a (its view pa) ranks above b within tier t (see
-// the tier constants). Past tierCold the shortest expected wait wins; past
-// tierHit then the least recent traffic: among backends whose queues are
-// within slack of the shortest, the one sent the fewest requests lately is
-// likely the one whose queued prefill started first and ends first, where
-// rendezvous would pile arrivals on one of them.
+// tierBetter reports whether candidate a (pa: what decidePrefix worked out
+// about it) ranks above b within tier t (see the tier constants). Past
+// tierCold the shortest expected wait wins; past tierHit then the least
+// recent traffic: among backends whose queues are within slack of the
+// shortest, the one sent the fewest requests lately is likely the one whose
+// queued prefill started first and ends first, where rendezvous would pile
+// arrivals on one of them.
 func tierBetter(t int8, a, b *Candidate, pa, pb *prefixView) bool {
 	if t >= tierFair && pa.cost != pb.cost {
 		return pa.cost < pb.cost
@@ -524,9 +525,9 @@ func decidePrefix(in Input) Decision {
 	// no wait worth having and spends the recompute out of the fleet's
 	// capacity (see hold).
 	var viewBuf [64]prefixView
-	v := viewBuf[:0]
-	if len(in.Candidates) > len(viewBuf) {
-		v = make([]prefixView, 0, len(in.Candidates))
+	v := viewBuf[:]
+	if len(in.Candidates) > len(v) {
+		v = make([]prefixView, len(in.Candidates))
 	}
 	v = v[:len(in.Candidates)]
 	total, wsum, sum, rsum := 0.0, 0.0, 0.0, 0.0
@@ -586,8 +587,7 @@ func decidePrefix(in Input) Decision {
 		if d.Preferred < 0 || better(c, &in.Candidates[d.Preferred], p.rv, v[d.Preferred].rv) {
 			d.Preferred = i
 		}
-		p.ok = underLimit(c) && p.load+1 <= float64(p.bound)
-		if !p.ok {
+		if !underLimit(c) || p.load+1 > float64(p.bound) {
 			continue
 		}
 		if p.cost < minAny {
@@ -770,7 +770,6 @@ type prefixView struct {
 	rv    float64 // rendezvous score
 	cost  int     // expected wait in blocks at speed 1
 	bound int     // load bound
-	ok    bool    // under its own limit and its load bound
 	past  bool    // may go past the bounds for a shorter wait, within the share the caller allows
 	tier  int8
 }
