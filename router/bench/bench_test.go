@@ -125,6 +125,9 @@ func TestRunSmall(t *testing.T) {
 	if d := res.Decision; len(d.ByStrategy) != len(o.Strategies) {
 		t.Fatalf("decision time of %d strategies, want %d", len(d.ByStrategy), len(o.Strategies))
 	}
+	if f := res.Decision.Floor; !(f.P50us > 0 && f.P99us >= f.P50us) {
+		t.Fatalf("machine floor not measured: %+v", f)
+	}
 	// Scale-out: nothing reaches the added backends before they join,
 	// every strategy sends some there after.
 	if so := res.ScaleOut; so == nil || len(so.Strategies) != len(o.Strategies) || so.AddedAt != 12 {

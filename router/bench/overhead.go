@@ -28,9 +28,20 @@ type DecisionResult struct {
 	P50us       float64 `json:"p50_us"`
 	P99us       float64 `json:"p99_us"`
 	HitFraction float64 `json:"hit_fraction"`
+	// Floor is the machine's own tail at this duration: a fixed
+	// computation as long as the decision's p50, timed as many times the
+	// same way. Its p99 is what interrupts and stolen time alone make of
+	// that p50 here, the baseline the decision's p99 is read against.
+	Floor Floor `json:"floor"`
 	// ByStrategy is every strategy's, on the same prompts; the figures
 	// above are prefix-aware's (the default's, the goal's).
 	ByStrategy []StrategyDecision `json:"by_strategy,omitempty"`
+}
+
+// Floor is the fixed computation's time quantiles (see DecisionResult).
+type Floor struct {
+	P50us float64 `json:"p50_us"`
+	P99us float64 `json:"p99_us"`
 }
 
 // StrategyDecision is one strategy's decision time.
@@ -59,7 +70,43 @@ func measureDecision(backends, promptBytes, samples int, seed uint64, strategies
 	if len(each) > 1 {
 		res.ByStrategy = each
 	}
+	res.Floor = measureFloor(res.P50us, samples)
 	return res, nil
+}
+
+// floorSink keeps the floor's computation from being optimised away.
+var floorSink uint64
+
+// floorWork is a fixed run of dependent multiply-xor steps: no memory,
+// no branches that depend on data, so every run takes the same time
+// unless the machine takes some of it.
+func floorWork(steps int) {
+	x := floorSink | 1
+	for range steps {
+		x = x*6364136223846793005 + 1442695040888963407
+		x ^= x >> 29
+	}
+	floorSink = x
+}
+
+// measureFloor times samples runs of floorWork sized to take about
+// targetUs each (see DecisionResult.Floor).
+func measureFloor(targetUs float64, samples int) Floor {
+	const probe = 4096
+	times := make([]float64, 0, max(samples, 201))
+	for range 201 {
+		start := time.Now()
+		floorWork(probe)
+		times = append(times, float64(time.Since(start).Nanoseconds())/1e3)
+	}
+	steps := max(1, int(targetUs/quantile(times, 0.5)*probe))
+	times = times[:0]
+	for range samples {
+		start := time.Now()
+		floorWork(steps)
+		times = append(times, float64(time.Since(start).Nanoseconds())/1e3)
+	}
+	return Floor{P50us: quantile(times, 0.5), P99us: quantile(times, 0.99)}
 }
 
 func measureDecisionOf(st balance.Strategy, backends, promptBytes, samples int, seed uint64) (*DecisionResult, error) {

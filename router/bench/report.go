@@ -91,6 +91,7 @@ func WriteText(w io.Writer, r *Results) error {
 	if d := r.Decision; d != nil {
 		fmt.Fprintf(w, "\ndecision time (scan+hash+decide+index), %d backends, %d-byte bodies, %d samples: p50 %.1f us, p99 %.1f us (goal p99 <= 25 us)\n",
 			d.Backends, d.PromptBytes, d.Samples, d.P50us, d.P99us)
+		fmt.Fprintf(w, "  this machine's floor: a fixed computation of that p50, as many samples: p50 %.1f us, p99 %.1f us\n", d.Floor.P50us, d.Floor.P99us)
 		for _, s := range d.ByStrategy {
 			fmt.Fprintf(w, "  %-17s p50 %.1f us p99 %.1f us\n", s.Strategy, s.P50us, s.P99us)
 		}
