@@ -186,6 +186,10 @@ type Result struct {
 	// (Options.ScaleOut).
 	ScaleOut *ScaleOut `json:"scale_out,omitempty"`
 
+	// PageCache is what writing through this machine's page cache costs,
+	// measured before the runs (see PageCache).
+	PageCache *PageCache `json:"page_cache,omitempty"`
+
 	Modes []ModeResult `json:"modes"`
 }
 
@@ -262,6 +266,10 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		defer os.RemoveAll(d)
 		dir = d
 	}
+	pc, err := measurePageCache(dir, pageCacheProbe)
+	if err != nil {
+		return Result{}, err
+	}
 	lab, err := netlab.New(ctx, netlab.Options{
 		Hosts: opts.Hosts, Link: opts.Link, S3: true, S3Link: opts.S3Link, MTU: opts.MTU,
 		Versitygw: opts.Versitygw, Dir: dir, Logger: log,
@@ -282,7 +290,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	res := Result{
 		Hosts: opts.Hosts, HostProcs: opts.HostProcs, SettleSeconds: opts.Settle.Seconds(), Link: opts.Link.String(), S3Link: opts.S3Link.String(), MTU: opts.MTU, Origin: opts.Origin,
 		ModelBytes: opts.ModelSize, Files: opts.Files, Runs: opts.Runs,
-		LowerBoundSeconds: swarmLB.Seconds(), NaiveLowerBoundSeconds: naiveLB.Seconds(),
+		LowerBoundSeconds: swarmLB.Seconds(), NaiveLowerBoundSeconds: naiveLB.Seconds(), PageCache: &pc,
 	}
 	modes := []struct {
 		name string

@@ -30,6 +30,10 @@ func (r Result) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "fleet: %d hosts (daemons at %s), link %s (S3 link %s, %s), model %s in %d files, %d run(s) per mode (median shown), %.0f s pause before each\n\n",
 		r.Hosts, procs, r.Link, r.S3Link, origin, netlab.Size(r.ModelBytes), r.Files, r.Runs, r.SettleSeconds)
+	if pc := r.PageCache; pc != nil {
+		fmt.Fprintf(w, "page cache: writing %s cost %.2f CPU-s per GiB, %.2f again at once into the pages just freed (%s); every run writes the model once per host\n\n",
+			netlab.Size(pc.Bytes), pc.FirstCPUSecondsPerGiB, pc.AgainCPUSecondsPerGiB, reportingText(pc.FreePageReporting))
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODE\tWARM_S\tLOWER_BOUND_S\tWARM_RATIO\tS3_EGRESS_RATIO\tPEAK_RSS\tRUNS_S")
 	for _, m := range r.Modes {
@@ -97,4 +101,15 @@ func seconds(v []float64) string {
 		s[i] = fmt.Sprintf("%.1f", x)
 	}
 	return strings.Join(s, " ")
+}
+
+// reportingText says whether the VM hands freed memory back to its host.
+func reportingText(on *bool) string {
+	switch {
+	case on == nil:
+		return "no virtio balloon"
+	case *on:
+		return "this VM reports free memory to its host, which takes it back: first writes fault it in again"
+	}
+	return "virtio balloon without free page reporting"
 }

@@ -1,0 +1,104 @@
+package fleetbench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// PageCache is what writing through this machine's page cache costs the
+// writer, measured once before the runs: every host writes the whole model
+// through it. On a VM whose host takes freed guest memory back (virtio
+// balloon free page reporting) the first write of a page is a fault the
+// host must serve, many times what writing a page the guest still holds
+// costs, and a run pays it for every byte the fleet caches, on the same
+// cores the daemons use: that is in the warm-up figures of such a machine
+// and in none on a node that keeps its memory.
+type PageCache struct {
+	Bytes int64 `json:"bytes"`
+	// FirstCPUSecondsPerGiB is the CPU time a first write took; what
+	// memory it got is what the kernel had free then.
+	FirstCPUSecondsPerGiB float64 `json:"first_cpu_s_per_gib"`
+	// AgainCPUSecondsPerGiB is the same write at once after deleting the
+	// first: into pages the guest has just freed and still holds.
+	AgainCPUSecondsPerGiB float64 `json:"again_cpu_s_per_gib"`
+	// FreePageReporting says whether the guest reports free memory to its
+	// host; null where no virtio balloon driver is bound.
+	FreePageReporting *bool `json:"free_page_reporting"`
+}
+
+// pageCacheProbe is how much measurePageCache writes each time: enough to
+// see the cost per page, little beside a model.
+const pageCacheProbe = 256 << 20
+
+// measurePageCache writes a file of size bytes in dir twice (see
+// PageCache) and removes it.
+func measurePageCache(dir string, size int64) (PageCache, error) {
+	pc := PageCache{Bytes: size, FreePageReporting: freePageReporting()}
+	path := filepath.Join(dir, "page-cache-probe")
+	defer os.Remove(path)
+	buf := make([]byte, 4<<20)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	for pass, dst := range []*float64{&pc.FirstCPUSecondsPerGiB, &pc.AgainCPUSecondsPerGiB} {
+		_ = os.Remove(path)
+		before, err := cpuTime()
+		if err != nil {
+			return pc, err
+		}
+		if err := writeProbe(path, buf, size); err != nil {
+			return pc, fmt.Errorf("page cache probe, pass %d: %w", pass+1, err)
+		}
+		after, err := cpuTime()
+		if err != nil {
+			return pc, err
+		}
+		*dst = (after - before).Seconds() / (float64(size) / (1 << 30))
+	}
+	return pc, nil
+}
+
+func writeProbe(path string, buf []byte, size int64) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	for n := int64(0); n < size; n += int64(len(buf)) {
+		if _, err := f.Write(buf[:min(int64(len(buf)), size-n)]); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	return f.Close()
+}
+
+// cpuTime is this process's user and system time so far.
+func cpuTime() (time.Duration, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, fmt.Errorf("getrusage: %w", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
+}
+
+// balloonFeatures is where the bound virtio balloon devices list their
+// negotiated features, one character per bit.
+var balloonFeatures = "/sys/bus/virtio/drivers/virtio_balloon/virtio*/features"
+
+// freePageReporting reads whether a bound virtio balloon negotiated
+// VIRTIO_BALLOON_F_REPORTING (bit 5); nil if none is bound.
+func freePageReporting() *bool {
+	paths, _ := filepath.Glob(balloonFeatures)
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil || len(b) < 6 {
+			continue
+		}
+		on := b[5] == '1'
+		return &on
+	}
+	return nil
+}
