@@ -1,7 +1,10 @@
 package fleetbench
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -11,19 +14,20 @@ import (
 // PageCache is what writing through this machine's page cache costs the
 // writer, measured once before the runs: every host writes the whole model
 // through it. On a VM whose host takes freed guest memory back (virtio
-// balloon free page reporting) the first write of a page is a fault the
-// host must serve, many times what writing a page the guest still holds
-// costs, and a run pays it for every byte the fleet caches, on the same
-// cores the daemons use: that is in the warm-up figures of such a machine
-// and in none on a node that keeps its memory.
+// balloon free page reporting) a write into memory freed a while ago is a
+// fault the host must serve, many times what writing a page the guest
+// still holds costs. Each run deletes the last one's data and pauses
+// (Options.Settle) before it starts, so its hosts pay that for every byte
+// they cache, on the cores the daemons use: it is in the warm-up figures
+// of such a machine and in none on a node that keeps its memory.
 type PageCache struct {
 	Bytes int64 `json:"bytes"`
-	// FirstCPUSecondsPerGiB is the CPU time a first write took; what
-	// memory it got is what the kernel had free then.
-	FirstCPUSecondsPerGiB float64 `json:"first_cpu_s_per_gib"`
-	// AgainCPUSecondsPerGiB is the same write at once after deleting the
-	// first: into pages the guest has just freed and still holds.
-	AgainCPUSecondsPerGiB float64 `json:"again_cpu_s_per_gib"`
+	// AfterPauseCPUSecondsPerGiB is the CPU time of a write into memory
+	// freed one settle pause before, as a run's first writes are.
+	AfterPauseCPUSecondsPerGiB float64 `json:"after_pause_cpu_s_per_gib"`
+	// AtOnceCPUSecondsPerGiB is the same write at once after deleting the
+	// last: into pages the guest has just freed and still holds.
+	AtOnceCPUSecondsPerGiB float64 `json:"at_once_cpu_s_per_gib"`
 	// FreePageReporting says whether the guest reports free memory to its
 	// host; null where no virtio balloon driver is bound.
 	FreePageReporting *bool `json:"free_page_reporting"`
@@ -33,9 +37,11 @@ type PageCache struct {
 // see the cost per page, little beside a model.
 const pageCacheProbe = 256 << 20
 
-// measurePageCache writes a file of size bytes in dir twice (see
-// PageCache) and removes it.
-func measurePageCache(dir string, size int64) (PageCache, error) {
+// measurePageCache writes a file of size bytes in dir and deletes it, then
+// after pause writes it again (AfterPause) and, deleting it, once more at
+// once (AtOnce); it leaves nothing behind. The first write only frees
+// memory for the second, whatever the kernel had free before.
+func measurePageCache(ctx context.Context, dir string, size int64, pause time.Duration) (PageCache, error) {
 	pc := PageCache{Bytes: size, FreePageReporting: freePageReporting()}
 	path := filepath.Join(dir, "page-cache-probe")
 	defer os.Remove(path)
@@ -43,8 +49,17 @@ func measurePageCache(dir string, size int64) (PageCache, error) {
 	for i := range buf {
 		buf[i] = byte(i)
 	}
-	for pass, dst := range []*float64{&pc.FirstCPUSecondsPerGiB, &pc.AgainCPUSecondsPerGiB} {
-		_ = os.Remove(path)
+	for pass, dst := range []*float64{nil, &pc.AfterPauseCPUSecondsPerGiB, &pc.AtOnceCPUSecondsPerGiB} {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return pc, fmt.Errorf("page cache probe: %w", err)
+		}
+		if pass == 1 {
+			select {
+			case <-ctx.Done():
+				return pc, context.Cause(ctx)
+			case <-time.After(pause):
+			}
+		}
 		before, err := cpuTime()
 		if err != nil {
 			return pc, err
@@ -56,7 +71,9 @@ func measurePageCache(dir string, size int64) (PageCache, error) {
 		if err != nil {
 			return pc, err
 		}
-		*dst = (after - before).Seconds() / (float64(size) / (1 << 30))
+		if dst != nil {
+			*dst = (after - before).Seconds() / (float64(size) / (1 << 30))
+		}
 	}
 	return pc, nil
 }

@@ -31,8 +31,8 @@ func (r Result) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "fleet: %d hosts (daemons at %s), link %s (S3 link %s, %s), model %s in %d files, %d run(s) per mode (median shown), %.0f s pause before each\n\n",
 		r.Hosts, procs, r.Link, r.S3Link, origin, netlab.Size(r.ModelBytes), r.Files, r.Runs, r.SettleSeconds)
 	if pc := r.PageCache; pc != nil {
-		fmt.Fprintf(w, "page cache: writing %s cost %.2f CPU-s per GiB, %.2f again at once into the pages just freed (%s); every run writes the model once per host\n\n",
-			netlab.Size(pc.Bytes), pc.FirstCPUSecondsPerGiB, pc.AgainCPUSecondsPerGiB, reportingText(pc.FreePageReporting))
+		fmt.Fprintf(w, "page cache: writing %s into memory freed %.0f s before cost %.2f CPU-s per GiB, %.2f into memory just freed (%s); each run writes the model once per host, a pause after the last run's data was deleted\n\n",
+			netlab.Size(pc.Bytes), r.SettleSeconds, pc.AfterPauseCPUSecondsPerGiB, pc.AtOnceCPUSecondsPerGiB, reportingText(pc.FreePageReporting))
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODE\tWARM_S\tLOWER_BOUND_S\tWARM_RATIO\tS3_EGRESS_RATIO\tPEAK_RSS\tRUNS_S")
@@ -109,7 +109,7 @@ func reportingText(on *bool) string {
 	case on == nil:
 		return "no virtio balloon"
 	case *on:
-		return "this VM reports free memory to its host, which takes it back: first writes fault it in again"
+		return "this VM reports free memory to its host, which takes it back: writes fault it in again"
 	}
 	return "virtio balloon without free page reporting"
 }
