@@ -266,7 +266,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		defer os.RemoveAll(d)
 		dir = d
 	}
-	pc, err := measurePageCache(ctx, dir, pageCacheProbe, opts.Settle)
+	pc, err := measurePageCache(ctx, dir, min(pageCacheProbe, opts.ModelSize), opts.Settle)
 	if err != nil {
 		return Result{}, err
 	}

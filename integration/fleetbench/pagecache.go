@@ -33,8 +33,8 @@ type PageCache struct {
 	FreePageReporting *bool `json:"free_page_reporting"`
 }
 
-// pageCacheProbe is how much measurePageCache writes each time: enough to
-// see the cost per page, little beside a model.
+// pageCacheProbe is how much measurePageCache writes each time (less for a
+// smaller model): enough to see the cost per page, little beside a model.
 const pageCacheProbe = 256 << 20
 
 // measurePageCache writes a file of size bytes in dir and deletes it, then
