@@ -7,8 +7,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
+
+	"github.com/warmfleet/warmfleet/internal/procstat"
 )
 
 // PageCache is what writing through this machine's page cache costs the
@@ -60,14 +61,14 @@ func measurePageCache(ctx context.Context, dir string, size int64, pause time.Du
 			case <-time.After(pause):
 			}
 		}
-		before, err := cpuTime()
+		before, err := procstat.CPU(0)
 		if err != nil {
 			return pc, err
 		}
 		if err := writeProbe(path, buf, size); err != nil {
 			return pc, fmt.Errorf("page cache probe, pass %d: %w", pass+1, err)
 		}
-		after, err := cpuTime()
+		after, err := procstat.CPU(0)
 		if err != nil {
 			return pc, err
 		}
@@ -90,15 +91,6 @@ func writeProbe(path string, buf []byte, size int64) error {
 		}
 	}
 	return f.Close()
-}
-
-// cpuTime is this process's user and system time so far.
-func cpuTime() (time.Duration, error) {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0, fmt.Errorf("getrusage: %w", err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
 // balloonFeatures is where the bound virtio balloon devices list their
