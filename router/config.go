@@ -37,6 +37,11 @@ type Config struct {
 	CharsPerToken    float64 `yaml:"chars_per_token"`   // to size the index from KV cache tokens
 	KVCacheTokens    int     `yaml:"kv_cache_tokens"`   // default backend KV cache size
 	MaxInflight      int     `yaml:"max_inflight"`      // default backend concurrency limit (0: none)
+	// MaxNumSeqs is the engines' sequence slots (vLLM's --max-num-seqs):
+	// prefix-aware passes over a backend whose slots are all busy while
+	// another has one free. 0: unknown (the rule is off for a backend
+	// unless its own max_num_seqs is set).
+	MaxNumSeqs int `yaml:"max_num_seqs"`
 	// KV events (backends' kv_events): the engines' block size in tokens
 	// and hash seed, to compute their block hashes for token-id prompts,
 	// and how long a view rebuilt after a gap stays untrusted.
@@ -117,6 +122,7 @@ type BackendConfig struct {
 	ID            string   `yaml:"id"`     // identity in rendezvous hashing; default: the URL
 	Models        []string `yaml:"models"` // empty: serves whatever model is asked for
 	MaxInflight   int      `yaml:"max_inflight"`
+	MaxNumSeqs    int      `yaml:"max_num_seqs"` // its engine's sequence slots; 0: the default max_num_seqs
 	KVCacheTokens int      `yaml:"kv_cache_tokens"`
 	HoldsWeights  *bool    `yaml:"holds_weights"` // default true
 	// KVEvents is where the backend's engine publishes its KV-cache
@@ -255,8 +261,8 @@ func (c *Config) Validate() error {
 	if c.BlockChars < 16 || c.MaxBlocks < 1 || c.RendezvousBlocks < 1 {
 		errs = append(errs, errors.New("block_chars must be >= 16, max_blocks and rendezvous_blocks >= 1"))
 	}
-	if !(c.CharsPerToken > 0 && c.CharsPerToken <= 64) || c.KVCacheTokens < 1 || c.MaxInflight < 0 {
-		errs = append(errs, errors.New("chars_per_token must be in (0, 64], kv_cache_tokens positive, max_inflight >= 0"))
+	if !(c.CharsPerToken > 0 && c.CharsPerToken <= 64) || c.KVCacheTokens < 1 || c.MaxInflight < 0 || c.MaxNumSeqs < 0 {
+		errs = append(errs, errors.New("chars_per_token must be in (0, 64], kv_cache_tokens positive, max_inflight and max_num_seqs >= 0"))
 	}
 	if c.KVBlockSize < 1 || c.KVBlockSize > 4096 || c.KVResync <= 0 || len(c.KVHashSeed) > 1024 {
 		errs = append(errs, errors.New("kv_block_size must be in [1, 4096], kv_resync positive and kv_hash_seed at most 1024 bytes"))
@@ -298,8 +304,8 @@ func (c *Config) Validate() error {
 				errs = append(errs, fmt.Errorf("backends[%d]: kv_events: %w", i, err))
 			}
 		}
-		if b.MaxInflight < 0 || b.KVCacheTokens < 0 {
-			errs = append(errs, fmt.Errorf("backends[%d]: max_inflight and kv_cache_tokens must be >= 0", i))
+		if b.MaxInflight < 0 || b.KVCacheTokens < 0 || b.MaxNumSeqs < 0 {
+			errs = append(errs, fmt.Errorf("backends[%d]: max_inflight, max_num_seqs and kv_cache_tokens must be >= 0", i))
 		}
 		if b.Speed != 0 && !(b.Speed >= 1.0/balance.MaxSpeed && b.Speed <= balance.MaxSpeed) {
 			errs = append(errs, fmt.Errorf("backends[%d]: speed %v: want 1/%d..%d relative to the fleet's usual backend (0: 1)", i, b.Speed, balance.MaxSpeed, balance.MaxSpeed))

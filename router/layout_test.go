@@ -17,6 +17,7 @@ func TestBackendLayout(t *testing.T) {
 	fields := map[string]uintptr{
 		"id":              end(unsafe.Offsetof(b.id), unsafe.Sizeof(b.id)),
 		"limit":           end(unsafe.Offsetof(b.limit), unsafe.Sizeof(b.limit)),
+		"slots":           end(unsafe.Offsetof(b.slots), unsafe.Sizeof(b.slots)),
 		"inflight":        end(unsafe.Offsetof(b.inflight), unsafe.Sizeof(b.inflight)),
 		"pending":         end(unsafe.Offsetof(b.pending), unsafe.Sizeof(b.pending)),
 		"prefilling":      end(unsafe.Offsetof(b.prefilling), unsafe.Sizeof(b.prefilling)),

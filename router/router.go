@@ -107,12 +107,15 @@ type backend struct {
 	// field: with the prompt's work in between, each is a miss, and when
 	// other work has left the caches cold they are most of a decision's
 	// time.
-	id         uint64
-	slot       int
-	limit      int
-	inflight   int
-	pending    int // prompt blocks sent but not yet answered with a first byte
-	prefilling int // requests sent but not yet answered with a first byte
+	id   uint64
+	slot int
+	// limit is its concurrency limit and slots its engine's sequence
+	// slots (0: none, unknown), in 32 bits so that the decision's fields
+	// stay in four cache lines.
+	limit, slots int32
+	inflight     int
+	pending      int // prompt blocks sent but not yet answered with a first byte
+	prefilling   int // requests sent but not yet answered with a first byte
 	// recent is the traffic routed here, decayed per decision (half-life
 	// ShareHalfLife decisions), for the traffic-share bound.
 	recent float64
@@ -120,10 +123,10 @@ type backend struct {
 	// in sum and by peer, so a peer that goes away can be forgotten.
 	peers        peerLoad
 	ejectedUntil time.Time
-	ep           Endpoint
 	// kvTrusted: its event view was trusted at the last token-id
 	// decision it took part in.
 	kvTrusted bool
+	ep        Endpoint // its fields up to ReadySince are read per decision
 
 	url    string
 	kvSize int // index capacity in blocks
@@ -326,11 +329,12 @@ func (rt *Router) SetStrategy(model string, s balance.Strategy) error {
 	return nil
 }
 
+// clamp32 is n within 0..MaxInt32.
+func clamp32(n int) int32 { return int32(min(max(n, 0), math.MaxInt32)) }
+
 func (rt *Router) configureLocked(b *backend) {
-	b.limit = b.ep.MaxInflight
-	if b.limit == 0 {
-		b.limit = rt.cfg.MaxInflight
-	}
+	b.limit = clamp32(cmp.Or(b.ep.MaxInflight, rt.cfg.MaxInflight))
+	b.slots = clamp32(cmp.Or(b.ep.MaxNumSeqs, rt.cfg.MaxNumSeqs))
 	tokens := b.ep.KVCacheTokens
 	if tokens == 0 {
 		tokens = cmp.Or(b.eventsKV, b.learnedKV)
@@ -695,9 +699,9 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	cands = slices.Grow(cands, len(members))[:len(members)]
 	for i, b := range members {
 		c := &cands[i] // filled in place: a Candidate is too big to copy per backend
-		*c = balance.Candidate{ID: b.id, Inflight: b.inflight + b.peers.inflight, Limit: b.limit,
+		*c = balance.Candidate{ID: b.id, Inflight: b.inflight + b.peers.inflight, Limit: int(b.limit),
 			Pending: b.pending + b.peers.pending, Prefilling: b.prefilling + b.peers.prefilling,
-			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights, Recent: b.recent, Speed: b.ep.Speed}
+			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights, Recent: b.recent, Speed: b.ep.Speed, Slots: int(b.slots)}
 		if req.strategy == balance.CacheAware {
 			c.Held = int(rt.heldLocked(b, req.exact))
 		}

@@ -645,7 +645,14 @@ func TestConfigParse(t *testing.T) {
 	if eps := StaticEndpoints(&fast); len(eps) != 2 || eps[0].Speed != 2.5 || eps[1].Speed != 0 {
 		t.Fatalf("speeds: endpoints %+v", eps)
 	}
-	for _, bad := range []string{"strategy: fastest\n", "load_factor: 0.5\n", "unknown_key: 1\n", "backends:\n  - url: ftp://x\n",
+	seqs := Defaults()
+	if err := ParseConfig([]byte("max_num_seqs: 4\nbackends:\n  - {url: http://a, max_num_seqs: 8}\n  - url: http://b\n"), &seqs); err != nil {
+		t.Fatal(err)
+	}
+	if eps := StaticEndpoints(&seqs); seqs.MaxNumSeqs != 4 || len(eps) != 2 || eps[0].MaxNumSeqs != 8 || eps[1].MaxNumSeqs != 0 {
+		t.Fatalf("max_num_seqs: %d, endpoints %+v", seqs.MaxNumSeqs, eps)
+	}
+	for _, bad := range []string{"strategy: fastest\n", "max_num_seqs: -1\n", "backends:\n  - {url: http://a, max_num_seqs: -2}\n", "load_factor: 0.5\n", "unknown_key: 1\n", "backends:\n  - url: ftp://x\n",
 		"backends:\n  - url: http://a\n  - url: http://a/\n", "block_chars: 1\n", "queue_timeout: soon\n",
 		"share_factor: 0.5\n", "share_half_life: 0\n", "decode_weight: 2\n", "decode_weight: 0\n", "eject_5xx: -1\n", "hot_share: -1\n", "hot_share: .nan\n",
 		// NaN and infinities pass a plain "< bound" check; each float is checked as "inside".
@@ -841,56 +848,63 @@ func TestConcurrentBodiesIntact(t *testing.T) {
 }
 
 // TestOverflowNamesTheBound: the backend holding a prompt is at its own
-// limit, so the repeat goes elsewhere, and the header and the metric say
-// which rule made it yield.
+// limit, or has its engine's only sequence slot busy, so the repeat goes
+// elsewhere, and the header and the metric say which rule made it yield.
 func TestOverflowNamesTheBound(t *testing.T) {
-	release := make(chan struct{})
-	started := make(chan struct{}, 2)
-	var backends []string
-	for range 2 {
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			started <- struct{}{}
-			<-release
-			_, _ = io.WriteString(w, "done")
-		}))
-		defer srv.Close()
-		backends = append(backends, srv.URL)
-	}
-	cfg := Defaults()
-	cfg.Strategy = balance.PrefixAware // its bounds' names
-	cfg.MaxInflight = 1
-	h := newHarness(t, cfg, Options{}, backends...)
-	body := fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("the same long document. ", 100))
-	done := make(chan string)
-	go func() {
-		resp := post(t, h.srv.URL+"/v1/completions", body, DebugRequestHeader, "1")
-		resp.Body.Close()
-		done <- resp.Header.Get(RouteHeader)
-	}()
-	<-started // the first holds its backend's only slot
-	go func() {
-		resp := post(t, h.srv.URL+"/v1/completions", body, DebugRequestHeader, "1")
-		resp.Body.Close()
-		done <- resp.Header.Get(RouteHeader)
-	}()
-	<-started
-	release <- struct{}{}
-	release <- struct{}{}
-	routes := []string{<-done, <-done}
-	overflowed := 0
-	for _, r := range routes {
-		if strings.Contains(r, "reason=overflow") {
-			overflowed++
-			if !strings.Contains(r, "yielded=limit") {
-				t.Fatalf("overflow without its bound: %s", r)
+	for _, tc := range []struct {
+		bound string
+		set   func(*Config)
+	}{
+		{"limit", func(c *Config) { c.MaxInflight = 1 }},
+		{"slots", func(c *Config) { c.MaxNumSeqs = 1 }},
+	} {
+		t.Run(tc.bound, func(t *testing.T) {
+			release := make(chan struct{})
+			started := make(chan struct{}, 2)
+			var backends []string
+			for range 2 {
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					started <- struct{}{}
+					<-release
+					_, _ = io.WriteString(w, "done")
+				}))
+				defer srv.Close()
+				backends = append(backends, srv.URL)
 			}
-		}
-	}
-	if overflowed != 1 {
-		t.Fatalf("want one overflow, got routes %q", routes)
-	}
-	if v := testutil.ToFloat64(h.rt.metrics.overflows.WithLabelValues("prefix-aware", "limit", "other")); v != 1 {
-		t.Fatalf("overflows{bound=limit} = %v, want 1", v)
+			cfg := Defaults()
+			cfg.Strategy = balance.PrefixAware // its bounds' names
+			tc.set(&cfg)
+			h := newHarness(t, cfg, Options{}, backends...)
+			body := fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("the same long document. ", 100))
+			done := make(chan string)
+			send := func() {
+				resp := post(t, h.srv.URL+"/v1/completions", body, DebugRequestHeader, "1")
+				resp.Body.Close()
+				done <- resp.Header.Get(RouteHeader)
+			}
+			go send()
+			<-started // the first holds its backend's only slot
+			go send()
+			<-started
+			release <- struct{}{}
+			release <- struct{}{}
+			routes := []string{<-done, <-done}
+			overflowed := 0
+			for _, r := range routes {
+				if strings.Contains(r, "reason=overflow") {
+					overflowed++
+					if !strings.Contains(r, "yielded="+tc.bound) {
+						t.Fatalf("overflow without its bound: %s", r)
+					}
+				}
+			}
+			if overflowed != 1 {
+				t.Fatalf("want one overflow, got routes %q", routes)
+			}
+			if v := testutil.ToFloat64(h.rt.metrics.overflows.WithLabelValues("prefix-aware", tc.bound, "other")); v != 1 {
+				t.Fatalf("overflows{bound=%s} = %v, want 1", tc.bound, v)
+			}
+		})
 	}
 }
 

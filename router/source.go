@@ -27,6 +27,7 @@ type Endpoint struct {
 	// Config.RampUp. Zero means long ago (full share at once).
 	ReadySince    time.Time
 	MaxInflight   int // 0: Config.MaxInflight
+	MaxNumSeqs    int // its engine's sequence slots; 0: Config.MaxNumSeqs
 	KVCacheTokens int // 0: learned from the backend's KV events, its metrics, or Config.KVCacheTokens
 	// KVEvents is the engine's KV-event address (BackendConfig.KVEvents);
 	// empty: it publishes none.
@@ -107,7 +108,7 @@ func StaticEndpoints(cfg *Config) []Endpoint {
 		}
 		warm := b.HoldsWeights == nil || *b.HoldsWeights
 		eps = append(eps, Endpoint{URL: u, ID: b.ID, Models: slices.Clone(b.Models), Ready: true, HoldsWeights: warm,
-			MaxInflight: b.MaxInflight, KVCacheTokens: b.KVCacheTokens, KVEvents: b.KVEvents, Speed: b.Speed})
+			MaxInflight: b.MaxInflight, MaxNumSeqs: b.MaxNumSeqs, KVCacheTokens: b.KVCacheTokens, KVEvents: b.KVEvents, Speed: b.Speed})
 	}
 	return eps
 }

@@ -20,6 +20,7 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 	fs.IntVar(&o.Backends, "backends", o.Backends, "simulated backends")
 	speeds := fs.String("backend-speeds", "", "comma-separated speed of each backend relative to the simulator's times, e.g. 2,2,2,2,1,1,1,1 for a fleet of two GPU generations (empty: all 1)")
 	fs.BoolVar(&o.SpeedsConfigured, "router-speeds", o.SpeedsConfigured, "tell the routers each backend's --backend-speeds speed, as the backends' speed config key would")
+	fs.BoolVar(&o.SlotsConfigured, "router-slots", o.SlotsConfigured, "tell the routers the engines' sequence slots (--max-seqs), as the max_num_seqs config key would")
 	fs.Float64Var(&o.Load, "load", o.Load, "offered load: uncached prefill work / fleet prefill capacity (with --engine llm-d-inference-sim: sequence slot time / the fleet's slots)")
 	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per workload")
 	workloads := fs.String("workloads", strings.Join(o.Workloads, ","), "comma-separated: "+strings.Join(bench.AllWorkloads(), ", "))

@@ -67,6 +67,7 @@ const (
 	BoundShare Bound = "share" // ShareFactor x fair share of recent traffic
 	BoundWait  Bound = "wait"  // expected wait beyond Slack of the best
 	BoundKV    Bound = "kv"    // too little free KV cache on the engine (self-tuning)
+	BoundSlots Bound = "slots" // every sequence slot busy while another backend has one free
 )
 
 // HoldLoad and HoldShare cap how far past its load bound and its share
@@ -113,6 +114,10 @@ type Candidate struct {
 	// picks), and prefix-aware prices its queue in time, not blocks.
 	// Self-tuning uses it only until it has learned speeds itself.
 	Speed float64
+	// Slots is how many sequences its engine runs at once (vLLM's
+	// max_num_seqs; 0: unknown). A request beyond them waits in the
+	// engine's queue for a running sequence to end.
+	Slots int
 }
 
 // Input is everything one decision depends on.
@@ -250,6 +255,10 @@ func load(c *Candidate, dw float64) float64 {
 }
 
 func underLimit(c *Candidate) bool { return c.Limit <= 0 || c.Inflight < c.Limit }
+
+// slotFree reports whether c's engine has a sequence slot free for one
+// more request (or its slots are unknown).
+func slotFree(c *Candidate) bool { return c.Slots <= 0 || c.Inflight < c.Slots }
 
 // Bounds returns each candidate's load bound: ceil(c x (total+1) x w / sum w),
 // the bounded-load rule (Mirrokni et al.) with the new request counted and
@@ -473,12 +482,13 @@ func share(recent, sum, rs, rsum float64) float64 {
 // traffic, then the prefix score; within the others, which take a request
 // only once those rules have failed, the shortest expected wait first.
 const (
-	tierHit  = iota // holds more than the common prefix; passes every bound, or holds past them (HoldLoad)
-	tierCold        // at most its fair share of traffic; passes every bound: may start a new group
-	tierFair        // passes every bound, above its fair share but within ShareFactor
-	tierLoad        // under the load bound, but over ShareFactor or beyond slack
-	tierOver        // only under its own limit
-	tierNone        // at its own limit
+	tierHit   = iota // holds more than the common prefix; passes every bound, or holds past them (HoldLoad)
+	tierCold         // at most its fair share of traffic; passes every bound: may start a new group
+	tierFair         // passes every bound, above its fair share but within ShareFactor
+	tierLoad         // under the load bound, but over ShareFactor or beyond slack
+	tierOver         // only under its own limit
+	tierSlots        // every sequence slot busy while another backend has one free
+	tierNone         // at its own limit
 )
 
 // yielded names the bound behind a tier that lost the request; share
@@ -487,6 +497,8 @@ func yielded(tier int8, overShare bool) Bound {
 	switch {
 	case tier == tierNone:
 		return BoundLimit
+	case tier == tierSlots:
+		return BoundSlots
 	case tier == tierOver:
 		return BoundLoad
 	case overShare:
@@ -506,7 +518,12 @@ func yielded(tier int8, overShare bool) Bound {
 // backend): the one with the least recent traffic (rendezvous only among
 // exact ties; replicas that share their counts, --peer-listen, still
 // agree). Bounds are relaxed in
-// that order before the request is refused.
+// that order before the request is refused. A backend whose sequence
+// slots (Candidate.Slots) are all busy is passed over while another has
+// one free, whatever it holds: the request would wait there for a running
+// sequence to end, most of a request's time being decode, which costs
+// more than the prefill a hit saves (on slot-limited engines holding
+// requests on such a backend doubled the tail of time to first token).
 func decidePrefix(in Input) Decision {
 	d := Decision{Pick: -1, Preferred: -1}
 	n := len(in.Keys)
@@ -535,11 +552,14 @@ func decidePrefix(in Input) Decision {
 	equal := true
 	busy := 0 // backends with a request before its first token
 	saturated := slack >= 0
+	anyFree := false    // some backend has a sequence slot free
 	top, next := -1, -1 // the two longest matches
 	for i := range in.Candidates {
 		c := &in.Candidates[i]
 		p := &v[i]
 		p.w, p.load, p.cost, p.h = weight(c), load(c, dw), inTime(c, cost(c, n, in.Common)), mix(key^mix(c.ID))
+		p.slotsBusy = !slotFree(c)
+		anyFree = anyFree || (!p.slotsBusy && underLimit(c))
 		p.rs = p.w * speed(c)
 		total += p.load
 		wsum += p.w
@@ -587,7 +607,7 @@ func decidePrefix(in Input) Decision {
 		if d.Preferred < 0 || better(c, &in.Candidates[d.Preferred], p.rv, v[d.Preferred].rv) {
 			d.Preferred = i
 		}
-		if !underLimit(c) || p.load+1 > float64(p.bound) {
+		if !underLimit(c) || p.load+1 > float64(p.bound) || (anyFree && p.slotsBusy) {
 			continue
 		}
 		if p.cost < minAny {
@@ -657,7 +677,7 @@ func decidePrefix(in Input) Decision {
 	anyFair := false
 	for i := range v {
 		c, p := &in.Candidates[i], &v[i]
-		p.past = slack >= 0 && c.Matched <= in.Common && underLimit(c) &&
+		p.past = slack >= 0 && c.Matched <= in.Common && underLimit(c) && !(anyFree && p.slotsBusy) &&
 			p.load+1 <= HoldLoad*float64(p.bound) &&
 			(minCost == math.MaxInt || p.cost+slackBlocks < minCost)
 		if !p.past {
@@ -716,6 +736,8 @@ func decidePrefix(in Input) Decision {
 		t := tierNone
 		switch {
 		case !underLimit(c):
+		case anyFree && p.slotsBusy:
+			t = tierSlots
 		case p.cost <= limitBest && past(i):
 			t = tierFair
 			if fair {
@@ -771,5 +793,7 @@ type prefixView struct {
 	cost  int     // expected wait in blocks at speed 1
 	bound int     // load bound
 	past  bool    // may go past the bounds for a shorter wait, within the share the caller allows
-	tier  int8
+	// slotsBusy: every sequence slot of its engine is taken.
+	slotsBusy bool
+	tier      int8
 }

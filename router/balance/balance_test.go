@@ -90,6 +90,32 @@ func TestDecidePrefix(t *testing.T) {
 			}
 			c[7].Inflight, c[7].Limit = 30, 0
 		}, want: 7, reason: Overflow, notPick: -1, prefered: -2, yielded: BoundLimit},
+		{name: "a holder with every slot busy yields to a free slot", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Slots, c[i].Inflight = 4, 2
+			}
+			c[3].Matched, c[3].Inflight = 10, 4 // under its load bound (min bound 5)
+			c[5].Matched = 4
+		}, minBound: 5, want: 5, reason: Overflow, notPick: 3, prefered: 3, yielded: BoundSlots},
+		{name: "slots busy everywhere: the holder keeps it", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Slots, c[i].Inflight = 4, 4
+			}
+			c[3].Matched = 10
+		}, minBound: 5, want: 3, reason: Hit, notPick: -1, prefered: 3},
+		{name: "a free slot at its own limit is no free slot", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Slots, c[i].Inflight, c[i].Limit = 4, 2, 2
+			}
+			c[3].Matched, c[3].Inflight, c[3].Limit = 10, 4, 0
+		}, minBound: 5, want: 3, reason: Hit, notPick: -1, prefered: 3},
+		{name: "unknown slots change nothing", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Inflight = 2
+			}
+			c[3].Matched, c[3].Inflight = 10, 4
+			c[5].Matched = 4
+		}, minBound: 5, want: 3, reason: Hit, notPick: -1, prefered: 3},
 		{name: "min bound keeps affinity at low load", setup: func(c []Candidate) { c[3].Matched, c[3].Inflight = 10, 1 }, minBound: 2, want: 3, reason: Hit, notPick: -1, prefered: 3},
 		{name: "queued prefill spills a short match", setup: func(c []Candidate) { c[2].Matched, c[2].Pending = 3, 30 },
 			want: -1, reason: Overflow, notPick: 2, prefered: 2, yielded: BoundWait},

@@ -43,8 +43,12 @@ func WriteText(w io.Writer, r *Results) error {
 	case o.Engine != "":
 		mode, load = o.Engine+" processes in wall time", fmt.Sprintf("offered load %.2f of the engines' capacity (load factor %.2g)", o.Load, o.EngineLoadFactor)
 	}
-	fmt.Fprintf(w, "router benchmark (%s): %d backends, %s, %d requests/workload, KV %d blocks x %d tokens, %d seqs, prefill %s/token, decode %s/token, router c=%.2f share=%.2f slack=%.2f hot=%.2f, %d router replica(s)\n",
-		mode, o.Backends, load, o.Requests, o.KVBlocks, o.BlockTokens, o.MaxSeqs, o.PrefillPerToken, o.DecodePerToken, o.LoadFactor, o.ShareFactor, o.Slack, o.HotShare, max(o.Replicas, 1))
+	seqs := "told to the routers"
+	if !o.SlotsConfigured {
+		seqs = "not told to the routers"
+	}
+	fmt.Fprintf(w, "router benchmark (%s): %d backends, %s, %d requests/workload, KV %d blocks x %d tokens, %d seqs (%s), prefill %s/token, decode %s/token, router c=%.2f share=%.2f slack=%.2f hot=%.2f, %d router replica(s)\n",
+		mode, o.Backends, load, o.Requests, o.KVBlocks, o.BlockTokens, o.MaxSeqs, seqs, o.PrefillPerToken, o.DecodePerToken, o.LoadFactor, o.ShareFactor, o.Slack, o.HotShare, max(o.Replicas, 1))
 	if len(o.Speeds) > 0 {
 		told := "not told to the routers"
 		if o.SpeedsConfigured {

@@ -42,14 +42,17 @@ type Options struct {
 	// backend's speed, as an operator's config would (BackendConfig.Speed).
 	Speeds           []float64
 	SpeedsConfigured bool
-	RouterMaxInf     int // router's per-backend concurrency limit (0: none)
-	LoadFactor       float64
-	Slack            float64 // router slack (0: router default)
-	ShareFactor      float64 // router share factor (0: router default)
-	DecodeWeight     float64 // router decode weight (0: router default)
-	BalanceSlack     float64 // router balance slack (0: router default)
-	ShareHalfLife    int     // router share half-life in decisions (0: router default)
-	HotShare         float64 // router hot-prefix share (0: router default, off)
+	// SlotsConfigured tells the routers the engines' sequence slots
+	// (Sim.MaxSeqs), as an operator's max_num_seqs would.
+	SlotsConfigured bool
+	RouterMaxInf    int // router's per-backend concurrency limit (0: none)
+	LoadFactor      float64
+	Slack           float64 // router slack (0: router default)
+	ShareFactor     float64 // router share factor (0: router default)
+	DecodeWeight    float64 // router decode weight (0: router default)
+	BalanceSlack    float64 // router balance slack (0: router default)
+	ShareHalfLife   int     // router share half-life in decisions (0: router default)
+	HotShare        float64 // router hot-prefix share (0: router default, off)
 	// Replicas is how many routers, each with its own state, share the
 	// workload phases' traffic: request i goes to replica i mod Replicas,
 	// as a load balancer in front of them would spread it, session turns
@@ -102,7 +105,7 @@ func DefaultOptions() Options {
 		OverheadRate: 1000, OverheadDuration: 2 * time.Second, OverheadRounds: 3,
 		DecisionBackends: 64, DecisionPrompt: 16000, DecisionSamples: 20000,
 		ScaleOut: WorkRAG, ScaleOutAdd: 2,
-		EngineLoadFactor: 1,
+		EngineLoadFactor: 1, SlotsConfigured: true,
 	}
 }
 
@@ -150,6 +153,9 @@ type OptionsSummary struct {
 	// SpeedsConfigured: the routers were told them.
 	Speeds           []float64 `json:"backend_speeds,omitempty"`
 	SpeedsConfigured bool      `json:"backend_speeds_configured,omitempty"`
+	// SlotsConfigured: the routers were told the engines' sequence slots
+	// (max_num_seqs).
+	SlotsConfigured bool `json:"max_num_seqs_configured"`
 }
 
 // WorkloadResult is one workload under every strategy.
@@ -284,7 +290,8 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 		Options: OptionsSummary{Backends: o.Backends, Load: o.Load, Requests: o.Requests, KVBlocks: o.Sim.KVBlocks, BlockTokens: o.Sim.BlockTokens,
 			MaxSeqs: o.Sim.MaxSeqs, PrefillPerToken: o.Sim.PrefillPerToken.String(), DecodePerToken: o.Sim.DecodePerToken.String(),
 			LoadFactor: rc.LoadFactor, ShareFactor: rc.ShareFactor, BalanceSlack: rc.BalanceSlack, Slack: rc.Slack, HotShare: rc.HotShare,
-			Replicas: o.replicas(), KVEvents: o.KVEvents, TokenPrompts: o.TokenPrompts, Engine: o.Engine, Speeds: o.Speeds, SpeedsConfigured: o.SpeedsConfigured}}
+			Replicas: o.replicas(), KVEvents: o.KVEvents, TokenPrompts: o.TokenPrompts, Engine: o.Engine, Speeds: o.Speeds, SpeedsConfigured: o.SpeedsConfigured,
+			SlotsConfigured: o.SlotsConfigured}}
 	if o.Engine != "" {
 		res.Options.EngineClients, res.Options.EngineLoadFactor = o.EngineClients, o.EngineLoadFactor
 	}
@@ -467,6 +474,9 @@ func (o *Options) routerConfig() router.Config {
 	set(&cfg.HotShare, o.HotShare)
 	if o.ShareHalfLife != 0 {
 		cfg.ShareHalfLife = o.ShareHalfLife
+	}
+	if o.SlotsConfigured {
+		cfg.MaxNumSeqs = o.Sim.MaxSeqs
 	}
 	return cfg
 }
