@@ -43,7 +43,7 @@ func newMetrics(reg prometheus.Registerer, version string) (*metrics, error) {
 		}, []string{"strategy", "reason", "model"}),
 		overflows: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmfleet_router_overflows_total",
-			Help: "Overflow decisions by the rule the preferred backend failed (limit, load, share, wait; kv: too little free KV cache, self-tuning) and model.",
+			Help: "Overflow decisions by the rule the preferred backend failed (limit, load, share, wait; slots: every sequence slot of its engine busy while another backend had one free; kv: too little free KV cache, self-tuning) and model.",
 		}, []string{"strategy", "bound", "model"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmfleet_router_requests_total",

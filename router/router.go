@@ -329,12 +329,18 @@ func (rt *Router) SetStrategy(model string, s balance.Strategy) error {
 	return nil
 }
 
+// slotsLocked sets b's sequence slots: its own max_num_seqs, else the
+// config's, else what its engine's metrics showed (tune.go).
+func (rt *Router) slotsLocked(b *backend) {
+	b.slots = clamp32(cmp.Or(b.ep.MaxNumSeqs, rt.cfg.MaxNumSeqs, b.tune.engine.slots))
+}
+
 // clamp32 is n within 0..MaxInt32.
 func clamp32(n int) int32 { return int32(min(max(n, 0), math.MaxInt32)) }
 
 func (rt *Router) configureLocked(b *backend) {
 	b.limit = clamp32(cmp.Or(b.ep.MaxInflight, rt.cfg.MaxInflight))
-	b.slots = clamp32(cmp.Or(b.ep.MaxNumSeqs, rt.cfg.MaxNumSeqs))
+	rt.slotsLocked(b)
 	tokens := b.ep.KVCacheTokens
 	if tokens == 0 {
 		tokens = cmp.Or(b.eventsKV, b.learnedKV)

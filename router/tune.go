@@ -24,7 +24,9 @@ package router
 // kv_cache_usage_perc, prefix_cache_hits/queries), read every
 // EngineMetricsInterval, add what the router cannot see: requests other
 // routers sent, how much KV cache is free for running requests, and how
-// often cached blocks are reused.
+// often cached blocks are reused. They also show an engine's sequence
+// slots (the most requests running while others waited), which
+// prefix-aware uses where no max_num_seqs is configured.
 
 import (
 	"context"
@@ -160,6 +162,10 @@ type engineStats struct {
 	kvUsage       float64 // fraction of KV blocks in use by running requests; <0 unknown
 	hits, queries float64 // prefix cache counters at the last read
 	reuse         float64 // decayed hit rate between reads; <0 unknown
+	// slots is the most requests seen running while others waited: the
+	// engine's sequence slots (max_num_seqs) as far as it has shown them
+	// (0: never seen full).
+	slots int
 }
 
 // tuneState is one backend's self-tuning state (under Router.mu).
@@ -328,13 +334,19 @@ func (c *Config) usesSelfTuning() bool {
 	return false
 }
 
+// readsEngines reports whether the engines' metrics are read: for
+// self-tuning, and to learn sequence slots no max_num_seqs gives.
+func (c *Config) readsEngines() bool {
+	return c.EngineMetricsInterval > 0 && (c.usesSelfTuning() || c.MaxNumSeqs == 0)
+}
+
 // engineLoop reads every backend's engine metrics each
-// EngineMetricsInterval while self-tuning is in use.
+// EngineMetricsInterval while readsEngines.
 func (rt *Router) engineLoop(ctx context.Context) {
 	for {
 		cfg := rt.Config()
 		iv := cfg.EngineMetricsInterval
-		if iv > 0 && cfg.usesSelfTuning() {
+		if cfg.readsEngines() {
 			rt.ReadEngines(ctx)
 		} else {
 			iv = time.Second // it may be enabled by a reload
@@ -376,7 +388,12 @@ func (rt *Router) ReadEngines(ctx context.Context) {
 				}
 			}
 			others := max(st.Waiting+st.Running-(b.inflight+b.peers.inflight), 0)
-			*es = engineStats{at: rt.now(), others: others, kvUsage: st.KVUsage, hits: st.Hits, queries: st.Queries, reuse: reuse}
+			slots := es.slots
+			if st.Waiting > 0 {
+				slots = max(slots, st.Running)
+			}
+			*es = engineStats{at: rt.now(), others: others, kvUsage: st.KVUsage, hits: st.Hits, queries: st.Queries, reuse: reuse, slots: slots}
+			rt.slotsLocked(b)
 		})
 	}
 	wg.Wait()

@@ -361,6 +361,59 @@ func TestReadEngines(t *testing.T) {
 	}
 }
 
+// An engine's sequence slots are the most requests it ran while others
+// waited: learned from its metrics where no max_num_seqs is configured,
+// never lowered by a reading with fewer running, and overridden by the
+// config.
+func TestReadEnginesLearnsSlots(t *testing.T) {
+	var mu sync.Mutex
+	page := ""
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprint(w, page)
+	}))
+	t.Cleanup(engine.Close)
+	h := newHarness(t, Defaults(), Options{}, engine.URL)
+	if cfg := Defaults(); !cfg.readsEngines() {
+		t.Fatal("the engines' metrics are not read by default (no max_num_seqs configured)")
+	}
+	slots := func(running, waiting int) int32 {
+		mu.Lock()
+		page = fmt.Sprintf("vllm:num_requests_waiting %d\nvllm:num_requests_running %d\n", waiting, running)
+		mu.Unlock()
+		h.rt.ReadEngines(t.Context())
+		h.rt.mu.Lock()
+		defer h.rt.mu.Unlock()
+		return h.rt.backends[engine.URL].slots
+	}
+	for _, step := range []struct {
+		running, waiting int
+		want             int32
+	}{
+		{3, 0, 0}, // never seen full
+		{4, 2, 4},
+		{2, 1, 4}, // fewer running while others wait (a full KV cache): not lowered
+		{6, 1, 6},
+		{9, 0, 6}, // more running with none waiting says nothing
+	} {
+		if got := slots(step.running, step.waiting); got != step.want {
+			t.Fatalf("after %d running, %d waiting: slots %d, want %d", step.running, step.waiting, got, step.want)
+		}
+	}
+	cfg := Defaults()
+	cfg.MaxNumSeqs = 16
+	if cfg.readsEngines() {
+		t.Fatal("the engines' metrics are read with max_num_seqs configured and no self-tuning")
+	}
+	if err := h.rt.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := slots(6, 1); got != 16 {
+		t.Fatalf("configured max_num_seqs 16: slots %d", got)
+	}
+}
+
 // A backend with a fit of its own has its uncached block priced at no less
 // than the fleet's fit's over balance.SpeedBand; one scored with the
 // fleet's fit needs no floor.
