@@ -524,6 +524,8 @@ func yielded(tier int8, overShare bool) Bound {
 // sequence to end, most of a request's time being decode, which costs
 // more than the prefill a hit saves (on slot-limited engines holding
 // requests on such a backend doubled the tail of time to first token).
+// Not on a saturated fleet, nor with a single slot free in it: there every
+// request waits wherever it goes.
 func decidePrefix(in Input) Decision {
 	d := Decision{Pick: -1, Preferred: -1}
 	n := len(in.Keys)
@@ -553,13 +555,21 @@ func decidePrefix(in Input) Decision {
 	busy := 0 // backends with a request before its first token
 	saturated := slack >= 0
 	anyFree := false    // some backend has a sequence slot free
+	freeSlots := 0      // how many, counting a backend of unknown slots as 2
 	top, next := -1, -1 // the two longest matches
 	for i := range in.Candidates {
 		c := &in.Candidates[i]
 		p := &v[i]
 		p.w, p.load, p.cost, p.h = weight(c), load(c, dw), inTime(c, cost(c, n, in.Common)), mix(key^mix(c.ID))
 		p.slotsBusy = !slotFree(c)
-		anyFree = anyFree || (!p.slotsBusy && underLimit(c))
+		if !p.slotsBusy && underLimit(c) {
+			anyFree = true
+			if c.Slots > 0 {
+				freeSlots += c.Slots - c.Inflight
+			} else {
+				freeSlots += 2
+			}
+		}
 		p.rs = p.w * speed(c)
 		total += p.load
 		wsum += p.w
@@ -579,6 +589,11 @@ func decidePrefix(in Input) Decision {
 			next = i
 		}
 	}
+	// On a saturated fleet, or one with a single slot free (the one a
+	// request just left: a closed loop of clients as many as the slots),
+	// every request waits wherever it goes, and sending a held one to the
+	// free slot only spends a recompute out of the fleet's capacity.
+	anyFree = anyFree && !saturated && freeSlots >= 2
 	// Second pass: bounds, shares and rendezvous scores, the preferred
 	// backend, and the best expected waits among those under their bounds.
 	// The expected-wait filter compares backends that pass the other
