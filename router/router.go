@@ -707,7 +707,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		c := &cands[i] // filled in place: a Candidate is too big to copy per backend
 		*c = balance.Candidate{ID: b.id, Inflight: b.inflight + b.peers.inflight, Limit: int(b.limit),
 			Pending: b.pending + b.peers.pending, Prefilling: b.prefilling + b.peers.prefilling,
-			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights, Recent: b.recent, Speed: b.ep.Speed, Slots: int(b.slots)}
+			Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Warm: b.ep.HoldsWeights, Recent: b.recent, Speed: b.ep.Speed, Slots: b.slots}
 		if req.strategy == balance.CacheAware {
 			c.Held = int(rt.heldLocked(b, req.exact))
 		}

@@ -94,7 +94,12 @@ type Candidate struct {
 	Limit    int     // own concurrency limit; 0 means none
 	Weight   float64 // share of traffic relative to a settled backend: (0,1], lower while ramping up
 	Warm     bool    // its node holds the model weights locally
-	Matched  int     // leading prompt blocks it is expected to hold
+	// Slots is how many sequences its engine runs at once (vLLM's
+	// max_num_seqs; 0: unknown). A request beyond them waits in the
+	// engine's queue for a running sequence to end. 32 bits, beside Warm:
+	// candidates are filled and read per backend per decision.
+	Slots   int32
+	Matched int // leading prompt blocks it is expected to hold
 	// Pending is the prompt blocks sent to it that it has not finished
 	// prefilling (the router's estimate): in-flight counts say little about
 	// LLM load because most in-flight time is decode.
@@ -114,10 +119,6 @@ type Candidate struct {
 	// picks), and prefix-aware prices its queue in time, not blocks.
 	// Self-tuning uses it only until it has learned speeds itself.
 	Speed float64
-	// Slots is how many sequences its engine runs at once (vLLM's
-	// max_num_seqs; 0: unknown). A request beyond them waits in the
-	// engine's queue for a running sequence to end.
-	Slots int
 }
 
 // Input is everything one decision depends on.
@@ -258,7 +259,27 @@ func underLimit(c *Candidate) bool { return c.Limit <= 0 || c.Inflight < c.Limit
 
 // slotFree reports whether c's engine has a sequence slot free for one
 // more request (or its slots are unknown).
-func slotFree(c *Candidate) bool { return c.Slots <= 0 || c.Inflight < c.Slots }
+func slotFree(c *Candidate) bool { return c.Slots <= 0 || c.Inflight < int(c.Slots) }
+
+// slotsFree counts the free sequence slots where a request would start
+// at once: backends under their limit with a slot free and at most one
+// request before its first token (one of unknown slots counts as 2). With
+// a single one in the fleet (the one a request just left: a closed loop
+// of clients as many as the slots) every request waits wherever it goes.
+func slotsFree(cands []Candidate) int {
+	free := 0
+	for i := range cands {
+		c := &cands[i]
+		switch {
+		case !slotFree(c) || !underLimit(c) || c.Prefilling > 1:
+		case c.Slots > 0:
+			free += int(c.Slots) - c.Inflight
+		default:
+			free += 2
+		}
+	}
+	return free
+}
 
 // Bounds returns each candidate's load bound: ceil(c x (total+1) x w / sum w),
 // the bounded-load rule (Mirrokni et al.) with the new request counted and
@@ -558,25 +579,14 @@ func decidePrefix(in Input) Decision {
 	equal := true
 	busy := 0 // backends with a request before its first token
 	saturated := slack >= 0
-	// anyFree: some backend has a sequence slot free and at most one
-	// request before its first token there, so the request would start at
-	// once; freeSlots counts their free slots (a backend of unknown slots
-	// as 2).
-	anyFree, freeSlots := false, 0
+	anyBusy := false    // some backend has every sequence slot taken
 	top, next := -1, -1 // the two longest matches
 	for i := range in.Candidates {
 		c := &in.Candidates[i]
 		p := &v[i]
 		p.w, p.load, p.cost, p.h = weight(c), load(c, dw), inTime(c, cost(c, n, in.Common)), mix(key^mix(c.ID))
 		p.slotsBusy = !slotFree(c)
-		if !p.slotsBusy && underLimit(c) && c.Prefilling <= 1 {
-			anyFree = true
-			if c.Slots > 0 {
-				freeSlots += c.Slots - c.Inflight
-			} else {
-				freeSlots += 2
-			}
-		}
+		anyBusy = anyBusy || p.slotsBusy
 		p.rs = p.w * speed(c)
 		total += p.load
 		wsum += p.w
@@ -596,10 +606,8 @@ func decidePrefix(in Input) Decision {
 			next = i
 		}
 	}
-	// With a single slot free (the one a request just left: a closed
-	// loop of clients as many as the slots) every request waits wherever
-	// it goes.
-	anyFree = anyFree && !saturated && freeSlots >= 2
+	// anyFree: the slot rule applies (a full backend goes to tierSlots).
+	anyFree := anyBusy && !saturated && slotsFree(in.Candidates) >= 2
 	// Second pass: bounds, shares and rendezvous scores, the preferred
 	// backend, and the best expected waits among those under their bounds.
 	// The expected-wait filter compares backends that pass the other
