@@ -543,14 +543,11 @@ func yielded(tier int8, overShare bool) Bound {
 // slots (Candidate.Slots) are all busy is passed over while another has
 // one free, whatever it holds: the request would wait there for a running
 // sequence to end, most of a request's time being decode, which costs
-// more than the prefill a hit saves (on slot-limited engines holding
-// requests on such a backend doubled the tail of time to first token).
-// Only for a backend where the request would start at once (a free slot,
-// at most one request before its first token), and not with a single
-// slot free in the fleet: there every request waits wherever it goes, and
-// moving a held one spends a recompute out of the fleet's capacity (at
-// saturation the rule without these conditions cost shared-prefix a
-// seventh of its throughput).
+// more than the prefill a hit saves. Only for a backend where the request
+// would start at once (a free slot, at most one request before its first
+// token), and not with a single slot free in the fleet nor on a saturated
+// fleet: there every request waits wherever it goes, and moving a held
+// one spends a recompute out of the fleet's capacity.
 func decidePrefix(in Input) Decision {
 	d := Decision{Pick: -1, Preferred: -1}
 	n := len(in.Keys)
@@ -606,8 +603,8 @@ func decidePrefix(in Input) Decision {
 			next = i
 		}
 	}
-	// anyFree: the slot rule applies (a full backend goes to tierSlots).
-	anyFree := anyBusy && !saturated && slotsFree(in.Candidates) >= 2
+	// slotRule: a backend with every slot taken goes to tierSlots.
+	slotRule := anyBusy && !saturated && slotsFree(in.Candidates) >= 2
 	// Second pass: bounds, shares and rendezvous scores, the preferred
 	// backend, and the best expected waits among those under their bounds.
 	// The expected-wait filter compares backends that pass the other
@@ -636,7 +633,7 @@ func decidePrefix(in Input) Decision {
 		if d.Preferred < 0 || better(c, &in.Candidates[d.Preferred], p.rv, v[d.Preferred].rv) {
 			d.Preferred = i
 		}
-		if !underLimit(c) || p.load+1 > float64(p.bound) || (anyFree && p.slotsBusy) {
+		if !underLimit(c) || p.load+1 > float64(p.bound) || (slotRule && p.slotsBusy) {
 			continue
 		}
 		if p.cost < minAny {
@@ -706,7 +703,7 @@ func decidePrefix(in Input) Decision {
 	anyFair := false
 	for i := range v {
 		c, p := &in.Candidates[i], &v[i]
-		p.past = slack >= 0 && c.Matched <= in.Common && underLimit(c) && !(anyFree && p.slotsBusy) &&
+		p.past = slack >= 0 && c.Matched <= in.Common && underLimit(c) && !(slotRule && p.slotsBusy) &&
 			p.load+1 <= HoldLoad*float64(p.bound) &&
 			(minCost == math.MaxInt || p.cost+slackBlocks < minCost)
 		if !p.past {
@@ -765,7 +762,7 @@ func decidePrefix(in Input) Decision {
 		t := tierNone
 		switch {
 		case !underLimit(c):
-		case anyFree && p.slotsBusy:
+		case slotRule && p.slotsBusy:
 			t = tierSlots
 		case p.cost <= limitBest && past(i):
 			t = tierFair
