@@ -174,6 +174,9 @@ func TestRunSmall(t *testing.T) {
 		if p := wr.get(balance.PrefixAware); p.Reasons["hit"] == 0 && wr.Name != WorkMoonConv {
 			t.Errorf("%s: prefix-aware never hit: %v", wr.Name, p.Reasons)
 		}
+		if vs := wr.VsBest; vs == nil || vs.P99.By == balance.PrefixAware || vs.P99.Ratio <= 0 || vs.P99.Low <= 0 || vs.P99.Low > vs.P99.High {
+			t.Errorf("%s: the default against the best other: %+v", wr.Name, vs)
+		}
 	}
 	var sb strings.Builder
 	if err := WriteText(&sb, res); err != nil || !strings.Contains(sb.String(), "prefix-aware") || !strings.Contains(sb.String(), "scale-out: rag") {
@@ -202,12 +205,16 @@ func TestRunIsReproducible(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		var runs [2][]StrategyResult
+		var vs [2]DefaultVsBest
 		for i := range runs {
 			res, err := Run(ctx, o)
 			if err != nil {
 				t.Fatal(err)
 			}
-			runs[i] = res.Workloads[0].Strategies
+			runs[i], vs[i] = res.Workloads[0].Strategies, *res.Workloads[0].VsBest
+		}
+		if vs[0] != vs[1] {
+			t.Errorf("%d replicas: the default against the best other differs between runs:\n%+v\n%+v", replicas, vs[0], vs[1])
 		}
 		for i, a := range runs[0] {
 			b := runs[1][i]

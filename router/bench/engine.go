@@ -156,7 +156,7 @@ func runEngine(ctx context.Context, o *Options, w *Workload, st balance.Strategy
 		time.Sleep(50 * time.Millisecond)
 	}
 	sr.TTFTp50, sr.TTFTp90, sr.TTFTp95, sr.TTFTp99 = quantile(ttfts, 0.5), quantile(ttfts, 0.9), quantile(ttfts, 0.95), quantile(ttfts, 0.99)
-	sr.TTFTs = ttfts
+	sr.TTFTs, sr.ByRequest = ttfts, byRequest(outs)
 	sr.HitRate, sr.BusiestShare, sr.BusiestWork = diff.hitRate(), busiest(diff.requests), busiest(diff.computed())
 	for i := range sr.ByBackend {
 		b := &sr.ByBackend[i]

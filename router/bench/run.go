@@ -173,6 +173,8 @@ type WorkloadResult struct {
 	// requests per second (engineCapacity) and EngineRate the offered rate.
 	EngineCapacity float64 `json:"engine_capacity_rps,omitempty"`
 	EngineRate     float64 `json:"engine_offered_rps,omitempty"`
+	// VsBest is the default strategy against the best other of this run.
+	VsBest *DefaultVsBest `json:"default_vs_best,omitempty"`
 }
 
 // StrategyResult is one strategy on one workload. Times are simulated seconds.
@@ -208,6 +210,10 @@ type StrategyResult struct {
 	EngineCPU  float64         `json:"engines_cpu_per_s,omitempty"`
 	// TTFTs are the successful requests' TTFTs in seconds (for plots).
 	TTFTs []float64 `json:"-"`
+	// ByRequest is every request's TTFT in seconds in arrival order, NaN
+	// where it failed: strategies compared request by request
+	// (compareDefault).
+	ByRequest []float64 `json:"-"`
 }
 
 // BackendResult is one backend's part of a strategy's run.
@@ -342,6 +348,7 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 				name, st, sr.HitRate, wr.BestReuse, sr.TTFTp50, sr.TTFTp99, sr.Throughput, sr.BusiestShare, sr.Rejected429, sr.Rejected503, sr.Errors, sr.Reasons, sr.WallSeconds)
 			wr.Strategies = append(wr.Strategies, sr)
 		}
+		wr.VsBest = compareDefault(&wr, router.Defaults().Strategy, o.Seed)
 		res.Workloads = append(res.Workloads, wr)
 	}
 	if o.DecisionBackends > 0 {
@@ -515,7 +522,7 @@ func runStrategy(ctx context.Context, o *Options, w, sat *Workload, st balance.S
 		}
 	}
 	sr.TTFTp50, sr.TTFTp90, sr.TTFTp95, sr.TTFTp99 = quantile(ttfts, 0.5), quantile(ttfts, 0.9), quantile(ttfts, 0.95), quantile(ttfts, 0.99)
-	sr.TTFTs = ttfts
+	sr.TTFTs, sr.ByRequest = ttfts, byRequest(outs)
 	sr.OpenThroughput = float64(len(ttfts)) / elapsed.Seconds()
 	stats, err := scrape(ctx, client, f.simURLs)
 	if err != nil {

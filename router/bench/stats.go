@@ -146,6 +146,10 @@ func quantile(xs []float64, q float64) float64 {
 	}
 	s := slices.Clone(xs)
 	sort.Float64s(s)
-	i := int(q * float64(len(s)-1))
-	return s[i]
+	return quantileSorted(s, q)
+}
+
+// quantileSorted is quantile of xs sorted ascending (not empty).
+func quantileSorted(xs []float64, q float64) float64 {
+	return xs[int(q*float64(len(xs)-1))]
 }
