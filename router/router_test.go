@@ -862,7 +862,7 @@ func TestOverflowNamesTheBound(t *testing.T) {
 			release := make(chan struct{})
 			started := make(chan struct{}, 2)
 			var backends []string
-			for range 3 { // two free slots when one is taken: one alone is the rule's "just left"
+			for range 2 {
 				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					started <- struct{}{}
 					<-release

@@ -261,24 +261,19 @@ func underLimit(c *Candidate) bool { return c.Limit <= 0 || c.Inflight < c.Limit
 // more request (or its slots are unknown).
 func slotFree(c *Candidate) bool { return c.Slots <= 0 || c.Inflight < int(c.Slots) }
 
-// slotsFree counts the free sequence slots where a request would start
-// at once: backends under their limit with a slot free and at most one
-// request before its first token (one of unknown slots counts as 2). With
-// a single one in the fleet (the one a request just left: a closed loop
-// of clients as many as the slots) every request waits wherever it goes.
-func slotsFree(cands []Candidate) int {
-	free := 0
+// startsAtOnce reports whether some backend would start a request at
+// once: under its limit, a sequence slot free (or its slots unknown) and
+// at most one request before its first token. A backend with a free slot
+// and a queue of prefill is no such place: at saturation the slot a
+// request just left is there, and sending held requests to it spends a
+// recompute out of the fleet's capacity while they wait all the same.
+func startsAtOnce(cands []Candidate) bool {
 	for i := range cands {
-		c := &cands[i]
-		switch {
-		case !slotFree(c) || !underLimit(c) || c.Prefilling > 1:
-		case c.Slots > 0:
-			free += int(c.Slots) - c.Inflight
-		default:
-			free += 2
+		if c := &cands[i]; slotFree(c) && underLimit(c) && c.Prefilling <= 1 {
+			return true
 		}
 	}
-	return free
+	return false
 }
 
 // Bounds returns each candidate's load bound: ceil(c x (total+1) x w / sum w),
@@ -545,9 +540,9 @@ func yielded(tier int8, overShare bool) Bound {
 // sequence to end, most of a request's time being decode, which costs
 // more than the prefill a hit saves. Only for a backend where the request
 // would start at once (a free slot, at most one request before its first
-// token), and not with a single slot free in the fleet nor on a saturated
-// fleet: there every request waits wherever it goes, and moving a held
-// one spends a recompute out of the fleet's capacity.
+// token: startsAtOnce), so not on a saturated fleet: there every request
+// waits wherever it goes, and moving a held one spends a recompute out of
+// the fleet's capacity.
 func decidePrefix(in Input) Decision {
 	d := Decision{Pick: -1, Preferred: -1}
 	n := len(in.Keys)
@@ -604,7 +599,7 @@ func decidePrefix(in Input) Decision {
 		}
 	}
 	// slotRule: a backend with every slot taken goes to tierSlots.
-	slotRule := anyBusy && !saturated && slotsFree(in.Candidates) >= 2
+	slotRule := anyBusy && startsAtOnce(in.Candidates)
 	// Second pass: bounds, shares and rendezvous scores, the preferred
 	// backend, and the best expected waits among those under their bounds.
 	// The expected-wait filter compares backends that pass the other

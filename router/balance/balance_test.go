@@ -103,12 +103,19 @@ func TestDecidePrefix(t *testing.T) {
 			}
 			c[3].Matched = 10
 		}, minBound: 5, want: 3, reason: Hit, notPick: -1, prefered: 3},
-		{name: "one free slot in the fleet, the one a request just left: the holder keeps it", setup: func(c []Candidate) {
+		{name: "one free slot in the fleet: the holder yields to it", setup: func(c []Candidate) {
 			for i := range c {
 				c[i].Slots, c[i].Inflight = 4, 4
 			}
 			c[3].Matched = 10
 			c[5].Inflight = 3
+		}, minBound: 5, want: 5, reason: Overflow, notPick: 3, prefered: 3, yielded: BoundSlots},
+		{name: "the only free slot is behind two prefills: the holder keeps it", setup: func(c []Candidate) {
+			for i := range c {
+				c[i].Slots, c[i].Inflight = 4, 4
+			}
+			c[3].Matched = 10
+			c[5].Inflight, c[5].Prefilling = 3, 2
 		}, minBound: 5, want: 3, reason: Hit, notPick: -1, prefered: 3},
 		{name: "a free slot at its own limit is no free slot", setup: func(c []Candidate) {
 			for i := range c {
