@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -69,64 +70,115 @@ func compareDefault(wr *WorkloadResult, def balance.Strategy, seed uint64) *Defa
 			}
 		}
 	}
+	var others [len(ttftQuantiles)][]float64
+	for k, b := range best {
+		others[k] = b.ByRequest
+	}
+	lo, hi := pairedRatioIntervals(p.ByRequest, others[:], ttftQuantiles[:], bootstrapRounds, seed)
 	var out [len(ttftQuantiles)]QuantileRatio
 	for k, b := range best {
-		lo, hi := pairedRatioInterval(p.ByRequest, b.ByRequest, ttftQuantiles[k], bootstrapRounds, seed)
-		out[k] = QuantileRatio{By: b.Strategy, Ratio: ratio(p.ttftAt(k), b.ttftAt(k)), Low: lo, High: hi}
+		out[k] = QuantileRatio{By: b.Strategy, Ratio: ratio(p.ttftAt(k), b.ttftAt(k)), Low: lo[k], High: hi[k]}
 	}
 	return &DefaultVsBest{P50: out[0], P90: out[1], P99: out[2]}
 }
 
-// pairedRatioInterval resamples the request indices of a and b (each
-// request's TTFT under two strategies, NaN where it failed) with
-// replacement, the same indices for both, and returns the 5th and 95th
-// percentiles of quantile(a, q) / quantile(b, q) over rounds resamples.
+// pairedRatioIntervals resamples the request indices of a and of each
+// bs[k] (each request's TTFT under two strategies, NaN where it failed)
+// with replacement, the same indices for all, and returns for each k the
+// 5th and 95th percentiles of quantile(a, qs[k]) / quantile(bs[k], qs[k])
+// over rounds resamples. A slice given for several k (the same strategy
+// best at several quantiles) is resampled and sorted once a round.
 // Resamples with no TTFT on one side, or a zero quantile below, are
-// skipped; 0, 0 if none is left.
-func pairedRatioInterval(a, b []float64, q float64, rounds int, seed uint64) (lo, hi float64) {
-	n := min(len(a), len(b))
+// skipped; 0, 0 where none is left.
+func pairedRatioIntervals(a []float64, bs [][]float64, qs []float64, rounds int, seed uint64) (lo, hi []float64) {
+	lo, hi = make([]float64, len(bs)), make([]float64, len(bs))
+	n := len(a)
+	// first[k] is the first j with bs[j] the same slice as bs[k].
+	first := make([]int, len(bs))
+	for k, b := range bs {
+		n = min(n, len(b))
+		first[k] = slices.IndexFunc(bs[:k+1], func(x []float64) bool { return sameSlice(x, b) })
+	}
 	if n == 0 || rounds < 1 {
-		return 0, 0
+		return lo, hi
 	}
 	rng := rand.New(rand.NewPCG(seed, 0xb007))
-	ra, rb := make([]float64, 0, n), make([]float64, 0, n)
-	ratios := make([]float64, 0, rounds)
+	idx := make([]int, n)
+	resample := func(xs, into []float64) []float64 {
+		into = into[:0]
+		for _, i := range idx {
+			if !math.IsNaN(xs[i]) {
+				into = append(into, xs[i])
+			}
+		}
+		slices.Sort(into)
+		return into
+	}
+	ra := make([]float64, 0, n)
+	rb := make([][]float64, len(bs))
+	ratios := make([][]float64, len(bs))
 	for range rounds {
-		ra, rb = ra[:0], rb[:0]
-		for range n {
-			i := rng.IntN(n)
-			if !math.IsNaN(a[i]) {
-				ra = append(ra, a[i])
-			}
-			if !math.IsNaN(b[i]) {
-				rb = append(rb, b[i])
-			}
+		for j := range idx {
+			idx[j] = rng.IntN(n)
 		}
-		if len(ra) == 0 || len(rb) == 0 {
-			continue
-		}
-		slices.Sort(ra)
-		slices.Sort(rb)
-		if den := quantileSorted(rb, q); den > 0 {
-			ratios = append(ratios, quantileSorted(ra, q)/den)
+		ra = resample(a, ra)
+		for k, b := range bs {
+			if first[k] == k {
+				rb[k] = resample(b, rb[k])
+			}
+			den := rb[first[k]]
+			if len(ra) == 0 || len(den) == 0 {
+				continue
+			}
+			if d := quantileSorted(den, qs[k]); d > 0 {
+				ratios[k] = append(ratios[k], quantileSorted(ra, qs[k])/d)
+			}
 		}
 	}
-	if len(ratios) == 0 {
-		return 0, 0
+	for k, r := range ratios {
+		if len(r) > 0 {
+			slices.Sort(r)
+			lo[k], hi[k] = quantileSorted(r, 0.05), quantileSorted(r, 0.95)
+		}
 	}
-	slices.Sort(ratios)
-	return quantileSorted(ratios, 0.05), quantileSorted(ratios, 0.95)
+	return lo, hi
 }
 
-// byRequest returns each outcome's TTFT in seconds in request order, NaN
-// where the request did not succeed.
-func byRequest(outs []outcome) []float64 {
-	t := make([]float64, len(outs))
+// sameSlice reports whether x and y are the same slice of the same array.
+func sameSlice(x, y []float64) bool {
+	return len(x) == len(y) && (len(x) == 0 || &x[0] == &y[0])
+}
+
+// String is the ratio and its interval: "1.41 [0.82-2.05]".
+func (q QuantileRatio) String() string {
+	if q.Low == 0 && q.High == 0 {
+		return fmt.Sprintf("%.2f", q.Ratio)
+	}
+	return fmt.Sprintf("%.2f [%.2f-%.2f]", q.Ratio, q.Low, q.High)
+}
+
+// tally counts outs' failures into sr by kind, fills sr.ByRequest (each
+// request's TTFT in seconds in arrival order, NaN where it did not
+// succeed) and returns the successful requests' TTFTs.
+func tally(sr *StrategyResult, outs []outcome) []float64 {
+	var ttfts []float64
+	sr.ByRequest = make([]float64, len(outs))
 	for i := range outs {
-		t[i] = math.NaN()
-		if o := &outs[i]; o.err == nil && o.status == http.StatusOK {
-			t[i] = o.ttft.Seconds()
+		o := &outs[i]
+		sr.ByRequest[i] = math.NaN()
+		switch {
+		case o.err != nil:
+			sr.Errors++
+		case o.status == http.StatusTooManyRequests:
+			sr.Rejected429++
+		case o.status == http.StatusServiceUnavailable:
+			sr.Rejected503++
+		case o.status != http.StatusOK:
+			sr.Errors++
+		default:
+			sr.ByRequest[i] = o.ttft.Seconds()
+			ttfts = append(ttfts, sr.ByRequest[i])
 		}
 	}
-	return t
+	return ttfts
 }

@@ -9,11 +9,11 @@ import (
 	"github.com/warmfleet/warmfleet/router/balance"
 )
 
-// TestPairedRatioInterval: the same requests are drawn from both
+// TestPairedRatioIntervals: the same requests are drawn from both
 // strategies, so equal TTFTs give exactly 1 in every resample (drawn
 // independently they would not), and a tail of three slow requests makes a
 // p99 ratio of 3 whose interval still reaches 1.
-func TestPairedRatioInterval(t *testing.T) {
+func TestPairedRatioIntervals(t *testing.T) {
 	ramp := make([]float64, 200)
 	for i := range ramp {
 		ramp[i] = float64(i+1) / 100
@@ -49,14 +49,36 @@ func TestPairedRatioInterval(t *testing.T) {
 		{name: "no requests", q: 0.5, lo: 0, hi: 0, exact: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lo, hi := pairedRatioInterval(tc.a, tc.b, tc.q, bootstrapRounds, 1)
+			interval := func() (float64, float64) {
+				lo, hi := pairedRatioIntervals(tc.a, [][]float64{tc.b}, []float64{tc.q}, bootstrapRounds, 1)
+				return lo[0], hi[0]
+			}
+			lo, hi := interval()
 			if tc.exact && (lo != tc.lo || hi != tc.hi) || !tc.exact && (lo > tc.lo || hi < tc.hi) {
 				t.Errorf("interval [%v, %v], want [%v, %v] (exact %v)", lo, hi, tc.lo, tc.hi, tc.exact)
 			}
-			if lo2, hi2 := pairedRatioInterval(tc.a, tc.b, tc.q, bootstrapRounds, 1); lo2 != lo || hi2 != hi {
+			if lo2, hi2 := interval(); lo2 != lo || hi2 != hi {
 				t.Errorf("the same seed gave [%v, %v], then [%v, %v]", lo, hi, lo2, hi2)
 			}
 		})
+	}
+}
+
+// TestPairedRatioIntervalsShareResamples: a strategy best at several
+// quantiles is resampled once a round, and each quantile gets the interval
+// it gets alone.
+func TestPairedRatioIntervalsShareResamples(t *testing.T) {
+	a, b := make([]float64, 300), make([]float64, 300)
+	for i := range a {
+		a[i], b[i] = float64(i%17+1), float64(i%23+1)
+	}
+	qs := []float64{0.5, 0.9, 0.99}
+	lo, hi := pairedRatioIntervals(a, [][]float64{b, b, b}, qs, bootstrapRounds, 3)
+	for k, q := range qs {
+		l, h := pairedRatioIntervals(a, [][]float64{b}, []float64{q}, bootstrapRounds, 3)
+		if lo[k] != l[0] || hi[k] != h[0] || lo[k] == 0 {
+			t.Errorf("q %v: [%v, %v] together, [%v, %v] alone", q, lo[k], hi[k], l[0], h[0])
+		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"regexp"
@@ -115,26 +116,16 @@ func runEngine(ctx context.Context, o *Options, w *Workload, st balance.Strategy
 		sr.SendLagP99 = quantile(lags, 0.99)
 	}
 	sentFor := time.Since(sent)
-	var ttfts []float64
+	ttfts := tally(&sr, outs)
 	index := map[string]int{}
 	for i, u := range urls {
 		index[u] = i
 	}
 	sr.ByBackend = make([]BackendResult, len(urls))
 	perBackend := make([][]float64, len(urls))
-	for _, out := range outs {
-		switch {
-		case out.err != nil || out.status != http.StatusOK && out.status != http.StatusTooManyRequests && out.status != http.StatusServiceUnavailable:
-			sr.Errors++
-		case out.status == http.StatusTooManyRequests:
-			sr.Rejected429++
-		case out.status == http.StatusServiceUnavailable:
-			sr.Rejected503++
-		default:
-			ttfts = append(ttfts, out.ttft.Seconds())
-			if i, ok := index[out.backend]; ok {
-				perBackend[i] = append(perBackend[i], out.ttft.Seconds())
-			}
+	for i, t := range sr.ByRequest {
+		if b, ok := index[outs[i].backend]; ok && !math.IsNaN(t) {
+			perBackend[b] = append(perBackend[b], t)
 		}
 	}
 	// The simulator updates its metrics asynchronously: wait until they
@@ -156,7 +147,7 @@ func runEngine(ctx context.Context, o *Options, w *Workload, st balance.Strategy
 		time.Sleep(50 * time.Millisecond)
 	}
 	sr.TTFTp50, sr.TTFTp90, sr.TTFTp95, sr.TTFTp99 = quantile(ttfts, 0.5), quantile(ttfts, 0.9), quantile(ttfts, 0.95), quantile(ttfts, 0.99)
-	sr.TTFTs, sr.ByRequest = ttfts, byRequest(outs)
+	sr.TTFTs = ttfts
 	sr.HitRate, sr.BusiestShare, sr.BusiestWork = diff.hitRate(), busiest(diff.requests), busiest(diff.computed())
 	for i := range sr.ByBackend {
 		b := &sr.ByBackend[i]

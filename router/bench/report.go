@@ -144,14 +144,6 @@ func writeDefaultsVsBest(w io.Writer, r *Results) error {
 	return tw.Flush()
 }
 
-// String is the ratio and its interval: "1.41 [0.82-2.05]".
-func (q QuantileRatio) String() string {
-	if q.Low == 0 && q.High == 0 {
-		return fmt.Sprintf("%.2f", q.Ratio)
-	}
-	return fmt.Sprintf("%.2f [%.2f-%.2f]", q.Ratio, q.Low, q.High)
-}
-
 // writeScaleOut prints the scale-out phase, one row per strategy and window.
 func writeScaleOut(w io.Writer, so *ScaleOutResult) error {
 	if so == nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"runtime"
 	"slices"
 	"time"
@@ -506,23 +505,9 @@ func runStrategy(ctx context.Context, o *Options, w, sat *Workload, st balance.S
 		f.stop()
 		return sr, err
 	}
-	var ttfts []float64
-	for _, out := range outs {
-		switch {
-		case out.err != nil:
-			sr.Errors++
-		case out.status == http.StatusTooManyRequests:
-			sr.Rejected429++
-		case out.status == http.StatusServiceUnavailable:
-			sr.Rejected503++
-		case out.status != http.StatusOK:
-			sr.Errors++
-		default:
-			ttfts = append(ttfts, out.ttft.Seconds())
-		}
-	}
+	ttfts := tally(&sr, outs)
 	sr.TTFTp50, sr.TTFTp90, sr.TTFTp95, sr.TTFTp99 = quantile(ttfts, 0.5), quantile(ttfts, 0.9), quantile(ttfts, 0.95), quantile(ttfts, 0.99)
-	sr.TTFTs, sr.ByRequest = ttfts, byRequest(outs)
+	sr.TTFTs = ttfts
 	sr.OpenThroughput = float64(len(ttfts)) / elapsed.Seconds()
 	stats, err := scrape(ctx, client, f.simURLs)
 	if err != nil {
