@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
@@ -229,4 +230,88 @@ func testAuthKeys(t *testing.T, encrypt bool, name string, client, server func()
 			t.Fatalf("accepted: client %v, server %v", err, serr)
 		}
 	})
+}
+
+// closeWatch signals on closed each time the node closes a connection it
+// accepted.
+type closeWatch struct {
+	net.Listener
+	closed chan struct{}
+}
+
+func (l closeWatch) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &watchedConn{Conn: c, closed: l.closed}, nil
+}
+
+type watchedConn struct {
+	net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (c *watchedConn) Close() error {
+	c.once.Do(func() { c.closed <- struct{}{} })
+	return c.Conn.Close()
+}
+
+// A connection that hangs up in the middle of the TLS handshake (a member
+// shutting down resets the ones in flight) proves nothing either way: it
+// is not counted as an authentication failure on either side. One that
+// speaks something else than TLS is.
+func TestHangUpInHandshakeIsNoAuthFailure(t *testing.T) {
+	closed := make(chan struct{}, 4)
+	tlsOn := func(c *Config) { c.Encrypt = true }
+	a := startNodeListening(t, "a", tlsOn, func(ln net.Listener) net.Listener { return closeWatch{ln, closed} })
+	reset := func(c net.Conn) {
+		_ = c.(*net.TCPConn).SetLinger(0) // close with a reset, as a process that exits
+		c.Close()
+	}
+	c, err := net.Dial("tcp", a.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reset(c)
+	<-closed
+	if n := a.Stats().AuthFailures; n != 0 {
+		t.Fatalf("a connection reset before the handshake counted %d authentication failures", n)
+	}
+	c, err = net.Dial("tcp", a.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	<-closed
+	if n := a.Stats().AuthFailures; n != 1 {
+		t.Fatalf("a client speaking HTTP counted %d authentication failures, want 1", n)
+	}
+
+	// The dialing side: a member that resets every connection it accepts.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			reset(c)
+		}
+	}()
+	b := startNode(t, "b", tlsOn)
+	if _, err := b.FetchManifest(t.Context(), ln.Addr().String(), "m/f#0"); err == nil || errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("ask of a member that hangs up: %v, want a failure that is no authentication failure", err)
+	}
+	if n := b.Stats().AuthFailures; n != 0 {
+		t.Fatalf("dialing a member that hangs up counted %d authentication failures", n)
+	}
 }

@@ -249,6 +249,12 @@ func (a *auth) secure(c net.Conn, client bool) (net.Conn, []byte, error) {
 		tc = tls.Client(c, a.tlsConf)
 	}
 	if err := tc.Handshake(); err != nil {
+		if hungUp(err) {
+			// Nothing was proved or disproved: a member shutting down
+			// resets the handshakes in flight, and a rolling restart
+			// must not look like an attack.
+			return nil, nil, fmt.Errorf("p2p: tls handshake: %w", err)
+		}
 		return nil, nil, fmt.Errorf("%w: %w", ErrUnauthenticated, err)
 	}
 	cs := tc.ConnectionState()
@@ -257,6 +263,14 @@ func (a *auth) secure(c net.Conn, client bool) (net.Conn, []byte, error) {
 		return nil, nil, fmt.Errorf("p2p: tls binding: %w", err)
 	}
 	return tc, b, nil
+}
+
+// hungUp reports whether err says the connection ended or timed out,
+// rather than that the other side spoke something else than TLS.
+func hungUp(err error) bool {
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 func (a *auth) pub() [ed25519.PublicKeySize]byte {
