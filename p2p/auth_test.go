@@ -266,6 +266,14 @@ func TestHangUpInHandshakeIsNoAuthFailure(t *testing.T) {
 	closed := make(chan struct{}, 4)
 	tlsOn := func(c *Config) { c.Encrypt = true }
 	a := startNodeListening(t, "a", tlsOn, func(ln net.Listener) net.Listener { return closeWatch{ln, closed} })
+	awaitClose := func(what string) {
+		t.Helper()
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the node did not close %s", what)
+		}
+	}
 	reset := func(c net.Conn) {
 		_ = c.(*net.TCPConn).SetLinger(0) // close with a reset, as a process that exits
 		c.Close()
@@ -275,7 +283,7 @@ func TestHangUpInHandshakeIsNoAuthFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	reset(c)
-	<-closed
+	awaitClose("a connection reset before the handshake")
 	if n := a.Stats().AuthFailures; n != 0 {
 		t.Fatalf("a connection reset before the handshake counted %d authentication failures", n)
 	}
@@ -287,28 +295,15 @@ func TestHangUpInHandshakeIsNoAuthFailure(t *testing.T) {
 	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	<-closed
+	awaitClose("a connection that spoke HTTP")
 	if n := a.Stats().AuthFailures; n != 1 {
 		t.Fatalf("a client speaking HTTP counted %d authentication failures, want 1", n)
 	}
 
 	// The dialing side: a member that resets every connection it accepts.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			reset(c)
-		}
-	}()
+	resetter := serveRaw(t, reset)
 	b := startNode(t, "b", tlsOn)
-	if _, err := b.FetchManifest(t.Context(), ln.Addr().String(), "m/f#0"); err == nil || errors.Is(err, ErrUnauthenticated) {
+	if _, err := b.FetchManifest(t.Context(), resetter, "m/f#0"); err == nil || errors.Is(err, ErrUnauthenticated) {
 		t.Fatalf("ask of a member that hangs up: %v, want a failure that is no authentication failure", err)
 	}
 	if n := b.Stats().AuthFailures; n != 0 {

@@ -265,12 +265,17 @@ func (a *auth) secure(c net.Conn, client bool) (net.Conn, []byte, error) {
 	return tc, b, nil
 }
 
-// hungUp reports whether err says the connection ended or timed out,
-// rather than that the other side spoke something else than TLS.
+// peerHungUp reports whether err says the other side closed or reset the
+// connection.
+func peerHungUp(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// hungUp reports whether err says the connection ended, on either side, or
+// timed out, rather than that the other side spoke something else than TLS.
 func hungUp(err error) bool {
 	var ne net.Error
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) || (errors.As(err, &ne) && ne.Timeout())
+	return peerHungUp(err) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 func (a *auth) pub() [ed25519.PublicKeySize]byte {
@@ -311,7 +316,7 @@ func (a *auth) client(c net.Conn, deadline time.Time, want string) (net.Conn, pe
 	}
 	ans, err := readAnswer(conn)
 	if err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+		if peerHungUp(err) {
 			err = fmt.Errorf("%w: the peer hung up without answering (a node older than handshake version %q, or one that refused our key or name): %w", ErrUnauthenticated, handshakeVersion, err)
 		}
 		return nil, peerIdentity{}, fmt.Errorf("p2p: handshake: %w", err)

@@ -201,11 +201,6 @@ func assertFileRange(t *testing.T, path string, data []byte, m *Manifest) {
 // connection it authenticates, reads the subscribe frame, claims every piece
 // of m (with its hash) and leaves the rest of the conversation to serve.
 func fakeMember(t *testing.T, name string, m *Manifest, serve func(c net.Conn, br *bufio.Reader)) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	a, err := newAuth(name, oneKey(testKey), false)
 	if err != nil {
 		t.Fatal(err)
@@ -229,13 +224,25 @@ func fakeMember(t *testing.T, name string, m *Manifest, serve func(c net.Conn, b
 		}
 		serve(c, br)
 	}
+	return serveRaw(t, greet)
+}
+
+// serveRaw listens on loopback until the test ends and hands every
+// connection, unauthenticated, to handle in a goroutine of its own; it
+// returns the address.
+func serveRaw(t testing.TB, handle func(net.Conn)) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
-			raw, err := ln.Accept()
+			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			go greet(raw)
+			go handle(c)
 		}
 	}()
 	return ln.Addr().String()
