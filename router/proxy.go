@@ -388,7 +388,9 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 	}
 	w.WriteHeader(resp.StatusCode)
 	if ended {
-		_, err = w.Write((*bp)[:n])
+		if _, err = w.Write((*bp)[:n]); err == nil {
+			rt.ended(got)
+		}
 		return true, err
 	}
 	// The first byte is in: from now on the watchdog bounds each wait for more.
@@ -403,6 +405,7 @@ func (rt *Router) send(w *statusWriter, r *http.Request, got *routed, a *attempt
 		}
 		return true, rt.broken(w, b, resp, readErr)
 	}
+	rt.ended(got)
 	return true, nil
 }
 

@@ -98,6 +98,9 @@ type Router struct {
 	kvOK   []bool
 	// tune is the self-tuning strategy's fleet-wide state (tune.go).
 	tune tuneFleet
+	// slotClocks price a sequence slot for prefix-aware (slotclock.go):
+	// [1] for engine block keys (kv-events), [0] for the router's own.
+	slotClocks [2]slotClock
 }
 
 type backend struct {
@@ -128,7 +131,11 @@ type backend struct {
 	kvTrusted bool
 	ep        Endpoint // its fields up to ReadySince are read per decision
 
-	url    string
+	url string
+	// starts are the send times of its requests in flight (this
+	// router's), oldest first, for the wait for a sequence slot
+	// (slotclock.go).
+	starts []int64
 	kvSize int // index capacity in blocks
 	// learnedKV is the KV cache size in tokens read from the backend's metrics.
 	learnedKV int
@@ -522,6 +529,9 @@ func (rt *Router) prefilled(r *routed) {
 		d := rt.now().Sub(r.sent)
 		r.b.stats.firstByte(d)
 		rt.learnLocked(r, d)
+		if r.clockPrefill {
+			r.clock.prefill(d, r.pending.blocks)
+		}
 	}
 	rt.mu.Unlock()
 	if changed {
@@ -541,11 +551,22 @@ func (rt *Router) prefilledLocked(r *routed) bool {
 	return true
 }
 
+// ended records a whole answer's time in its slot clock (see routed).
+func (rt *Router) ended(r *routed) {
+	if !r.clockSeq {
+		return
+	}
+	rt.mu.Lock()
+	r.clock.sequence(rt.now().Sub(r.sent))
+	rt.mu.Unlock()
+}
+
 func (rt *Router) release(r *routed) {
 	rt.mu.Lock()
 	b := r.b
 	prefilled := rt.prefilledLocked(r)
 	b.inflight--
+	b.endedLocked(r.sent)
 	b.gauge.Set(float64(b.inflight))
 	rt.wakeLocked()
 	rt.mu.Unlock()
@@ -597,6 +618,11 @@ type routed struct {
 	// while learn says it is still to be learned (tune.go).
 	feat  [balance.NumFeatures]float64
 	learn bool
+	// clock is the slot clock its keys' kind teaches; clockPrefill and
+	// clockSeq say what it is still to learn from this request (it
+	// started at once: slotclock.go).
+	clock                  *slotClock
+	clockPrefill, clockSeq bool
 }
 
 // pendingPrefill is a request's share of its backend's pending prefill,
@@ -702,6 +728,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		// place for every request.
 		common = max(common, rt.index.Hot(req.keys, len(members), rt.cfg.HotShare))
 	}
+	clock := rt.slotClockLocked(req.exact)
 	cands = slices.Grow(cands, len(members))[:len(members)]
 	for i, b := range members {
 		c := &cands[i] // filled in place: a Candidate is too big to copy per backend
@@ -713,6 +740,9 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		}
 		if len(req.keys) > 0 {
 			c.Matched = depth[b.slot]
+		}
+		if c.Slots > 0 && c.Inflight >= int(c.Slots) {
+			c.SlotWait = rt.slotWaitLocked(b, clock, now)
 		}
 	}
 	var rnd uint64
@@ -747,7 +777,11 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		}
 	}
 	rt.countLocked(b)
+	// A request that starts at once teaches the slot clock; only a
+	// streamed one's first byte marks the end of its prefill.
+	atOnce := b.slots > 0 && cands[d.Pick].Inflight < int(b.slots) && cands[d.Pick].Prefilling == 0
 	b.inflight++
+	b.startedLocked(now)
 	uncached := max(len(req.keys)-d.Matched, 0)
 	b.pending += uncached
 	b.prefilling++
@@ -763,7 +797,8 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	}
 	return routed{b: b, id: b.id, sent: now, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
 		pending: pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched,
-		model: rt.modelLabelLocked(req.model), warm: b.ep.HoldsWeights, feat: feat, learn: learn}, nil
+		model: rt.modelLabelLocked(req.model), warm: b.ep.HoldsWeights, feat: feat, learn: learn,
+		clock: clock, clockPrefill: atOnce && req.stream && uncached > 0, clockSeq: atOnce}, nil
 }
 
 // countLocked records one request for b in the decayed traffic counts.

@@ -113,6 +113,16 @@ type Candidate struct {
 	// Held is how many blocks the router's index has it hold (the size of
 	// its approximate prefix tree, for cache-aware).
 	Held int
+	// SlotWait is how long a request would wait there for one of its
+	// engine's sequence slots, in blocks of prefill at speed 1 (the
+	// router's estimate from the ages of the sequences running there; 0:
+	// a slot is free, or not known). Prefix-aware adds it to the
+	// expected wait: an engine with few slots (a simulator's 4, a large
+	// model's) makes that wait longer than a recompute, and priced at the
+	// prefill queued there alone, a backend holding a conversation kept
+	// it with requests queued for its slots while others had one about
+	// to free.
+	SlotWait int
 	// Speed is how fast it prefills and decodes relative to the fleet's
 	// usual backend (2: twice as fast, a newer GPU generation; 0: 1): it
 	// gets Speed times the fair share of recent traffic (and of random
@@ -461,6 +471,10 @@ func cost(c *Candidate, blocks, common int) int {
 	return max(c.Pending, 0) + max(blocks-max(c.Matched, common), 0)
 }
 
+// maxSlotWait bounds Candidate.SlotWait, so that sums of costs cannot
+// overflow.
+const maxSlotWait = 1 << 40
+
 func (in *Input) shareFactor() float64 {
 	if !(in.ShareFactor >= 1) { // also NaN
 		return 1.1
@@ -576,7 +590,8 @@ func decidePrefix(in Input) Decision {
 	for i := range in.Candidates {
 		c := &in.Candidates[i]
 		p := &v[i]
-		p.w, p.load, p.cost, p.h = weight(c), load(c, dw), inTime(c, cost(c, n, in.Common)), mix(key^mix(c.ID))
+		p.slot = min(max(c.SlotWait, 0), maxSlotWait)
+		p.w, p.load, p.cost, p.h = weight(c), load(c, dw), inTime(c, cost(c, n, in.Common))+p.slot, mix(key^mix(c.ID))
 		p.slotsBusy = !slotFree(c)
 		anyBusy = anyBusy || p.slotsBusy
 		p.rs = p.w * speed(c)
@@ -735,18 +750,23 @@ func decidePrefix(in Input) Decision {
 	// which still spread a hot group. Where another backend holds nearly
 	// as much (a system prompt most of them hold) the wait rule still
 	// chooses between them: the recompute saved is small, and holding
-	// piled such prompts on one backend.
+	// piled such prompts on one backend. Nor while the wait for one of its
+	// sequence slots is longer than the best alternative's by more than
+	// the recompute a move spends: the request would wait there for
+	// running sequences to end, not for prefill, and that is the fleet's
+	// capacity idling elsewhere.
 	hold := func(i int) bool {
 		c, p := &in.Candidates[i], &v[i]
 		if slack < 0 || c.Matched <= in.Common || p.load+1 > HoldLoad*float64(p.bound) || p.share > holdShare {
 			return false
 		}
-		if saturated && i == top && (next < 0 || c.Matched-max(in.Candidates[next].Matched, in.Common) > slackBlocks) {
-			return true
-		}
 		alt := first
 		if alt == i {
 			alt = second
+		}
+		if saturated && i == top && (next < 0 || c.Matched-max(in.Candidates[next].Matched, in.Common) > slackBlocks) &&
+			(alt < 0 || p.slot-v[alt].slot <= c.Matched-max(in.Candidates[alt].Matched, in.Common)) {
+			return true
 		}
 		return alt >= 0 && c.Prefilling <= 1 && p.cost+max(1, int(slack*float64(n))) < v[alt].cost+recompute(i, alt)
 	}
@@ -811,7 +831,8 @@ type prefixView struct {
 	share float64 // recent traffic over its fair share
 	h     uint64  // the rendezvous key mixed with its ID
 	rv    float64 // rendezvous score
-	cost  int     // expected wait in blocks at speed 1
+	cost  int     // expected wait in blocks at speed 1, a sequence slot's included
+	slot  int     // the part of cost that waits for a sequence slot
 	bound int     // load bound
 	past  bool    // may go past the bounds for a shorter wait, within the share the caller allows
 	// slotsBusy: every sequence slot of its engine is taken.

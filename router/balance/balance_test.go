@@ -23,6 +23,18 @@ func keys(base uint64, n int) []uint64 {
 	return out
 }
 
+// saturatedSlots has every engine's 4 slots taken and prefill queued on
+// each, and backend 3, holding 10 of the prompt's blocks, with 3 more
+// requests waiting for its slots: its slot wait is held, the others' each.
+func saturatedSlots(held, each int) func(c []Candidate) {
+	return func(c []Candidate) {
+		for i := range c {
+			c[i].Slots, c[i].Inflight, c[i].Prefilling, c[i].Pending, c[i].SlotWait = 4, 4, 2, 4, each
+		}
+		c[3].Matched, c[3].Inflight, c[3].Prefilling, c[3].SlotWait = 10, 7, 3, held
+	}
+}
+
 func TestBounds(t *testing.T) {
 	c := cands(8)
 	for i := range c {
@@ -117,6 +129,16 @@ func TestDecidePrefix(t *testing.T) {
 			c[3].Matched = 10
 			c[5].Inflight, c[5].Prefilling = 3, 2
 		}, minBound: 5, want: 3, reason: Hit, notPick: -1, prefered: 3},
+		// Every slot taken everywhere, prefill queued everywhere
+		// (saturated): the holder has three requests waiting for its
+		// slots, the others none. Its slot wait is 300 blocks longer
+		// than theirs; the move recomputes 10.
+		{name: "a saturated holder with a longer slot wait yields", setup: saturatedSlots(400, 100), minBound: 5,
+			want: -1, reason: Overflow, notPick: 3, prefered: 3, yielded: BoundLoad},
+		{name: "a saturated holder keeps it while slot waits are unknown", setup: saturatedSlots(0, 0), minBound: 5,
+			want: 3, reason: Hit, notPick: -1, prefered: 3},
+		{name: "a saturated holder keeps it when its slot wait is longer by less than the recompute", setup: saturatedSlots(104, 100), minBound: 5,
+			want: 3, reason: Hit, notPick: -1, prefered: 3},
 		{name: "a free slot at its own limit is no free slot", setup: func(c []Candidate) {
 			for i := range c {
 				c[i].Slots, c[i].Inflight, c[i].Limit = 4, 2, 2

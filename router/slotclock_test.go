@@ -1,0 +1,180 @@
+package router
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// seqBlocks is c's turn in blocks of prefill (0: not known).
+func seqBlocks(c *slotClock) float64 {
+	if !c.known() {
+		return 0
+	}
+	return c.turn() / c.blockSec()
+}
+
+func TestSlotClock(t *testing.T) {
+	var c slotClock
+	for range slotClockMin - 1 {
+		c.prefill(40*time.Millisecond, 4) // 10 ms a block
+		c.sequence(time.Second)
+	}
+	if got := seqBlocks(&c); got != 0 {
+		t.Fatalf("priced a slot from %d samples: %v", slotClockMin-1, got)
+	}
+	c.prefill(40*time.Millisecond, 4)
+	c.sequence(time.Second)
+	if got := seqBlocks(&c); math.Abs(got-100) > 1e-9 {
+		t.Fatalf("seqBlocks %v, want 100 (1 s at 10 ms a block)", got)
+	}
+	c.prefill(0, 4) // nothing to learn from
+	c.prefill(time.Second, 0)
+	c.sequence(-time.Second)
+	if got := seqBlocks(&c); math.Abs(got-100) > 1e-9 {
+		t.Fatalf("empty samples moved the clock to %v", got)
+	}
+	for range 2000 { // the engines got twice as fast at prefill
+		c.prefill(20*time.Millisecond, 4)
+	}
+	if got := seqBlocks(&c); math.Abs(got-200) > 1 {
+		t.Fatalf("seqBlocks %v after prefill sped up, want 200", got)
+	}
+}
+
+// TestSlotClockLearnsFromAnswers: streamed answers to requests that found a
+// sequence slot free teach the router's slot clock what a slot's turn costs
+// in blocks of prefill; an error answer teaches it nothing.
+func TestSlotClockLearnsFromAnswers(t *testing.T) {
+	var now atomic.Int64
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	const block, seq = 10 * time.Millisecond, time.Second
+	var fail atomic.Bool
+	finish := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fail.Load() {
+			now.Add(int64(time.Hour))
+			http.Error(w, "no", http.StatusBadRequest)
+			return
+		}
+		// Prefill: 10 ms for each of the prompt's 8 blocks.
+		now.Add(int64(8 * block))
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {}\n\n")
+		w.(http.Flusher).Flush()
+		<-finish // the test moves the clock to the answer's end
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	cfg := Defaults()
+	cfg.MaxNumSeqs = 4
+	h := newHarness(t, cfg, Options{Now: clock}, srv.URL)
+	send := func(i int) int {
+		// 8 blocks of 256 characters, none held: the first differs.
+		prompt := fmt.Sprintf("%08d", i) + strings.Repeat("x", 8*256-8)
+		// The headers reach the client once the router has taken the
+		// first byte as the end of prefill.
+		resp := post(t, h.srv.URL+"/v1/completions", fmt.Sprintf(`{"model":"m","stream":true,"prompt":%q}`, prompt))
+		if resp.StatusCode == http.StatusOK {
+			now.Add(int64(seq - 8*block))
+			finish <- struct{}{}
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		h.settle()
+		return resp.StatusCode
+	}
+	fail.Store(true)
+	for i := range slotClockMin {
+		if code := send(i); code != http.StatusBadRequest {
+			t.Fatalf("status %d", code)
+		}
+	}
+	h.rt.mu.Lock()
+	got := seqBlocks(&h.rt.slotClocks[0])
+	h.rt.mu.Unlock()
+	if got != 0 {
+		t.Fatalf("error answers taught the clock: %v", got)
+	}
+	fail.Store(false)
+	for i := range slotClockMin {
+		if code := send(slotClockMin + i); code != http.StatusOK {
+			t.Fatalf("status %d", code)
+		}
+	}
+	h.rt.mu.Lock()
+	got = seqBlocks(&h.rt.slotClocks[0])
+	h.rt.mu.Unlock()
+	if want := float64(seq / block); math.Abs(got-want) > 0.05*want {
+		t.Fatalf("seqBlocks %v, want %v (a 1 s answer at 10 ms a block)", got, want)
+	}
+}
+
+// TestSlotWait: the wait for a sequence slot is the remaining turn of the
+// oldest request that must end first, in blocks of prefill.
+func TestSlotWait(t *testing.T) {
+	var c slotClock
+	for range slotClockMin {
+		c.prefill(10*time.Millisecond, 1) // 10 ms a block
+		c.sequence(time.Second)           // a 1 s turn
+	}
+	now := time.Unix(100, 0)
+	ago := func(d ...time.Duration) []int64 {
+		var out []int64
+		for _, x := range d {
+			out = append(out, now.Add(-x).UnixNano())
+		}
+		return out
+	}
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name        string
+		slots       int32
+		starts      []int64
+		peers, want int
+	}{
+		{"a slot free", 4, ago(700*ms, 500*ms, 100*ms), 0, 0},
+		{"slots unknown", 0, ago(700*ms, 500*ms, 100*ms, 0), 0, 0},
+		{"the oldest ends first", 4, ago(700*ms, 500*ms, 100*ms, 0), 0, 30},
+		{"one waits already: the second oldest", 4, ago(700*ms, 500*ms, 100*ms, 0, 0), 0, 50},
+		{"a whole round waits", 4, ago(700*ms, 500*ms, 100*ms, 0, 0, 0, 0, 0), 0, 130},
+		{"past its turn: a small part of one", 4, ago(2*time.Second, 500*ms, 100*ms, 0), 0, 12},
+		{"peers' requests wait a gap each", 4, ago(700*ms, 500*ms), 4, 75},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := &Router{}
+			b := &backend{slots: tc.slots, inflight: len(tc.starts), starts: tc.starts}
+			b.peers.inflight = tc.peers
+			if got := rt.slotWaitLocked(b, &c, now); got != tc.want {
+				t.Fatalf("slot wait %d blocks, want %d", got, tc.want)
+			}
+		})
+	}
+	var unknown slotClock
+	b := &backend{slots: 1, inflight: 1, starts: ago(0)}
+	if got := (&Router{}).slotWaitLocked(b, &unknown, now); got != 0 {
+		t.Fatalf("an unknown clock priced a slot: %d", got)
+	}
+}
+
+// TestStartsFollowRequests: a backend's send times of requests in flight
+// stay oldest first as requests end in any order.
+func TestStartsFollowRequests(t *testing.T) {
+	var b backend
+	t0 := time.Unix(1, 0)
+	for i := range 4 {
+		b.startedLocked(t0.Add(time.Duration(i) * time.Second))
+	}
+	b.endedLocked(t0.Add(time.Second))
+	b.endedLocked(t0.Add(time.Hour)) // not in flight: nothing changes
+	if want := []int64{t0.UnixNano(), t0.Add(2 * time.Second).UnixNano(), t0.Add(3 * time.Second).UnixNano()}; !slices.Equal(b.starts, want) {
+		t.Fatalf("starts %v, want %v", b.starts, want)
+	}
+}
