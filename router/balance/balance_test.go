@@ -840,3 +840,15 @@ func BenchmarkDecidePrefix64(b *testing.B) {
 		})
 	}
 }
+
+// TestWildSlotWaitIsBounded: a slot wait as large as an int can hold
+// neither overflows the expected wait nor keeps the request on the holder.
+func TestWildSlotWaitIsBounded(t *testing.T) {
+	c := cands(8)
+	c[3].Matched, c[3].SlotWait = 10, math.MaxInt
+	c[5].Matched = 4
+	d := Decide(Input{Strategy: PrefixAware, Candidates: c, Keys: keys(1, 20), MinBound: 2})
+	if d.Pick != 5 || d.Reason != Overflow || d.Yielded != BoundWait {
+		t.Fatalf("decision %+v, want an overflow to backend 5 on the wait rule", d)
+	}
+}
