@@ -29,10 +29,15 @@ type BackendState struct {
 	Prefilling   int      `json:"prefilling"`     // in flight, no first byte yet
 	PendingBlock int      `json:"pending_blocks"` // estimated prompt blocks queued for prefill
 	// PeerInflight and PeerPending are what peer replicas told of (Observe).
-	PeerInflight int       `json:"peer_inflight"`
-	PeerPending  int       `json:"peer_pending_blocks"`
-	Recent       float64   `json:"recent_traffic"` // decayed request count (traffic-share bound)
-	Limit        int       `json:"limit"`
+	PeerInflight int     `json:"peer_inflight"`
+	PeerPending  int     `json:"peer_pending_blocks"`
+	Recent       float64 `json:"recent_traffic"` // decayed request count (traffic-share bound)
+	Limit        int     `json:"limit"`
+	// Slots are its engine's sequence slots (0: unknown) and SlotWait
+	// how long a request sent now would wait for one, in blocks of
+	// prefill (0: a slot is free, or the router does not yet know).
+	Slots        int       `json:"slots"`
+	SlotWait     int       `json:"slot_wait_blocks"`
 	IndexBlocks  int       `json:"index_blocks"`
 	IndexCap     int       `json:"index_capacity"`
 	EjectedUntil time.Time `json:"ejected_until,omitzero"`
@@ -51,7 +56,12 @@ type State struct {
 	Strategy balance.Strategy            `json:"strategy"`
 	Models   map[string]balance.Strategy `json:"models"`
 	Queued   int                         `json:"queued"`
-	Backends []BackendState              `json:"backends"`
+	// SlotTurn is a request's mean time in its engine's sequence slot and
+	// PrefillBlock a prompt block's mean prefill time, in seconds, as the
+	// router learned them to price slot waits (0 until it has).
+	SlotTurn     float64        `json:"slot_turn_seconds"`
+	PrefillBlock float64        `json:"prefill_block_seconds"`
+	Backends     []BackendState `json:"backends"`
 }
 
 // Snapshot returns the current state.
@@ -74,10 +84,15 @@ func (rt *Router) snapshot(ttft *[][]time.Duration) State {
 	for m, mc := range rt.cfg.Models {
 		st.Models[m] = mc.Strategy
 	}
+	clock := rt.slotClockLocked(false)
+	if clock.known() {
+		st.SlotTurn, st.PrefillBlock = clock.turn(), clock.blockSec()
+	}
 	for _, b := range rt.order {
 		st.Backends = append(st.Backends, BackendState{URL: b.url, Models: b.ep.Models, Node: b.ep.Node, Ready: b.ep.Ready,
 			HoldsWeights: b.ep.HoldsWeights, Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Speed: b.ep.Speed, Inflight: b.inflight, Prefilling: b.prefilling,
 			PendingBlock: b.pending, PeerInflight: b.peers.inflight, PeerPending: b.peers.pending, Recent: b.recent, Limit: int(b.limit),
+			Slots: int(b.slots), SlotWait: rt.slotWaitLocked(b, clock, now),
 			IndexBlocks: rt.index.Len(b.slot), IndexCap: b.kvSize, EjectedUntil: b.ejectedUntil, Failures: b.failures,
 			Requests: b.stats.requests, PromptBlocks: b.stats.promptBlocks, HitRate: b.stats.hitRate()})
 		*ttft = append(*ttft, slices.Clone(b.stats.ttft))

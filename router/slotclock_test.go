@@ -115,6 +115,11 @@ func TestSlotClockLearnsFromAnswers(t *testing.T) {
 	if want := float64(seq / block); math.Abs(got-want) > 0.05*want {
 		t.Fatalf("seqBlocks %v, want %v (a 1 s answer at 10 ms a block)", got, want)
 	}
+	// Operators see what it learned.
+	st := h.rt.Snapshot()
+	if math.Abs(st.SlotTurn-1) > 0.01 || math.Abs(st.PrefillBlock-0.01) > 0.001 || st.Backends[0].Slots != 4 || st.Backends[0].SlotWait != 0 {
+		t.Fatalf("state: slot turn %v s, prefill block %v s, backend %+v", st.SlotTurn, st.PrefillBlock, st.Backends[0])
+	}
 }
 
 // TestSlotWait: the wait for a sequence slot is the remaining turn of the
