@@ -92,7 +92,7 @@ func (rt *Router) snapshot(ttft *[][]time.Duration) State {
 		st.Backends = append(st.Backends, BackendState{URL: b.url, Models: b.ep.Models, Node: b.ep.Node, Ready: b.ep.Ready,
 			HoldsWeights: b.ep.HoldsWeights, Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Speed: b.ep.Speed, Inflight: b.inflight, Prefilling: b.prefilling,
 			PendingBlock: b.pending, PeerInflight: b.peers.inflight, PeerPending: b.peers.pending, Recent: b.recent, Limit: int(b.limit),
-			Slots: int(b.slots), SlotWait: rt.slotWaitLocked(b, clock, now),
+			Slots: int(b.slots), SlotWait: clock.wait(b, now),
 			IndexBlocks: rt.index.Len(b.slot), IndexCap: b.kvSize, EjectedUntil: b.ejectedUntil, Failures: b.failures,
 			Requests: b.stats.requests, PromptBlocks: b.stats.promptBlocks, HitRate: b.stats.hitRate()})
 		*ttft = append(*ttft, slices.Clone(b.stats.ttft))

@@ -742,7 +742,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 			c.Matched = depth[b.slot]
 		}
 		if c.Slots > 0 && c.Inflight >= int(c.Slots) {
-			c.SlotWait = rt.slotWaitLocked(b, clock, now)
+			c.SlotWait = clock.wait(b, now)
 		}
 	}
 	var rnd uint64

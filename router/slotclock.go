@@ -9,7 +9,7 @@ import (
 // slotClock learns how long a request holds one of its engine's sequence
 // slots and what a block of prefill takes, for the wait prefix-aware
 // prices on a backend whose slots are all taken
-// (balance.Candidate.SlotWait, slotWaitLocked). Both come from requests
+// (balance.Candidate.SlotWait, wait). Both come from requests
 // that started at once (a slot free and nothing else before its first
 // token on that backend when it was sent), so neither counts a wait in a
 // queue: a prefill's time to first byte over its uncached blocks, and a
@@ -58,7 +58,7 @@ func (c *slotClock) turn() float64 { return c.seqSec / c.seqs }
 // blockSec is a block of prefill's mean time, in seconds.
 func (c *slotClock) blockSec() float64 { return c.prefillSec / c.prefillBlocks }
 
-// slotWaitLocked estimates how long a request sent to b now would wait
+// wait estimates how long a request sent to b now would wait
 // for one of its engine's sequence slots, in blocks of prefill
 // (balance.Candidate.SlotWait): 0 with a slot free, the slots unknown or
 // the clock not yet known. The engine runs the oldest requests sent to it
@@ -69,7 +69,7 @@ func (c *slotClock) blockSec() float64 { return c.prefillSec / c.prefillBlocks }
 // older than the mean turn has an unknown rest, taken as a small part of
 // a turn. Requests of peer replicas, whose ages this router does not
 // know, wait a mean gap between ends each (a turn over the slots).
-func (rt *Router) slotWaitLocked(b *backend, c *slotClock, now time.Time) int {
+func (c *slotClock) wait(b *backend, now time.Time) int {
 	s := int(b.slots)
 	n := b.inflight + b.peers.inflight
 	if s <= 0 || n < s || !c.known() {

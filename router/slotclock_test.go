@@ -154,17 +154,16 @@ func TestSlotWait(t *testing.T) {
 		{"peers' requests wait a gap each", 4, ago(700*ms, 500*ms), 4, 75},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rt := &Router{}
 			b := &backend{slots: tc.slots, inflight: len(tc.starts), starts: tc.starts}
 			b.peers.inflight = tc.peers
-			if got := rt.slotWaitLocked(b, &c, now); got != tc.want {
+			if got := c.wait(b, now); got != tc.want {
 				t.Fatalf("slot wait %d blocks, want %d", got, tc.want)
 			}
 		})
 	}
 	var unknown slotClock
 	b := &backend{slots: 1, inflight: 1, starts: ago(0)}
-	if got := (&Router{}).slotWaitLocked(b, &unknown, now); got != 0 {
+	if got := unknown.wait(b, now); got != 0 {
 		t.Fatalf("an unknown clock priced a slot: %d", got)
 	}
 }
