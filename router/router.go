@@ -163,6 +163,33 @@ type backend struct {
 	tune *tuneState
 }
 
+// NewTransport is the transport a router sends on unless Options gives
+// one: pooled keep-alive connections to every backend, bytes passed through
+// as they are (no transparent gzip), and a connect failure marked as one
+// (nothing was sent, so the request may go elsewhere).
+func NewTransport(connectTimeout time.Duration) *http.Transport {
+	dialer := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, &dialError{err}
+			}
+			return c, nil
+		},
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		// A body that fits the write buffer is copied into it; a larger
+		// one is handed to the connection, and net's generic copy then
+		// allocates a fresh buffer per request (12-32 KiB of garbage for
+		// a typical prompt, the router's largest allocation at high
+		// rates).
+		WriteBufferSize:    64 << 10,
+		DisableCompression: true,
+		ForceAttemptHTTP2:  false,
+	}
+}
+
 // dialError marks a failure to connect: nothing was sent, so the request may
 // be retried elsewhere and the backend is ejected.
 type dialError struct{ err error }
@@ -211,28 +238,8 @@ func New(cfg Config, opts Options) (*Router, error) {
 	rt.kv = newKVFeeds(&cfg, km)
 	km.feeds, km.index = rt.kv.subscribers, func() *kvevents.Index { return rt.kv.index }
 	tr := opts.Transport
-	if tr == nil {
-		dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
-		tr = &http.Transport{
-			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				c, err := dialer.DialContext(ctx, network, addr)
-				if err != nil {
-					return nil, &dialError{err}
-				}
-				return c, nil
-			},
-			MaxIdleConnsPerHost: 256,
-			IdleConnTimeout:     90 * time.Second,
-			// A body that fits the write buffer is copied into it; a larger
-			// one is handed to the connection, and net's generic copy then
-			// allocates a fresh buffer per request (12-32 KiB of garbage for
-			// a typical prompt, the router's largest allocation at high
-			// rates).
-			WriteBufferSize: 64 << 10,
-			// Pass bytes through as they are: no transparent gzip.
-			DisableCompression: true,
-			ForceAttemptHTTP2:  false,
-		}
+	if opts.Transport == nil {
+		tr = NewTransport(cfg.ConnectTimeout)
 	}
 	rt.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	rt.probe = &http.Client{Transport: tr, Timeout: cfg.ProbeTimeout}

@@ -157,7 +157,16 @@ func TestRunSmall(t *testing.T) {
 	if ov := res.Overhead; ov.PairedRequests != o.OverheadRounds*20 || ov.PairedAddedP99ms < ov.PairedAddedP50ms {
 		t.Errorf("paired overhead: %d pairs, added p50 %v ms p99 %v ms", ov.PairedRequests, ov.PairedAddedP50ms, ov.PairedAddedP99ms)
 	}
+	// The bare proxy is a mode of every round: its latency is measured and
+	// each strategy's excess over it is the difference of the quantiles.
+	if ov := res.Overhead; ov.HopP50ms <= 0 || ov.HopP99ms < ov.HopP50ms || ov.HopAddedP99ms != ov.HopP99ms-ov.DirectP99ms ||
+		ov.PairedOverHopP99ms < ov.PairedOverHopP50ms {
+		t.Errorf("bare proxy overhead: %+v", ov)
+	}
 	for _, so := range res.Overhead.ByStrategy {
+		if so.OverHopP99ms != so.RouterP99ms-res.Overhead.HopP99ms {
+			t.Errorf("overhead of %s over the bare proxy: %+v", so.Strategy, so)
+		}
 		if so.RouterP50ms <= 0 || (so.Strategy == balance.PrefixAware && so.AddedP99ms != res.Overhead.AddedP99ms) {
 			t.Errorf("overhead of %s: %+v", so.Strategy, so)
 		}

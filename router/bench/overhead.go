@@ -177,11 +177,25 @@ type OverheadResult struct {
 	// the difference of two separately taken p99s keeps it; a stall that
 	// hits one copy does not, so on an overloaded machine the paired p99
 	// is no steadier than the difference.
-	PairedRequests   int                `json:"paired_requests"`
-	PairedAddedP50ms float64            `json:"paired_added_p50_ms"`
-	PairedAddedP99ms float64            `json:"paired_added_p99_ms"`
-	Failures         int                `json:"failures"` // every mode's
-	ByStrategy       []StrategyOverhead `json:"by_strategy"`
+	PairedRequests   int     `json:"paired_requests"`
+	PairedAddedP50ms float64 `json:"paired_added_p50_ms"`
+	PairedAddedP99ms float64 `json:"paired_added_p99_ms"`
+	// Hop is a bare reverse proxy in front of the same backends (see
+	// bareHop), measured in the same rounds as a mode of its own: what one
+	// more HTTP hop costs on this machine, whoever makes it. HopAdded is
+	// its excess over direct; the router's excess over it (OverHop, per
+	// strategy, and the paired figures below) is what routing costs beyond
+	// being a proxy at all.
+	HopP50ms      float64 `json:"hop_p50_ms"`
+	HopP99ms      float64 `json:"hop_p99_ms"`
+	HopAddedP50ms float64 `json:"hop_added_p50_ms"`
+	HopAddedP99ms float64 `json:"hop_added_p99_ms"`
+	// PairedOverHop: each request sent through the bare proxy and through
+	// the router at the same instant, the routed copy's excess per pair.
+	PairedOverHopP50ms float64            `json:"paired_over_hop_p50_ms"`
+	PairedOverHopP99ms float64            `json:"paired_over_hop_p99_ms"`
+	Failures           int                `json:"failures"` // every mode's
+	ByStrategy         []StrategyOverhead `json:"by_strategy"`
 }
 
 // StrategyOverhead is one strategy's latency through the router and what it
@@ -192,7 +206,10 @@ type StrategyOverhead struct {
 	RouterP99ms float64          `json:"router_p99_ms"`
 	AddedP50ms  float64          `json:"added_p50_ms"`
 	AddedP99ms  float64          `json:"added_p99_ms"`
-	Failures    int              `json:"failures"`
+	// OverHop is the router's latency quantile less the bare proxy's.
+	OverHopP50ms float64 `json:"over_hop_p50_ms"`
+	OverHopP99ms float64 `json:"over_hop_p99_ms"`
+	Failures     int     `json:"failures"`
 }
 
 // instantBackend reads the request and answers at once: with no model
@@ -225,61 +242,84 @@ func measureOverhead(ctx context.Context, o *Options) (*OverheadResult, error) {
 		body = []byte(strings.Replace(string(body), `"stream":true`, `"stream":false`, 1))
 		reqs[i] = Request{Path: "/v1/chat/completions", Body: body}
 	}
+	hop, stopHop, err := serveBareHop(f.simURLs)
+	if err != nil {
+		return nil, err
+	}
+	defer stopHop()
 	client := newClient()
 	defer client.CloseIdleConnections()
 	res := &OverheadResult{Rate: o.OverheadRate, PromptBytes: len(reqs[0].Body)}
-	// Each round sends direct, then through the router once per strategy,
-	// switched at run time: the modes see the same machine weather.
+	// Each round sends direct, through the bare proxy, then through the
+	// router once per strategy, switched at run time: the modes see the
+	// same machine weather.
 	strategies := slices.Clone(o.Strategies)
 	if !slices.Contains(strategies, balance.PrefixAware) {
 		strategies = append(strategies, balance.PrefixAware)
 	}
-	var direct []float64
+	toBackend := func(i int) string { return f.simURLs[i%len(f.simURLs)] }
+	toHop := func(int) string { return hop }
+	toRouter := func(int) string { return f.routers[0].url }
+	const direct, bare = -2, -1 // the modes before the strategies
+	var directLat, hopLat []float64
 	routed := make([][]float64, len(strategies))
 	fails := make([]int, len(strategies))
 	for round := range o.OverheadRounds + 1 {
-		for mode := -1; mode < len(strategies); mode++ { // -1: direct
-			if mode >= 0 {
+		for mode := direct; mode < len(strategies); mode++ {
+			target := toRouter
+			switch mode {
+			case direct:
+				target = toBackend
+			case bare:
+				target = toHop
+			default:
 				if err := f.routers[0].rt.SetStrategy("", strategies[mode]); err != nil {
 					return nil, err
 				}
 			}
-			lat, failed := openLoop(ctx, client, o.OverheadRate, o.OverheadDuration, reqs, func(i int) string {
-				if mode >= 0 {
-					return f.routers[0].url
-				}
-				return f.simURLs[i%len(f.simURLs)]
-			})
-			if round == 0 {
-				continue // warm-up: connections, caches
-			}
-			if mode < 0 {
-				direct = append(direct, lat...)
+			lat, failed := openLoop(ctx, client, o.OverheadRate, o.OverheadDuration, reqs, target)
+			switch {
+			case round == 0: // warm-up: connections, caches
+			case mode == direct:
+				directLat = append(directLat, lat...)
 				res.Failures += failed
-				continue
+			case mode == bare:
+				hopLat = append(hopLat, lat...)
+				res.Failures += failed
+			default:
+				routed[mode] = append(routed[mode], lat...)
+				fails[mode] += failed
 			}
-			routed[mode] = append(routed[mode], lat...)
-			fails[mode] += failed
 		}
 	}
 	if err := f.routers[0].rt.SetStrategy("", balance.PrefixAware); err != nil {
 		return nil, err
 	}
-	var excess []float64
+	// Paired rounds: each routed copy against a twin sent straight to a
+	// backend, then in rounds of their own against a twin through the bare
+	// proxy.
+	twins := []func(int) string{toBackend, toHop}
+	excess := make([][]float64, len(twins))
 	for round := range o.OverheadRounds + 1 {
-		ex, failed := pairedLoop(ctx, client, o.OverheadRate, o.OverheadDuration, reqs, f.routers[0].url, f.simURLs)
-		if round > 0 { // round 0 warms up, as above
-			excess = append(excess, ex...)
-			res.Failures += failed
+		for k, twin := range twins {
+			ex, failed := pairedLoop(ctx, client, o.OverheadRate, o.OverheadDuration, reqs, toRouter, twin)
+			if round > 0 { // round 0 warms up, as above
+				excess[k] = append(excess[k], ex...)
+				res.Failures += failed
+			}
 		}
 	}
-	res.PairedRequests = len(excess)
-	res.PairedAddedP50ms, res.PairedAddedP99ms = quantile(excess, 0.5), quantile(excess, 0.99)
-	res.Requests = len(direct)
-	res.DirectP50ms, res.DirectP99ms = quantile(direct, 0.5), quantile(direct, 0.99)
+	res.PairedRequests = len(excess[0])
+	res.PairedAddedP50ms, res.PairedAddedP99ms = quantile(excess[0], 0.5), quantile(excess[0], 0.99)
+	res.PairedOverHopP50ms, res.PairedOverHopP99ms = quantile(excess[1], 0.5), quantile(excess[1], 0.99)
+	res.Requests = len(directLat)
+	res.DirectP50ms, res.DirectP99ms = quantile(directLat, 0.5), quantile(directLat, 0.99)
+	res.HopP50ms, res.HopP99ms = quantile(hopLat, 0.5), quantile(hopLat, 0.99)
+	res.HopAddedP50ms, res.HopAddedP99ms = res.HopP50ms-res.DirectP50ms, res.HopP99ms-res.DirectP99ms
 	for i, st := range strategies {
 		so := StrategyOverhead{Strategy: st, RouterP50ms: quantile(routed[i], 0.5), RouterP99ms: quantile(routed[i], 0.99), Failures: fails[i]}
 		so.AddedP50ms, so.AddedP99ms = so.RouterP50ms-res.DirectP50ms, so.RouterP99ms-res.DirectP99ms
+		so.OverHopP50ms, so.OverHopP99ms = so.RouterP50ms-res.HopP50ms, so.RouterP99ms-res.HopP99ms
 		res.ByStrategy = append(res.ByStrategy, so)
 		res.Failures += so.Failures
 		if st == balance.PrefixAware {
@@ -304,11 +344,11 @@ func openLoop(ctx context.Context, c *http.Client, rate int, d time.Duration, re
 	return succeeded(lat, failed)
 }
 
-// pairedLoop is openLoop sending each request twice at its tick, to a
-// backend directly and through the router, each copy on its own connection;
-// it returns, in milliseconds, how much longer each routed copy took than
-// its direct twin (pairs where both succeeded), and the failed pairs.
-func pairedLoop(ctx context.Context, c *http.Client, rate int, d time.Duration, reqs []Request, routerURL string, direct []string) ([]float64, int) {
+// pairedLoop is openLoop sending each request twice at its tick, to
+// subject(i) and to twin(i), each copy on its own connection; it returns,
+// in milliseconds, how much longer each subject copy took than its twin
+// (pairs where both succeeded), and the failed pairs.
+func pairedLoop(ctx context.Context, c *http.Client, rate int, d time.Duration, reqs []Request, subject, twin func(int) string) ([]float64, int) {
 	n := int(float64(rate) * d.Seconds())
 	excess := make([]float64, n)
 	failed := make([]bool, n)
@@ -321,10 +361,10 @@ func pairedLoop(ctx context.Context, c *http.Client, rate int, d time.Duration, 
 			lat[k] = time.Since(t)
 			bad[k] = out.err != nil || out.status != http.StatusOK
 		}
-		var twin sync.WaitGroup
-		twin.Go(func() { send(0, direct[i%len(direct)]) })
-		send(1, routerURL)
-		twin.Wait()
+		var wg sync.WaitGroup
+		wg.Go(func() { send(0, twin(i)) })
+		send(1, subject(i))
+		wg.Wait()
 		excess[i] = float64((lat[1] - lat[0]).Microseconds()) / 1e3
 		failed[i] = bad[0] || bad[1]
 	})

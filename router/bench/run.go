@@ -377,7 +377,8 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 			return nil, err
 		}
 		res.Overhead = ov
-		o.logf("overhead at %d req/s: direct p50 %.3fms p99 %.3fms, via router p50 %.3fms p99 %.3fms", ov.Rate, ov.DirectP50ms, ov.DirectP99ms, ov.RouterP50ms, ov.RouterP99ms)
+		o.logf("overhead at %d req/s: direct p50 %.3fms p99 %.3fms, via a bare proxy p50 %.3fms p99 %.3fms, via router p50 %.3fms p99 %.3fms",
+			ov.Rate, ov.DirectP50ms, ov.DirectP99ms, ov.HopP50ms, ov.HopP99ms, ov.RouterP50ms, ov.RouterP99ms)
 	}
 	res.Machine.LoadAvg1E = loadAvg()
 	return res, nil
