@@ -238,7 +238,7 @@ func New(cfg Config, opts Options) (*Router, error) {
 	rt.kv = newKVFeeds(&cfg, km)
 	km.feeds, km.index = rt.kv.subscribers, func() *kvevents.Index { return rt.kv.index }
 	tr := opts.Transport
-	if opts.Transport == nil {
+	if tr == nil {
 		tr = NewTransport(cfg.ConnectTimeout)
 	}
 	rt.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}

@@ -181,7 +181,7 @@ type OverheadResult struct {
 	PairedAddedP50ms float64 `json:"paired_added_p50_ms"`
 	PairedAddedP99ms float64 `json:"paired_added_p99_ms"`
 	// Hop is a bare reverse proxy in front of the same backends (see
-	// bareHop), measured in the same rounds as a mode of its own: what one
+	// newBareHop), measured in the same rounds as a mode of its own: what one
 	// more HTTP hop costs on this machine, whoever makes it. HopAdded is
 	// its excess over direct; the router's excess over it (OverHop, per
 	// strategy, and the paired figures below) is what routing costs beyond
