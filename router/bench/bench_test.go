@@ -377,10 +377,11 @@ func TestRunWithKVEvents(t *testing.T) {
 		}
 		runs[i] = s
 	}
-	// The decisions repeat exactly; the simulators' hit counts can differ
-	// by a few tokens between runs (seen: 0.56018 and 0.56031 under -race
-	// on a loaded machine), a residue not yet tracked down.
-	if a, b := runs[0], runs[1]; math.Abs(a.HitRate-b.HitRate) > 0.005 || !maps.Equal(a.Reasons, b.Reasons) || !slices.Equal(a.ByReplica, b.ByReplica) {
+	// The decisions and the simulators' hit counts repeat exactly: requests
+	// one finish admits together prefill in admission order (llmsim's
+	// TestAdmittedTogetherPrefillInOrder), not in the order their
+	// goroutines wake, which made hit counts differ by a few tokens.
+	if a, b := runs[0], runs[1]; a.HitRate != b.HitRate || !maps.Equal(a.Reasons, b.Reasons) || !slices.Equal(a.ByReplica, b.ByReplica) {
 		t.Errorf("runs differ:\n%+v\n%+v", a, b)
 	}
 }

@@ -98,13 +98,18 @@ type Server struct {
 }
 
 type seq struct {
-	hashes  []uint64
-	anon    int
-	tokens  int
-	cached  int // prompt tokens found in the cache at admission
-	admit   chan struct{}
-	started bool
-	parked  bool // its goroutine waits for admission
+	hashes []uint64
+	anon   int
+	tokens int
+	cached int // prompt tokens found in the cache at admission
+	// admitted and firstToken are set at admission, under the server's
+	// lock: requests admitted together (one finish freeing room for
+	// several) queue for prefill in admission order, not in the order
+	// their goroutines happen to wake, so virtual-time runs replay alike.
+	admitted, firstToken time.Time
+	admit                chan struct{}
+	started              bool
+	parked               bool // its goroutine waits for admission
 }
 
 type simMetrics struct {
@@ -230,6 +235,13 @@ func (s *Server) startLocked(q *seq) {
 	s.m.hits.Add(float64(cached))
 	s.m.prompt.Add(float64(q.tokens))
 	q.cached = cached
+	q.admitted = s.clock.Now()
+	start := q.admitted
+	if s.prefillFree.After(start) {
+		start = s.prefillFree
+	}
+	s.prefillFree = start.Add(s.wall(time.Duration(q.tokens-cached) * s.cfg.PrefillPerToken))
+	q.firstToken = s.prefillFree
 	close(q.admit)
 }
 
@@ -326,18 +338,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 		return
 	}
-	admitted := s.clock.Now()
-	s.m.queue.Observe(s.simSeconds(admitted.Sub(arrived)))
-	s.mu.Lock()
+	s.m.queue.Observe(s.simSeconds(q.admitted.Sub(arrived)))
 	cached := q.cached
-	start := admitted
-	if s.prefillFree.After(start) {
-		start = s.prefillFree
-	}
-	s.prefillFree = start.Add(s.wall(time.Duration(tokens-cached) * s.cfg.PrefillPerToken))
-	firstToken := s.prefillFree
-	s.mu.Unlock()
-	if s.clock.SleepUntil(ctx, firstToken) != nil {
+	if s.clock.SleepUntil(ctx, q.firstToken) != nil {
 		return
 	}
 	s.m.ttft.Observe(s.simSeconds(s.clock.Now().Sub(arrived)))

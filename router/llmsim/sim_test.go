@@ -115,6 +115,37 @@ func TestQueueing(t *testing.T) {
 	}
 }
 
+// TestAdmittedTogetherPrefillInOrder: requests waiting for KV room that
+// one finish admits together prefill in arrival order, whatever order
+// their goroutines wake in (the bench's virtual-time runs replay alike
+// only so). Repeated because the wrong order shows up only when the
+// scheduler wakes the later request first.
+func TestAdmittedTogetherPrefillInOrder(t *testing.T) {
+	for range 10 {
+		synctest.Test(t, func(t *testing.T) {
+			s := testServer(t, func(c *Config) { c.KVBlocks = 10 })
+			// a: 6 prompt blocks and 1 for its output, 96 ms of prefill and
+			// 40 of decode; b (4 blocks) does not fit beside it, and c (3)
+			// queues behind b. a's end admits both at 136 ms.
+			bodies := []string{prompt(strings.Repeat("a", 64*6), 5), prompt(strings.Repeat("b", 64*3), 5), prompt(strings.Repeat("c", 64*2), 5)}
+			var wg sync.WaitGroup
+			res := make([]result, len(bodies))
+			for i, body := range bodies {
+				wg.Go(func() { res[i] = do(s, "/v1/completions", body) })
+				synctest.Wait()
+			}
+			wg.Wait()
+			// b prefills 48 ms from 136, c its 32 ms after b's.
+			want := []time.Duration{136 * time.Millisecond, 224 * time.Millisecond, 256 * time.Millisecond}
+			for i := range res {
+				if res[i].code != http.StatusOK || res[i].elapsed != want[i] {
+					t.Fatalf("request %c: status %d after %v, want 200 after %v", 'a'+i, res[i].code, res[i].elapsed, want[i])
+				}
+			}
+		})
+	}
+}
+
 // TestEviction: a small cache evicts the least recently used prefix.
 func TestEviction(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
