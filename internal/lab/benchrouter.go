@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -58,16 +59,17 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 	fs.IntVar(&o.ScaleOutAdd, "scale-out-add", o.ScaleOutAdd, "backends the scale-out phase adds")
 	output := fs.String("o", "text", "output format: text or json")
 	plot := fs.String("plot", "", "also write a TTFT CDF plot to this SVG file")
+	requestsOut := fs.String("requests-out", "", "also write every open-loop request of every strategy to this file, a JSON line each: arrival, prompt and answer tokens, backend, the router's reason and match, TTFT")
 	if err := cli.ParseFlags(fs, e, args); err != nil {
 		return err
 	}
 	if *plot != "" && !strings.HasSuffix(strings.ToLower(*plot), ".svg") {
 		return cli.UsageError("--plot writes SVG: the file name must end in .svg")
 	}
-	if *plot != "" {
+	for flag, path := range map[string]string{"plot": *plot, "requests-out": *requestsOut} {
 		// Checked now, not after a run of several minutes.
-		if st, err := os.Stat(filepath.Dir(*plot)); err != nil || !st.IsDir() {
-			return cli.UsageError("--plot %s: its directory does not exist", *plot)
+		if st, err := os.Stat(filepath.Dir(path)); path != "" && (err != nil || !st.IsDir()) {
+			return cli.UsageError("--%s %s: its directory does not exist", flag, path)
 		}
 	}
 	if fs.NArg() > 0 {
@@ -115,7 +117,31 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 		return cli.UsageError("%v", err)
 	}
 	o.Progress = e.Stderr
+	// The records are flushed whether or not the run completes: what was
+	// measured before a failure is kept.
+	closeRecords := func() error { return nil }
+	if *requestsOut != "" {
+		f, err := os.Create(*requestsOut)
+		if err != nil {
+			return fmt.Errorf("requests-out: %w", err)
+		}
+		defer f.Close() // after closeRecords: a second Close, harmless
+		buf := bufio.NewWriter(f)
+		o.RequestsOut = buf
+		closeRecords = func() error {
+			if err := buf.Flush(); err != nil {
+				return fmt.Errorf("requests-out: %w", err)
+			}
+			if err := f.Close(); err != nil {
+				return fmt.Errorf("requests-out: %w", err)
+			}
+			return nil
+		}
+	}
 	res, err := bench.Run(ctx, o)
+	if cerr := closeRecords(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return err
 	}

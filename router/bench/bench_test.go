@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"maps"
@@ -416,5 +417,42 @@ func TestBackendSpeeds(t *testing.T) {
 	}
 	if got := o.fairBusiest([]float64{20, 20}); got != 1.5 {
 		t.Errorf("busiest of 20 and 20 requests at speeds 3 and 1: %v, want 1.5", got)
+	}
+}
+
+// TestRequestsOut: every open-loop request of every strategy is written
+// once, with the backend it went to, the router's reason and its TTFT as
+// the run counted it.
+func TestRequestsOut(t *testing.T) {
+	o := DefaultOptions()
+	o.Backends, o.Requests, o.Saturation = 3, 30, false
+	o.Workloads, o.Strategies = []string{WorkSystem}, []balance.Strategy{balance.PrefixAware, balance.Random}
+	o.OverheadRate, o.DecisionBackends, o.ScaleOut = 0, 0, ""
+	var out bytes.Buffer
+	o.RequestsOut = &out
+	res, err := Run(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[balance.Strategy][]RequestRecord{}
+	dec := json.NewDecoder(&out)
+	for dec.More() {
+		var r RequestRecord
+		if err := dec.Decode(&r); err != nil {
+			t.Fatal(err)
+		}
+		seen[r.Strategy] = append(seen[r.Strategy], r)
+	}
+	for _, s := range res.Workloads[0].Strategies {
+		recs := seen[s.Strategy]
+		if len(recs) != len(s.ByRequest) || len(recs) != o.Requests {
+			t.Fatalf("%s: %d records for %d requests", s.Strategy, len(recs), len(s.ByRequest))
+		}
+		for i, r := range recs {
+			if r.Workload != WorkSystem || r.Request != i || r.Prompt <= 0 || r.MaxTok <= 0 || r.Backend < 0 || r.Backend >= o.Backends ||
+				r.Reason == "" || !strings.Contains(r.Matched, "/") || r.Status != 200 || r.TTFT != s.ByRequest[i] {
+				t.Fatalf("%s request %d: %+v (TTFT counted %v)", s.Strategy, i, r, s.ByRequest[i])
+			}
+		}
 	}
 }

@@ -112,8 +112,9 @@ type outcome struct {
 	ttft   time.Duration // to the first body byte (virtual, or wall for sendReal)
 	end    time.Time
 	err    error
-	// backend is the router's choice when the driver asked for it.
-	backend string
+	// backend is the router's choice when the driver asked for it, and
+	// route its whole explanation (router.RouteHeader).
+	backend, route string
 }
 
 // send posts one request whose Busy the caller (start) counted, reads the
@@ -126,7 +127,7 @@ func (d *driver) send(ctx context.Context, base string, r *Request) outcome {
 	}
 	defer resp.Body.Close()
 	fromSim := resp.Header.Get("X-Llmsim") != ""
-	out := outcome{status: resp.StatusCode, backend: router.ParseRoute(resp.Header.Get(router.RouteHeader))["backend"]}
+	out := routedOutcome(resp)
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := resp.Body.Read(buf)
@@ -248,6 +249,13 @@ func (d *driver) closedLoop(ctx context.Context, reqs []Request, clients int) ([
 	}
 	wg.Wait()
 	return ends, nil
+}
+
+// routedOutcome is resp's status and the router's explanation of where
+// it went.
+func routedOutcome(resp *http.Response) outcome {
+	route := resp.Header.Get(router.RouteHeader)
+	return outcome{status: resp.StatusCode, route: route, backend: router.ParseRoute(route)["backend"]}
 }
 
 // post sends r's body to base+r.Path as JSON, debug asking the router to

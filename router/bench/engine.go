@@ -117,6 +117,11 @@ func runEngine(ctx context.Context, o *Options, w *Workload, st balance.Strategy
 	}
 	sentFor := time.Since(sent)
 	ttfts := tally(&sr, outs)
+	if o.RequestsOut != nil {
+		if err := writeRequests(o.RequestsOut, w.Name, st, urls, w.Requests, outs); err != nil {
+			return sr, err
+		}
+	}
 	index := map[string]int{}
 	for i, u := range urls {
 		index[u] = i
@@ -267,7 +272,7 @@ func sendWall(ctx context.Context, c *http.Client, base string, r *Request) outc
 		return outcome{err: err}
 	}
 	defer resp.Body.Close()
-	out := outcome{status: resp.StatusCode, backend: router.ParseRoute(resp.Header.Get(router.RouteHeader))["backend"]}
+	out := routedOutcome(resp)
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := resp.Body.Read(buf)

@@ -89,6 +89,9 @@ type Options struct {
 	EngineLoadFactor float64
 
 	Progress io.Writer // nil: quiet
+	// RequestsOut, when set, receives every open-loop request of every
+	// strategy as a JSON line (RequestRecord).
+	RequestsOut io.Writer
 }
 
 // DefaultOptions are sized to finish in a few minutes on 2 cores.
@@ -501,12 +504,19 @@ func runStrategy(ctx context.Context, o *Options, w, sat *Workload, st balance.S
 		return sr, err
 	}
 	v := newDriver(clock, client, f)
+	v.debug = o.RequestsOut != nil
 	outs, elapsed, err := v.openLoop(ctx, w.Requests)
 	if err != nil {
 		f.stop()
 		return sr, err
 	}
 	ttfts := tally(&sr, outs)
+	if o.RequestsOut != nil {
+		if err := writeRequests(o.RequestsOut, w.Name, st, f.simURLs, w.Requests, outs); err != nil {
+			f.stop()
+			return sr, err
+		}
+	}
 	sr.TTFTp50, sr.TTFTp90, sr.TTFTp95, sr.TTFTp99 = quantile(ttfts, 0.5), quantile(ttfts, 0.9), quantile(ttfts, 0.95), quantile(ttfts, 0.99)
 	sr.TTFTs = ttfts
 	sr.OpenThroughput = float64(len(ttfts)) / elapsed.Seconds()
