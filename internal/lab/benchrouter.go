@@ -67,8 +67,11 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 		return cli.UsageError("--plot writes SVG: the file name must end in .svg")
 	}
 	for flag, path := range map[string]string{"plot": *plot, "requests-out": *requestsOut} {
+		if path == "" {
+			continue
+		}
 		// Checked now, not after a run of several minutes.
-		if st, err := os.Stat(filepath.Dir(path)); path != "" && (err != nil || !st.IsDir()) {
+		if st, err := os.Stat(filepath.Dir(path)); err != nil || !st.IsDir() {
 			return cli.UsageError("--%s %s: its directory does not exist", flag, path)
 		}
 	}

@@ -118,7 +118,7 @@ func runEngine(ctx context.Context, o *Options, w *Workload, st balance.Strategy
 	sentFor := time.Since(sent)
 	ttfts := tally(&sr, outs)
 	if o.RequestsOut != nil {
-		if err := writeRequests(o.RequestsOut, w.Name, st, urls, w.Requests, outs); err != nil {
+		if err := writeRequests(o.RequestsOut, w.Name, &sr, urls, w.Requests, outs); err != nil {
 			return sr, err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 
 	"github.com/warmfleet/warmfleet/router"
@@ -33,18 +34,20 @@ type RequestRecord struct {
 }
 
 // writeRequests writes one RequestRecord per request of reqs, whose
-// outcomes are outs, to w; urls are the backends in index order.
-func writeRequests(w io.Writer, workload string, st balance.Strategy, urls []string, reqs []Request, outs []outcome) error {
+// outcomes are outs, to w, each TTFT as sr.ByRequest counted it (tally):
+// urls are the backends in index order.
+func writeRequests(w io.Writer, workload string, sr *StrategyResult, urls []string, reqs []Request, outs []outcome) error {
 	enc := json.NewEncoder(w)
 	for i := range outs {
 		o, r := &outs[i], &reqs[i]
 		route := router.ParseRoute(o.route)
-		rec := RequestRecord{Workload: workload, Strategy: st, Request: i, At: r.At.Seconds(), Prompt: r.PromptTokens, MaxTok: r.OutTokens,
+		rec := RequestRecord{Workload: workload, Strategy: sr.Strategy, Request: i, At: r.At.Seconds(), Prompt: r.PromptTokens, MaxTok: r.OutTokens,
 			Backend: slices.Index(urls, route["backend"]), Reason: route["reason"], Matched: route["matched"], Status: o.status}
+		if t := sr.ByRequest[i]; !math.IsNaN(t) {
+			rec.TTFT = t
+		}
 		if o.err != nil {
 			rec.Error = o.err.Error()
-		} else if o.status == 200 {
-			rec.TTFT = o.ttft.Seconds()
 		}
 		if err := enc.Encode(&rec); err != nil {
 			return fmt.Errorf("bench: requests out: %w", err)

@@ -512,7 +512,7 @@ func runStrategy(ctx context.Context, o *Options, w, sat *Workload, st balance.S
 	}
 	ttfts := tally(&sr, outs)
 	if o.RequestsOut != nil {
-		if err := writeRequests(o.RequestsOut, w.Name, st, f.simURLs, w.Requests, outs); err != nil {
+		if err := writeRequests(o.RequestsOut, w.Name, &sr, f.simURLs, w.Requests, outs); err != nil {
 			f.stop()
 			return sr, err
 		}
