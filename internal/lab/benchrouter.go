@@ -49,7 +49,7 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 	fs.BoolVar(&o.TokenPrompts, "token-prompts", o.TokenPrompts, "send every prompt as token ids (completions), whose engine block hashes the router can compute")
 	engine := fs.String("engine", "llmsim", "backends: llmsim (simulated in virtual time) or llm-d-inference-sim (processes from bin/ or PATH, in wall time)")
 	fs.IntVar(&o.EngineClients, "engine-clients", o.EngineClients, "with --engine llm-d-inference-sim: closed-loop clients instead of arrivals at --load x the engines' capacity (0: open loop)")
-	fs.Float64Var(&o.EngineLoadFactor, "engine-load-factor", o.EngineLoadFactor, "with --engine llm-d-inference-sim: how many times slower its prefill and decode are with every sequence slot (--max-seqs) busy than with one")
+	fs.Float64Var(&o.EngineLoadFactor, "engine-load-factor", o.EngineLoadFactor, "how many times slower the engines' prefill and decode are with every sequence slot (--max-seqs) busy than with one: llm-d-inference-sim's --time-factor-under-load; llmsim's decode, and its prefill with --side-by-side-prefill")
 	fs.IntVar(&o.OverheadRate, "overhead-rate", o.OverheadRate, "requests/s for the overhead phase (0: skip)")
 	fs.DurationVar(&o.OverheadDuration, "overhead-duration", o.OverheadDuration, "length of each overhead round")
 	fs.IntVar(&o.OverheadRounds, "overhead-rounds", o.OverheadRounds, "overhead rounds per mode")

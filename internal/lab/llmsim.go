@@ -23,6 +23,7 @@ func simFlags(fs *flag.FlagSet, c *llmsim.Config) {
 	fs.IntVar(&c.CharsPerToken, "chars-per-token", c.CharsPerToken, "prompt bytes per token")
 	fs.DurationVar(&c.PrefillPerToken, "prefill-per-token", c.PrefillPerToken, "simulated prefill time per uncached prompt token")
 	fs.DurationVar(&c.DecodePerToken, "decode-per-token", c.DecodePerToken, "simulated time per output token")
+	fs.BoolVar(&c.SideBySide, "side-by-side-prefill", c.SideBySide, "prefill every admitted sequence on its own clock, as llm-d-inference-sim does, instead of on one prefill stream as vLLM's scheduler does")
 }
 
 func runLLMSim(ctx context.Context, e *cli.Env, args []string) error {
@@ -33,6 +34,7 @@ func runLLMSim(ctx context.Context, e *cli.Env, args []string) error {
 	fs.IntVar(&cfg.DefaultMaxTok, "default-max-tokens", cfg.DefaultMaxTok, "output tokens when a request names none")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "run simulated time this many times faster than real time")
 	fs.DurationVar(&cfg.ChunkInterval, "chunk-interval", cfg.ChunkInterval, "coalesce streamed tokens into one event per this much wall time (0: per token)")
+	fs.Float64Var(&cfg.LoadFactor, "time-factor-under-load", 1, "how many times slower decode (and side-by-side prefill) is with every sequence slot busy than with one, as llm-d-inference-sim's flag of that name")
 	if err := cli.ParseFlags(fs, e, args); err != nil {
 		return err
 	}

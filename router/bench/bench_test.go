@@ -283,29 +283,32 @@ func TestRunRefusesBadRouterOptions(t *testing.T) {
 // phase starts; NaN passes a plain "<= 0" test.
 func TestRunRejectsBadOptions(t *testing.T) {
 	for name, mutate := range map[string]func(*Options){
-		"no backends":           func(o *Options) { o.Backends = 0 },
-		"too many":              func(o *Options) { o.Backends = 257 },
-		"load 0":                func(o *Options) { o.Load = 0 },
-		"load NaN":              func(o *Options) { o.Load = math.NaN() },
-		"load +Inf":             func(o *Options) { o.Load = math.Inf(1) },
-		"no requests":           func(o *Options) { o.Requests = 0 },
-		"time scale NaN":        func(o *Options) { o.Sim.TimeScale = math.NaN() },
-		"load factor NaN":       func(o *Options) { o.LoadFactor = math.NaN() },
-		"share factor Inf":      func(o *Options) { o.ShareFactor = math.Inf(1) },
-		"trace offset -1":       func(o *Options) { o.TraceOffset = -1 },
-		"overhead -1s":          func(o *Options) { o.OverheadRate, o.OverheadDuration = 1000, -time.Second },
-		"overhead 0 rounds":     func(o *Options) { o.OverheadRate, o.OverheadRounds = 1000, 0 },
-		"overhead rate -1":      func(o *Options) { o.OverheadRate = -1 },
-		"decision 0 bytes":      func(o *Options) { o.DecisionBackends, o.DecisionPrompt = 4, 0 },
-		"decision 0 samples":    func(o *Options) { o.DecisionBackends, o.DecisionSamples = 4, 0 },
-		"decision 300 backends": func(o *Options) { o.DecisionBackends = 300 },
-		"replicas -1":           func(o *Options) { o.Replicas = -1 },
-		"replicas 17":           func(o *Options) { o.Replicas = 17 },
-		"speeds for 2 of 8":     func(o *Options) { o.Speeds = []float64{1, 2} },
-		"speed 0":               func(o *Options) { o.Backends, o.Speeds = 2, []float64{1, 0} },
-		"speed NaN":             func(o *Options) { o.Backends, o.Speeds = 2, []float64{math.NaN(), 1} },
-		"speed 1000":            func(o *Options) { o.Backends, o.Speeds = 2, []float64{1, 1000} },
-		"told, none given":      func(o *Options) { o.SpeedsConfigured = true },
+		"no backends":                 func(o *Options) { o.Backends = 0 },
+		"too many":                    func(o *Options) { o.Backends = 257 },
+		"load 0":                      func(o *Options) { o.Load = 0 },
+		"load NaN":                    func(o *Options) { o.Load = math.NaN() },
+		"load +Inf":                   func(o *Options) { o.Load = math.Inf(1) },
+		"no requests":                 func(o *Options) { o.Requests = 0 },
+		"time scale NaN":              func(o *Options) { o.Sim.TimeScale = math.NaN() },
+		"load factor NaN":             func(o *Options) { o.LoadFactor = math.NaN() },
+		"share factor Inf":            func(o *Options) { o.ShareFactor = math.Inf(1) },
+		"trace offset -1":             func(o *Options) { o.TraceOffset = -1 },
+		"overhead -1s":                func(o *Options) { o.OverheadRate, o.OverheadDuration = 1000, -time.Second },
+		"overhead 0 rounds":           func(o *Options) { o.OverheadRate, o.OverheadRounds = 1000, 0 },
+		"overhead rate -1":            func(o *Options) { o.OverheadRate = -1 },
+		"decision 0 bytes":            func(o *Options) { o.DecisionBackends, o.DecisionPrompt = 4, 0 },
+		"decision 0 samples":          func(o *Options) { o.DecisionBackends, o.DecisionSamples = 4, 0 },
+		"decision 300 backends":       func(o *Options) { o.DecisionBackends = 300 },
+		"replicas -1":                 func(o *Options) { o.Replicas = -1 },
+		"replicas 17":                 func(o *Options) { o.Replicas = 17 },
+		"speeds for 2 of 8":           func(o *Options) { o.Speeds = []float64{1, 2} },
+		"speed 0":                     func(o *Options) { o.Backends, o.Speeds = 2, []float64{1, 0} },
+		"speed NaN":                   func(o *Options) { o.Backends, o.Speeds = 2, []float64{math.NaN(), 1} },
+		"speed 1000":                  func(o *Options) { o.Backends, o.Speeds = 2, []float64{1, 1000} },
+		"told, none given":            func(o *Options) { o.SpeedsConfigured = true },
+		"engine load factor 0.5":      func(o *Options) { o.EngineLoadFactor = 0.5 },
+		"engine load factor NaN":      func(o *Options) { o.EngineLoadFactor = math.NaN() },
+		"side by side, inference-sim": func(o *Options) { o.Engine, o.Sim.BlockTokens, o.Sim.SideBySide = EngineInferenceSim, 16, true },
 		"speeds, inference-sim": func(o *Options) {
 			o.Backends, o.Speeds, o.Engine, o.Sim.BlockTokens = 2, []float64{1, 2}, EngineInferenceSim, 16
 		},
@@ -454,5 +457,51 @@ func TestRequestsOut(t *testing.T) {
 				t.Fatalf("%s request %d: %+v (TTFT counted %v)", s.Strategy, i, r, s.ByRequest[i])
 			}
 		}
+	}
+}
+
+// TestRunSideBySide: llmsim prefilling side by side under a load factor
+// (llm-d-inference-sim's latency model, in virtual time) is scheduled by
+// its slots, as those engines are, and says so in the results.
+func TestRunSideBySide(t *testing.T) {
+	o := DefaultOptions()
+	o.Backends, o.Requests, o.Saturation = 2, 60, false
+	o.Workloads, o.Strategies = []string{WorkNoShare}, []balance.Strategy{balance.LeastOutstanding}
+	o.OverheadRate, o.DecisionBackends, o.ScaleOut = 0, 0, ""
+	o.Sim.MaxSeqs, o.Sim.SideBySide, o.EngineLoadFactor = 4, true, 2
+	var out bytes.Buffer
+	o.RequestsOut = &out
+	res, err := Run(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr := res.Workloads[0]
+	if !res.Options.SideBySide || res.Options.EngineLoadFactor != 2 {
+		t.Errorf("options %+v: want side by side at load factor 2", res.Options)
+	}
+	w, err := o.replayed(WorkNoShare, o.Requests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Sim.LoadFactor = 2
+	capacity, err := slotCapacity(&o, &w, func(r *Request) (int, error) { return r.PromptTokens, nil })
+	if err != nil || wr.EngineCapacity != capacity || math.Abs(wr.EngineRate-0.8*capacity) > 1e-9 {
+		t.Errorf("capacity %v, offered %v; want %v (%v) and 0.8 of it", wr.EngineCapacity, wr.EngineRate, capacity, err)
+	}
+	if sr := wr.Strategies[0]; sr.Errors != 0 || len(sr.TTFTs) != o.Requests {
+		t.Errorf("%d errors, %d TTFTs of %d requests", sr.Errors, len(sr.TTFTs), o.Requests)
+	}
+	// Arrivals come at that rate (Poisson: 60 gaps are within half of
+	// their mean), not at the prefill stream's, several times faster.
+	last := 0.0
+	for line := range bytes.Lines(out.Bytes()) {
+		var rec RequestRecord
+		if err := json.Unmarshal(line, &rec); err != nil {
+			t.Fatal(err)
+		}
+		last = max(last, rec.At)
+	}
+	if want := float64(o.Requests-1) / wr.EngineRate; last < want/2 || last > want*1.5 {
+		t.Errorf("last arrival at %.2fs, want about %.2fs", last, want)
 	}
 }

@@ -329,13 +329,20 @@ func engineTokens(r *Request) (int, error) {
 // llmsim, are what fills up: this is the engines' analogue of the virtual
 // bench's prefill capacity.
 func engineCapacity(o *Options, w *Workload) (float64, error) {
+	return slotCapacity(o, w, engineTokens)
+}
+
+// slotCapacity is engineCapacity with each request's prompt tokens counted
+// by tokens: llmsim prefilling side by side (Sim.SideBySide) fills its
+// slots as llm-d-inference-sim does.
+func slotCapacity(o *Options, w *Workload, tokens func(*Request) (int, error)) (float64, error) {
 	if len(w.Requests) == 0 {
 		return 0, errors.New("bench: no requests")
 	}
 	slot := 0.0
 	for i := range w.Requests {
 		r := &w.Requests[i]
-		p, err := engineTokens(r)
+		p, err := tokens(r)
 		if err != nil {
 			return 0, fmt.Errorf("bench: %s request %d: %w", w.Name, i, err)
 		}

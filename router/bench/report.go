@@ -42,6 +42,10 @@ func WriteText(w io.Writer, r *Results) error {
 		mode, load = o.Engine+" processes in wall time", fmt.Sprintf("%d closed-loop clients", o.EngineClients)
 	case o.Engine != "":
 		mode, load = o.Engine+" processes in wall time", fmt.Sprintf("offered load %.2f of the engines' capacity (load factor %.2g)", o.Load, o.EngineLoadFactor)
+	case o.SideBySide:
+		mode, load = "virtual time, real HTTP, prefill side by side", fmt.Sprintf("offered load %.2f of the engines' capacity (load factor %.2g)", o.Load, o.EngineLoadFactor)
+	case o.EngineLoadFactor > 1:
+		load = fmt.Sprintf("offered load %.2f, decode load factor %.2g", o.Load, o.EngineLoadFactor)
 	}
 	seqs := "told to the routers"
 	if !o.SlotsConfigured {

@@ -86,6 +86,9 @@ type Options struct {
 	// EngineLoadFactor is llm-d-inference-sim's time factor under load:
 	// its prefill and decode take this many times longer with every
 	// sequence slot (Sim.MaxSeqs) busy than with one (1: no slowdown).
+	// llmsim takes it too (Sim.LoadFactor): its decode, and with
+	// Sim.SideBySide its prefill, which then also schedules arrivals by
+	// the engines' slots as for llm-d-inference-sim (engineCapacity).
 	EngineLoadFactor float64
 
 	Progress io.Writer // nil: quiet
@@ -151,6 +154,9 @@ type OptionsSummary struct {
 	// EngineClients > 0: closed-loop clients instead of open-loop arrivals.
 	EngineClients    int     `json:"engine_clients,omitempty"`
 	EngineLoadFactor float64 `json:"engine_load_factor,omitempty"`
+	// SideBySide: llmsim prefilled every sequence on its own clock
+	// (llmsim.Config.SideBySide).
+	SideBySide bool `json:"side_by_side_prefill,omitempty"`
 	// Speeds: each backend's speed relative to the simulator's times;
 	// SpeedsConfigured: the routers were told them.
 	Speeds           []float64 `json:"backend_speeds,omitempty"`
@@ -273,7 +279,13 @@ func (o *Options) Validate() error {
 	}
 	switch o.Engine {
 	case "":
+		if !(o.EngineLoadFactor >= 1 && o.EngineLoadFactor <= 100) {
+			return errors.New("bench: the engine load factor must be in [1, 100]")
+		}
 	case EngineInferenceSim:
+		if o.Sim.SideBySide {
+			return errors.New("bench: side-by-side prefill is llmsim's imitation of llm-d-inference-sim, which prefills so on its own")
+		}
 		if bt := o.Sim.BlockTokens; bt != 8 && bt != 16 && bt != 32 && bt != 64 && bt != 128 || o.EngineClients < 0 || o.EngineClients > 1024 ||
 			!(o.EngineLoadFactor >= 1 && o.EngineLoadFactor <= 100) {
 			return errors.New("bench: llm-d-inference-sim takes block sizes 8, 16, 32, 64 or 128; engine clients must be 0 (open loop) to 1024 and the engine load factor in [1, 100]")
@@ -302,6 +314,11 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 			SlotsConfigured: o.SlotsConfigured}}
 	if o.Engine != "" {
 		res.Options.EngineClients, res.Options.EngineLoadFactor = o.EngineClients, o.EngineLoadFactor
+	} else {
+		o.Sim.LoadFactor = o.EngineLoadFactor
+		if o.Sim.SideBySide || o.EngineLoadFactor != 1 {
+			res.Options.EngineLoadFactor, res.Options.SideBySide = o.EngineLoadFactor, o.Sim.SideBySide
+		}
 	}
 	tok := llmsim.Tokenizer{CharsPerToken: o.Sim.CharsPerToken, BlockTokens: o.Sim.BlockTokens}
 	for _, name := range o.Workloads {
@@ -319,7 +336,8 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 			}
 			sat, wr.SatRequests = &sw, len(sw.Requests)
 		}
-		if o.Engine == EngineInferenceSim {
+		switch {
+		case o.Engine == EngineInferenceSim:
 			if wr.EngineCapacity, err = engineWorkload(&o, &w); err != nil {
 				return nil, fmt.Errorf("%s: %w", name, err)
 			}
@@ -327,6 +345,14 @@ func Run(ctx context.Context, o Options) (*Results, error) {
 				wr.EngineRate = o.Load * wr.EngineCapacity
 			}
 			o.logf("%s: engine capacity %.1f requests/s with nothing cached; offered %.1f/s", name, wr.EngineCapacity, wr.EngineRate)
+		case o.Sim.SideBySide:
+			// Its slots fill, not a prefill stream: arrivals as for
+			// llm-d-inference-sim, whose latency model it imitates.
+			if wr.EngineCapacity, err = slotCapacity(&o, &w, func(r *Request) (int, error) { return r.PromptTokens, nil }); err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+			wr.EngineRate = o.Load * wr.EngineCapacity
+			w.ScheduleRate(wr.EngineRate, o.Seed)
 		}
 		tokens := 0
 		for _, r := range w.Requests {

@@ -6,6 +6,12 @@
 // prefill), decode time per output token, SSE streaming and vLLM-style
 // metrics. Time can run faster than the wall clock (TimeScale) so benchmarks
 // finish sooner; all durations it reports are simulated time.
+//
+// With SideBySide and LoadFactor it behaves instead like
+// llm-d-inference-sim's latency model, where routing is concerned: every
+// admitted sequence prefills on its own clock, and prefill and decode
+// stretch with the sequences running (its --time-factor-under-load), so
+// the bench can replay that engine in virtual time too.
 package llmsim
 
 import (
@@ -54,6 +60,17 @@ type Config struct {
 	// llm-d-inference-sim's --hash-seed does; a router given the same seed
 	// computes them too. Text prompts keep the simulator's own hashes.
 	HashSeed string
+	// SideBySide prefills each admitted sequence on its own clock, as
+	// llm-d-inference-sim does, instead of on the one prefill stream
+	// (vLLM's scheduler, the default): a prompt's first token then waits
+	// for no other prompt's prefill, only for a sequence slot and KV room.
+	SideBySide bool
+	// LoadFactor (1 to 100; 0 counts as 1) stretches a sequence's
+	// side-by-side prefill, and every sequence's decode, by
+	// 1 + (LoadFactor-1) x (running-1)/(MaxSeqs-1): llm-d-inference-sim's
+	// --time-factor-under-load, running counted at admission for the
+	// prefill and at each step of decode.
+	LoadFactor float64
 }
 
 // EventSink takes KV event batches (kvevents.Publisher is one).
@@ -74,8 +91,9 @@ func Defaults() Config {
 func (c *Config) Validate() error {
 	if c.Model == "" || c.KVBlocks < 1 || c.BlockTokens < 1 || c.CharsPerToken < 1 || c.MaxSeqs < 1 ||
 		c.PrefillPerToken < 0 || c.DecodePerToken < 0 || c.DefaultMaxTok < 1 || c.MaxBodyBytes < 1 ||
-		!(c.TimeScale > 0 && c.TimeScale <= 1e6) || c.ChunkInterval < 0 { // !(>0): NaN too
-		return errors.New("llmsim: model must be set; kv-blocks, block-tokens, chars-per-token, max-seqs, default max tokens and max body must be positive, time scale in (0, 1e6]; durations non-negative")
+		!(c.TimeScale > 0 && c.TimeScale <= 1e6) || c.ChunkInterval < 0 || // !(>0): NaN too
+		!(c.LoadFactor == 0 || c.LoadFactor >= 1 && c.LoadFactor <= 100) {
+		return errors.New("llmsim: model must be set; kv-blocks, block-tokens, chars-per-token, max-seqs, default max tokens and max body must be positive, time scale in (0, 1e6], load factor 0 or in [1, 100]; durations non-negative")
 	}
 	return nil
 }
@@ -236,13 +254,34 @@ func (s *Server) startLocked(q *seq) {
 	s.m.prompt.Add(float64(q.tokens))
 	q.cached = cached
 	q.admitted = s.clock.Now()
+	prefill := time.Duration(q.tokens-cached) * s.cfg.PrefillPerToken
+	if s.cfg.SideBySide {
+		q.firstToken = q.admitted.Add(s.wall(s.stretchLocked(prefill)))
+		close(q.admit)
+		return
+	}
 	start := q.admitted
 	if s.prefillFree.After(start) {
 		start = s.prefillFree
 	}
-	s.prefillFree = start.Add(s.wall(time.Duration(q.tokens-cached) * s.cfg.PrefillPerToken))
+	s.prefillFree = start.Add(s.wall(prefill))
 	q.firstToken = s.prefillFree
 	close(q.admit)
+}
+
+// loadStepTokens is how many tokens a decode step takes at most under a
+// load factor: each step's pace is set by the sequences running as it
+// starts (llm-d-inference-sim sets each token's).
+const loadStepTokens = 8
+
+// stretchLocked is d stretched by the load factor at the sequences running
+// now (see Config.LoadFactor).
+func (s *Server) stretchLocked(d time.Duration) time.Duration {
+	if s.cfg.LoadFactor <= 1 || s.cfg.MaxSeqs <= 1 {
+		return d
+	}
+	f := 1 + (s.cfg.LoadFactor-1)*float64(max(s.running-1, 0))/float64(s.cfg.MaxSeqs-1)
+	return time.Duration(float64(d) * f)
 }
 
 func (s *Server) finish(q *seq) {
@@ -354,7 +393,16 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request) {
 		if perToken > 0 && s.cfg.ChunkInterval < time.Duration(n)*perToken {
 			n = max(1, int(s.cfg.ChunkInterval/perToken))
 		}
-		at = at.Add(s.wall(time.Duration(n) * perToken))
+		if s.cfg.LoadFactor > 1 {
+			n = min(n, loadStepTokens) // the factor follows the sequences running
+		}
+		step := time.Duration(n) * perToken
+		if s.cfg.LoadFactor > 1 {
+			s.mu.Lock()
+			step = s.stretchLocked(step)
+			s.mu.Unlock()
+		}
+		at = at.Add(s.wall(step))
 		if s.clock.SleepUntil(ctx, at) != nil {
 			return
 		}

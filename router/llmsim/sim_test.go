@@ -292,11 +292,46 @@ func TestConfigValidate(t *testing.T) {
 		"time scale NaN":     func(c *Config) { c.TimeScale = math.NaN() },
 		"time scale +Inf":    func(c *Config) { c.TimeScale = math.Inf(1) },
 		"negative chunk gap": func(c *Config) { c.ChunkInterval = -time.Millisecond },
+		"load factor 0.5":    func(c *Config) { c.LoadFactor = 0.5 },
+		"load factor NaN":    func(c *Config) { c.LoadFactor = math.NaN() },
+		"load factor 101":    func(c *Config) { c.LoadFactor = 101 },
 	} {
 		c := Defaults()
 		mutate(&c)
 		if c.Validate() == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// TestSideBySide: with SideBySide every admitted sequence prefills on its
+// own clock; LoadFactor stretches that prefill and every decode step by
+// the sequences running, as llm-d-inference-sim's time factor under load.
+// a (100 prompt tokens, 2 decode steps) is admitted alone, b (200 tokens,
+// no decode) beside it; with 2 slots and factor 2, two running sequences
+// take twice as long.
+func TestSideBySide(t *testing.T) {
+	for _, tc := range []struct {
+		sideBySide bool
+		factor     float64
+		a, b       time.Duration
+	}{
+		{false, 0, 120 * time.Millisecond, 300 * time.Millisecond}, // b prefills after a's 100 ms
+		{true, 0, 120 * time.Millisecond, 200 * time.Millisecond},
+		{true, 2, 140 * time.Millisecond, 400 * time.Millisecond}, // a's steps 20 ms while b runs
+		{false, 2, 140 * time.Millisecond, 300 * time.Millisecond},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			s := testServer(t, func(c *Config) { c.MaxSeqs, c.SideBySide, c.LoadFactor = 2, tc.sideBySide, tc.factor })
+			var wg sync.WaitGroup
+			var a, b result
+			wg.Go(func() { a = do(s, "/v1/completions", prompt(strings.Repeat("a", 400), 3)) })
+			synctest.Wait() // a is admitted before b arrives
+			wg.Go(func() { b = do(s, "/v1/completions", prompt(strings.Repeat("b", 800), 1)) })
+			wg.Wait()
+			if a.code != 200 || b.code != 200 || a.elapsed != tc.a || b.elapsed != tc.b {
+				t.Fatalf("side by side %v, factor %v: a %d after %v, b %d after %v; want %v and %v", tc.sideBySide, tc.factor, a.code, a.elapsed, b.code, b.elapsed, tc.a, tc.b)
+			}
+		})
 	}
 }
