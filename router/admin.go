@@ -59,9 +59,16 @@ type State struct {
 	// SlotTurn is a request's mean time in its engine's sequence slot and
 	// PrefillBlock a prompt block's mean prefill time, in seconds, as the
 	// router learned them to price slot waits (0 until it has).
-	SlotTurn     float64        `json:"slot_turn_seconds"`
-	PrefillBlock float64        `json:"prefill_block_seconds"`
-	Backends     []BackendState `json:"backends"`
+	SlotTurn     float64 `json:"slot_turn_seconds"`
+	PrefillBlock float64 `json:"prefill_block_seconds"`
+	// PrefillOverlap is the share of the prefill queued on a backend
+	// that a new prompt was seen not to wait for (0: the engines prefill
+	// one prompt after another; 1: side by side), and PrefillSlowdown
+	// how much each request running beside a prompt stretches its
+	// prefill, as prefix-aware prices them (0 and 0 until learned).
+	PrefillOverlap  float64        `json:"prefill_overlap"`
+	PrefillSlowdown float64        `json:"prefill_slowdown"`
+	Backends        []BackendState `json:"backends"`
 }
 
 // Snapshot returns the current state.
@@ -88,6 +95,7 @@ func (rt *Router) snapshot(ttft *[][]time.Duration) State {
 	if clock.known() {
 		st.SlotTurn, st.PrefillBlock = clock.turn(), clock.blockSec()
 	}
+	st.PrefillOverlap, st.PrefillSlowdown = clock.contention.shares()
 	for _, b := range rt.order {
 		st.Backends = append(st.Backends, BackendState{URL: b.url, Models: b.ep.Models, Node: b.ep.Node, Ready: b.ep.Ready,
 			HoldsWeights: b.ep.HoldsWeights, Weight: rampWeight(&b.ep, now, rt.cfg.RampUp), Speed: b.ep.Speed, Inflight: b.inflight, Prefilling: b.prefilling,

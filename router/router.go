@@ -539,6 +539,9 @@ func (rt *Router) prefilled(r *routed) {
 		if r.clockPrefill {
 			r.clock.prefill(d, r.pending.blocks)
 		}
+		if r.clockContention {
+			r.clock.contention.observe(r.pending.blocks, int(r.ahead), int(r.others), d)
+		}
 	}
 	rt.mu.Unlock()
 	if changed {
@@ -630,6 +633,12 @@ type routed struct {
 	// started at once: slotclock.go).
 	clock                  *slotClock
 	clockPrefill, clockSeq bool
+	// clockContention: its first byte teaches the clock's contention
+	// fit, with the prefill ahead of it and the requests in flight
+	// beside it when it was sent (a sequence slot was free, and it was
+	// expected to hold none of its blocks there).
+	clockContention bool
+	ahead, others   int32
 }
 
 // pendingPrefill is a request's share of its backend's pending prefill,
@@ -764,6 +773,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 		ShareFactor: rt.cfg.ShareFactor, DecodeWeight: rt.cfg.DecodeWeight, BalanceSlack: rt.cfg.BalanceSlack,
 		Session: req.session, CacheThreshold: rt.cfg.CacheThreshold, BalanceAbs: rt.cfg.BalanceAbsThreshold, BalanceRel: rt.cfg.BalanceRelThreshold,
 	}
+	in.Overlap, in.Slowdown = clock.contention.shares()
 	if req.strategy == balance.SelfTuning {
 		rt.estimatesLocked(&in, members, req.exact, now)
 	}
@@ -787,6 +797,7 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	// A request that starts at once teaches the slot clock; only a
 	// streamed one's first byte marks the end of its prefill.
 	atOnce := b.slots > 0 && cands[d.Pick].Inflight < int(b.slots) && cands[d.Pick].Prefilling == 0
+	slotFree := b.slots <= 0 || cands[d.Pick].Inflight < int(b.slots)
 	b.inflight++
 	b.startedLocked(now)
 	uncached := max(len(req.keys)-d.Matched, 0)
@@ -805,7 +816,9 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	return routed{b: b, id: b.id, sent: now, decision: d, blocks: len(req.keys), common: common, eligible: len(members), bound: d.Bound, inflight: b.inflight,
 		pending: pendingPrefill{blocks: uncached}, prefMatched: cands[max(d.Preferred, 0)].Matched,
 		model: rt.modelLabelLocked(req.model), warm: b.ep.HoldsWeights, feat: feat, learn: learn,
-		clock: clock, clockPrefill: atOnce && req.stream && uncached > 0, clockSeq: atOnce}, nil
+		clock: clock, clockPrefill: atOnce && req.stream && uncached > 0, clockSeq: atOnce,
+		clockContention: slotFree && req.stream && uncached > 0 && d.Matched == 0,
+		ahead:           clamp32(cands[d.Pick].Pending), others: clamp32(cands[d.Pick].Inflight)}, nil
 }
 
 // countLocked records one request for b in the decayed traffic counts.

@@ -19,6 +19,9 @@ type slotClock struct {
 	prefillSec, prefillBlocks float64
 	seqSec, seqs              float64
 	nPrefill, nSeq            int
+	// contention says whether prefill queues or overlaps on these
+	// engines (the fleet's, since a pool's engines run alike).
+	contention contention
 }
 
 // slotClockDecay is each sample's share of the decayed sums: about the
@@ -105,4 +108,168 @@ func (rt *Router) slotClockLocked(exact bool) *slotClock {
 		return &rt.slotClocks[1]
 	}
 	return &rt.slotClocks[0]
+}
+
+// contention learns whether a prompt's first token waits for the prefill
+// of the prompts already on its backend, or is slowed by the requests
+// running beside it: by a fit of its time to first byte, over the prompts
+// sent while a sequence slot was free and expected to hold none of their
+// blocks, as
+//
+//	c + b*(uncached+ahead) + a*ahead + g*uncached*others + h*others
+//
+// in seconds, where uncached is its own uncached blocks, ahead those of the
+// requests there still before their first token, and others the requests
+// in flight there (h: what each adds whatever the prompt, the fixed part
+// of a prefill stretched as the rest, or decode steps interleaved). An engine that prefills one prompt after another
+// (vLLM's scheduler: running requests, then waiting ones oldest first,
+// under a token budget) makes a prompt wait for those ahead, a ~ 0; one
+// that prefills them side by side, each slowed by how many run beside it
+// (llm-d-inference-sim: prefill time x 1 + (time-factor-under-load - 1) x
+// (running - 1) / (max-num-seqs - 1)), has a ~ -b and g > 0. The fit is
+// pulled toward a = g = 0, the queue prefix-aware has always priced, so
+// an engine whose first bytes do not show otherwise (no prompt ever sent
+// beside another) is priced as before. Only cold prompts teach it: a
+// prompt matching blocks that a request ahead of it is still prefilling
+// recomputes or waits for them on either kind of engine, which the fit
+// would read as a queue.
+//
+// The bench's llmsim has both kinds (the default and SideBySide), so
+// what the fit learns is checked there in virtual time.
+type contention struct {
+	xx     [contentionFeatures][contentionFeatures]float64 // decayed sums of x x^T
+	xy     [contentionFeatures]float64                     // and of x y
+	n      int
+	absErr float64 // decayed mean absolute residual, for the stall bound
+	stalls float64 // decayed count of first bytes left out as stalls
+	fit    [contentionFeatures]float64
+	solved bool
+}
+
+const (
+	contentionFeatures = 5
+	// contentionMin is how many prompts the fit wants before it is used.
+	contentionMin = 32
+	// contentionPrior is the weight, in prompts of 64 uncached blocks,
+	// of the pull toward a = g = 0.
+	contentionPrior = 4.0
+	// stallOver is how many times its prediction a first byte may take
+	// before the fit takes it for a stall (observe).
+	stallOver = 4.0
+	// maxStalls is the decayed count of stalls (about the last 32
+	// prompts) past which the fit takes slow first bytes as the engine's
+	// pace.
+	maxStalls = 4.0
+	// maxSlowdown bounds g/b: one more request running beside a prompt
+	// at most doubles its prefill.
+	maxSlowdown = 1.0
+)
+
+func contentionX(uncached, ahead, others int) [contentionFeatures]float64 {
+	u, p := float64(uncached)/64, float64(ahead)/64
+	return [contentionFeatures]float64{1, u + p, p, u * float64(others), float64(others)}
+}
+
+// observe adds one prompt: its uncached blocks, the blocks ahead of it and
+// the requests in flight when it was sent, and its time to first byte.
+func (c *contention) observe(uncached, ahead, others int, d time.Duration) {
+	if uncached <= 0 || ahead < 0 || others < 0 || d <= 0 || d > maxObservedTTFB {
+		return
+	}
+	x, y := contentionX(uncached, ahead, others), d.Seconds()
+	if c.solved {
+		// A stall is no prefill: a first byte far later than the fit
+		// expects is left out once the fit has enough prompts. Bounding
+		// it instead (as the self-tuning fit does) still adds the bound,
+		// and a fit that counts a stall of one prompt in fifty as several
+		// times its prefill prices contention that is not there.
+		// Unless they come often: then the engine has slowed, and the
+		// fit follows it.
+		pred := c.predict(&x)
+		c.stalls *= 1 - 1.0/32
+		if c.n >= contentionMin && y > stallOver*pred+tuneClip*c.absErr && c.stalls < maxStalls {
+			c.stalls++
+			return
+		}
+		c.absErr += (math.Abs(y-pred) - c.absErr) / 32
+	}
+	for i := range x {
+		for j := range x {
+			c.xx[i][j] = c.xx[i][j]*(1-slotClockDecay) + x[i]*x[j]
+		}
+		c.xy[i] = c.xy[i]*(1-slotClockDecay) + x[i]*y
+	}
+	c.n++
+	c.solve()
+}
+
+func (c *contention) predict(x *[contentionFeatures]float64) float64 {
+	s := 0.0
+	for i := range x {
+		s += c.fit[i] * x[i]
+	}
+	return s
+}
+
+// solve fits the coefficients to the sums, with a and g pulled toward 0
+// (a ridge on them alone), by Gaussian elimination with partial pivoting.
+func (c *contention) solve() {
+	const n = contentionFeatures
+	var m [n][n + 1]float64
+	for i := range n {
+		copy(m[i][:n], c.xx[i][:])
+		m[i][n] = c.xy[i]
+	}
+	m[2][2] += contentionPrior
+	m[3][3] += contentionPrior
+	for i := range n {
+		m[i][i] += 1e-9 // keeps the constant and b solvable before they vary
+	}
+	for col := range n {
+		p := col
+		for r := col + 1; r < n; r++ {
+			if math.Abs(m[r][col]) > math.Abs(m[p][col]) {
+				p = r
+			}
+		}
+		if !(math.Abs(m[p][col]) > 1e-12) {
+			c.solved = false
+			return
+		}
+		m[col], m[p] = m[p], m[col]
+		for r := col + 1; r < n; r++ {
+			f := m[r][col] / m[col][col]
+			for k := col; k <= n; k++ {
+				m[r][k] -= f * m[col][k]
+			}
+		}
+	}
+	var fit [n]float64
+	for i := n - 1; i >= 0; i-- {
+		s := m[i][n]
+		for k := i + 1; k < n; k++ {
+			s -= m[i][k] * fit[k]
+		}
+		fit[i] = s / m[i][i]
+	}
+	for _, f := range fit {
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			c.solved = false
+			return
+		}
+	}
+	c.fit, c.solved = fit, true
+}
+
+// shares returns what prefix-aware prices (balance.Input.Overlap and
+// Slowdown): the share of the prefill ahead a prompt does not wait for
+// (0..1) and how much one more request in flight slows its own prefill
+// (0..maxSlowdown). 0 and 0, the queue, until the fit has enough prompts
+// and prices an uncached block above nothing.
+func (c *contention) shares() (overlap, slowdown float64) {
+	b := c.fit[1]
+	if c.n < contentionMin || !c.solved || !(b > 0) {
+		return 0, 0
+	}
+	return min(max(-c.fit[2]/b, 0), 1), min(max(c.fit[3]/b, 0), maxSlowdown)
 }

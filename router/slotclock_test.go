@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/warmfleet/warmfleet/router/balance"
 )
 
 // seqBlocks is c's turn in blocks of prefill (0: not known).
@@ -180,5 +183,88 @@ func TestStartsFollowRequests(t *testing.T) {
 	b.endedLocked(t0.Add(time.Hour)) // not in flight: nothing changes
 	if want := []int64{t0.UnixNano(), t0.Add(2 * time.Second).UnixNano(), t0.Add(3 * time.Second).UnixNano()}; !slices.Equal(b.starts, want) {
 		t.Fatalf("starts %v, want %v", b.starts, want)
+	}
+}
+
+// TestContention feeds the contention fit first bytes from engines of
+// each kind (with 5% noise and the odd stall) and checks what prefix-aware
+// would be told: a queue is priced as before, prompts prefilled side by
+// side are priced by the requests running beside them.
+func TestContention(t *testing.T) {
+	const base, perBlock = 0.010, 0.002 // seconds
+	for _, tc := range []struct {
+		name string
+		// ttfb is the engine's time to first byte for a prompt of u
+		// uncached blocks sent with ahead blocks before it and others
+		// requests in flight.
+		ttfb               func(u, ahead, others int) float64
+		busy               bool // prompts are sent beside others
+		overlap, slowdown  [2]float64
+		wantOverlapPricing bool
+	}{
+		{"vLLM-like queue", func(u, ahead, others int) float64 { return base + perBlock*float64(u+ahead) }, true, [2]float64{0, 0.1}, [2]float64{0, 0.1}, false},
+		{"side by side, factor 2 over 4 slots", func(u, ahead, others int) float64 {
+			return (base + perBlock*float64(u)) * (1 + float64(others)/3)
+		}, true, [2]float64{0.9, 1}, [2]float64{0.25, 0.4}, true},
+		{"side by side, no slowdown", func(u, ahead, others int) float64 { return base + perBlock*float64(u) }, true, [2]float64{0.9, 1}, [2]float64{0, 0.05}, true},
+		{"never beside another", func(u, ahead, others int) float64 { return base + perBlock*float64(u) }, false, [2]float64{0, 0}, [2]float64{0, 0}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			var c contention
+			for i := range 400 {
+				if i == contentionMin-1 {
+					if o, s := c.shares(); o != 0 || s != 0 {
+						t.Fatalf("priced from %d prompts: overlap %v, slowdown %v", i, o, s)
+					}
+				}
+				// Most prompts of a block, as chat traffic sends:
+				// the outlier bound must not be set by them alone.
+				u, ahead, others := 1+rng.IntN(300), 0, 0
+				if rng.IntN(4) > 0 {
+					u = 1
+				}
+				if tc.busy {
+					ahead, others = rng.IntN(600), rng.IntN(4)
+				}
+				y := tc.ttfb(u, ahead, others) * (0.95 + 0.1*rng.Float64())
+				if i%50 == 49 {
+					y = 100 // a stall
+				}
+				c.observe(u, ahead, others, time.Duration(y*float64(time.Second)))
+			}
+			o, s := c.shares()
+			if o < tc.overlap[0] || o > tc.overlap[1] || s < tc.slowdown[0] || s > tc.slowdown[1] {
+				t.Fatalf("overlap %.3f (want %v), slowdown %.3f (want %v); fit %v", o, tc.overlap, s, tc.slowdown, c.fit)
+			}
+			if in := (balance.Input{Overlap: o, Slowdown: s}); (o >= balance.OverlapAt) != tc.wantOverlapPricing {
+				t.Fatalf("overlap %.3f: priced side by side %v, want %v (%+v)", o, !tc.wantOverlapPricing, tc.wantOverlapPricing, in)
+			}
+		})
+	}
+	// An engine that turns five times slower is followed, not taken for
+	// a run of stalls.
+	var slow contention
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 600 {
+		u := 1 + rng.IntN(300)
+		y := base + perBlock*float64(u)
+		if i >= 200 {
+			y *= 5
+		}
+		slow.observe(u, 0, 0, time.Duration(y*float64(time.Second)))
+	}
+	if b := slow.fit[1] / 64; b < 4*perBlock || b > 6*perBlock {
+		t.Errorf("after the engine slowed 5x, a block costs %.4gs, want about %.4gs", b, 5*perBlock)
+	}
+	var c contention
+	for _, bad := range []struct {
+		u, ahead, others int
+		d                time.Duration
+	}{{0, 1, 1, time.Second}, {-1, 0, 0, time.Second}, {1, -1, 0, time.Second}, {1, 0, -1, time.Second}, {1, 0, 0, 0}, {1, 0, 0, time.Hour}} {
+		c.observe(bad.u, bad.ahead, bad.others, bad.d)
+	}
+	if c.n != 0 {
+		t.Fatalf("learned from %d observations with nothing to learn from", c.n)
 	}
 }

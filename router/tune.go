@@ -277,7 +277,7 @@ func (rt *Router) learnLocked(r *routed, d time.Duration) {
 // first byte teaches the backend's model.
 func (rt *Router) answered(r *routed, status int) {
 	if status/100 != 2 {
-		r.learn, r.clockPrefill, r.clockSeq = false, false, false
+		r.learn, r.clockPrefill, r.clockSeq, r.clockContention = false, false, false, false
 	}
 	rt.prefilled(r)
 }

@@ -192,7 +192,27 @@ type Input struct {
 	// stands for (the engine's blocks of KV events against the router's
 	// own); 1 if not positive.
 	KeyScale float64
+	// Overlap is the share (0..1) of a backend's queued prefill that a
+	// new prompt does not wait for, and Slowdown how much each request
+	// running beside it stretches its own prefill (0..1), as the router
+	// learned them from first bytes (router/slotclock.go). 0 and 0, the
+	// default, are an engine that prefills one prompt after another
+	// (vLLM); prefix-aware prices an engine with Overlap of at least
+	// OverlapAt as one that prefills prompts side by side (see cost).
+	Overlap, Slowdown float64
 }
+
+// OverlapAt is the Overlap from which prefix-aware takes prefill to run
+// side by side rather than in a queue. Below 1 because an engine that
+// prefills side by side is not seen exactly so, and well above 0 because
+// one that queues is not either: the router's count of the prefill queued
+// there overstates it by the cache hits it did not expect, which the fit
+// reads as prefill not waited for (0.3-0.7 on the Mooncake traces against
+// 0.97-1 for prompts prefilled side by side, on llmsim's two models).
+const OverlapAt = 0.85
+
+// overlaps reports whether prefix-aware prices prefill as side by side.
+func (in *Input) overlaps() bool { return in.Overlap >= OverlapAt && in.Overlap <= 1 }
 
 // Decision is the outcome.
 type Decision struct {
@@ -273,13 +293,13 @@ func slotFree(c *Candidate) bool { return c.Slots <= 0 || c.Inflight < int(c.Slo
 
 // startsAtOnce reports whether some backend would start a request at
 // once: under its limit, a sequence slot free (or its slots unknown) and
-// at most one request before its first token. A backend with a free slot
+// not queueing prefill (queues). A backend with a free slot
 // and a queue of prefill is no such place: at saturation the slot a
 // request just left is there, and sending held requests to it spends a
 // recompute out of the fleet's capacity while they wait all the same.
-func startsAtOnce(cands []Candidate) bool {
-	for i := range cands {
-		if c := &cands[i]; slotFree(c) && underLimit(c) && c.Prefilling <= 1 {
+func (in *Input) startsAtOnce() bool {
+	for i := range in.Candidates {
+		if c := &in.Candidates[i]; slotFree(c) && underLimit(c) && !in.queues(c) {
 			return true
 		}
 	}
@@ -467,9 +487,29 @@ func tierBetter(t int8, a, b *Candidate, pa, pb *prefixView) bool {
 // then holds it like every other: priced at that first recompute, it lost
 // every comparison with a backend holding the prefix and sat idle while
 // the rest of the fleet took its share (seconds of the multi-turn workload).
-func cost(c *Candidate, blocks, common int) int {
-	return max(c.Pending, 0) + max(blocks-max(c.Matched, common), 0)
+//
+// On an engine that prefills prompts side by side (Input.overlaps) a
+// prompt waits for little of the prefill queued there (1 - Overlap of it)
+// and its own prefill stretches by Slowdown for each request running
+// beside it, so the backend with the fewest requests in flight is the
+// quickest for a prompt nobody holds, whatever they have left to prefill.
+func (in *Input) cost(c *Candidate, blocks int) int {
+	own := max(blocks-max(c.Matched, in.Common), 0)
+	if !in.overlaps() {
+		return max(c.Pending, 0) + own
+	}
+	others := max(c.Inflight, 0)
+	if c.Slots > 0 {
+		others = min(others, int(c.Slots)-1) // past them it waits for a slot (SlotWait) and starts beside the rest
+	}
+	slow := min(max(in.Slowdown, 0), 1)
+	return int(math.Round((1-in.Overlap)*float64(max(c.Pending, 0)) + float64(own)*(1+slow*float64(others))))
 }
+
+// queues reports whether c's engine is taken to queue prefill: more than
+// one request there waits for its first token, on an engine that prefills
+// one prompt after another.
+func (in *Input) queues(c *Candidate) bool { return c.Prefilling > 1 && !in.overlaps() }
 
 // maxSlotWait bounds Candidate.SlotWait, so that sums of costs cannot
 // overflow.
@@ -591,7 +631,7 @@ func decidePrefix(in Input) Decision {
 		c := &in.Candidates[i]
 		p := &v[i]
 		p.slot = min(max(c.SlotWait, 0), maxSlotWait)
-		p.w, p.load, p.cost, p.h = weight(c), load(c, dw), inTime(c, cost(c, n, in.Common))+p.slot, mix(key^mix(c.ID))
+		p.w, p.load, p.cost, p.h = weight(c), load(c, dw), inTime(c, in.cost(c, n))+p.slot, mix(key^mix(c.ID))
 		p.slotsBusy = !slotFree(c)
 		anyBusy = anyBusy || p.slotsBusy
 		p.rs = p.w * speed(c)
@@ -603,7 +643,7 @@ func decidePrefix(in Input) Decision {
 		if c.Prefilling > 0 {
 			busy++
 		}
-		if underLimit(c) && c.Prefilling <= 1 {
+		if underLimit(c) && !in.queues(c) {
 			saturated = false
 		}
 		switch {
@@ -614,7 +654,7 @@ func decidePrefix(in Input) Decision {
 		}
 	}
 	// slotRule: a backend with every slot taken goes to tierSlots.
-	slotRule := anyBusy && startsAtOnce(in.Candidates)
+	slotRule := anyBusy && in.startsAtOnce()
 	// Second pass: bounds, shares and rendezvous scores, the preferred
 	// backend, and the best expected waits among those under their bounds.
 	// The expected-wait filter compares backends that pass the other
@@ -768,7 +808,7 @@ func decidePrefix(in Input) Decision {
 			(alt < 0 || p.slot-v[alt].slot <= c.Matched-max(in.Candidates[alt].Matched, in.Common)) {
 			return true
 		}
-		return alt >= 0 && c.Prefilling <= 1 && p.cost+max(1, int(slack*float64(n))) < v[alt].cost+recompute(i, alt)
+		return alt >= 0 && !in.queues(c) && p.cost+max(1, int(slack*float64(n))) < v[alt].cost+recompute(i, alt)
 	}
 	for i := range v {
 		c, p := &in.Candidates[i], &v[i]

@@ -852,3 +852,39 @@ func TestWildSlotWaitIsBounded(t *testing.T) {
 		t.Fatalf("decision %+v, want an overflow to backend 5 on the wait rule", d)
 	}
 }
+
+// TestPrefixAwareOverlap: on engines that prefill prompts side by side
+// (Input.Overlap), a prompt nobody holds goes where the fewest requests
+// run, whatever they have left to prefill; on a queue (the default) where
+// the least prefill is queued. And the slot rule holds on such engines
+// while every backend with a free slot has prompts in prefill: a short
+// prompt is not sent to wait for a sequence slot.
+func TestPrefixAwareOverlap(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		overlap, slowdown float64
+		cands             []Candidate
+		want              int
+	}{
+		{"queue: least pending", 0, 0, []Candidate{
+			{ID: 1, Inflight: 3, Pending: 0, Slots: 4}, {ID: 2, Inflight: 1, Pending: 40, Prefilling: 1, Slots: 4}}, 0},
+		{"side by side: fewest running", 0.95, 0.33, []Candidate{
+			{ID: 1, Inflight: 3, Pending: 0, Slots: 4}, {ID: 2, Inflight: 1, Pending: 40, Prefilling: 1, Slots: 4}}, 1},
+		{"side by side, no slowdown: prefill queued ahead is not waited for", 0.95, 0, []Candidate{
+			{ID: 1, Inflight: 2, Pending: 30, Prefilling: 2, Slots: 4, Recent: 1}, {ID: 2, Inflight: 1, Pending: 0, Slots: 4, Recent: 2}}, 0},
+		{"queue: slots full everywhere free has prefill queued, rule off", 0, 0, []Candidate{
+			{ID: 1, Inflight: 4, Pending: 0, Slots: 4, SlotWait: 500}, {ID: 2, Inflight: 3, Pending: 900, Prefilling: 2, Slots: 4}}, 0},
+		{"side by side: the free slot wins", 0.95, 0.33, []Candidate{
+			{ID: 1, Inflight: 4, Pending: 0, Slots: 4, SlotWait: 500}, {ID: 2, Inflight: 3, Pending: 900, Prefilling: 2, Slots: 4}}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range tc.cands {
+				tc.cands[i].Weight = 1
+			}
+			d := Decide(Input{Strategy: PrefixAware, Candidates: tc.cands, Keys: keys(1, 10), Overlap: tc.overlap, Slowdown: tc.slowdown})
+			if d.Pick != tc.want {
+				t.Fatalf("picked %d (%s), want %d", d.Pick, d.Reason, tc.want)
+			}
+		})
+	}
+}

@@ -505,3 +505,29 @@ func TestRunSideBySide(t *testing.T) {
 		t.Errorf("last arrival at %.2fs, want about %.2fs", last, want)
 	}
 }
+
+// TestRouterLearnsPrefill: the default router learns from first bytes
+// which kind of engine it routes to: llmsim prefilling side by side
+// (llm-d-inference-sim's model) reads as overlapping, past
+// balance.OverlapAt, and llmsim's default, one prefill stream as vLLM's
+// scheduler, as a queue, below it (router/slotclock.go).
+func TestRouterLearnsPrefill(t *testing.T) {
+	for _, sideBySide := range []bool{true, false} {
+		o := DefaultOptions()
+		o.Requests, o.Saturation = 200, false
+		o.Workloads, o.Strategies = []string{WorkMoonSynth}, []balance.Strategy{balance.PrefixAware}
+		o.OverheadRate, o.DecisionBackends, o.ScaleOut = 0, 0, ""
+		if sideBySide {
+			o.Sim.MaxSeqs, o.Sim.SideBySide, o.EngineLoadFactor = 4, true, 2
+		}
+		res, err := Run(t.Context(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sr := res.Workloads[0].Strategies[0]
+		if (sr.PrefillOverlap >= balance.OverlapAt) != sideBySide || sideBySide && !(sr.PrefillSlowdown > 0.2 && sr.PrefillSlowdown < 0.6) {
+			t.Errorf("side by side %v: learned overlap %.3f (priced side by side from %v), slowdown %.3f (the engine's: 1/3)",
+				sideBySide, sr.PrefillOverlap, balance.OverlapAt, sr.PrefillSlowdown)
+		}
+	}
+}

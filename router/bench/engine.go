@@ -163,6 +163,7 @@ func runEngine(ctx context.Context, o *Options, w *Workload, st balance.Strategy
 		}
 	}
 	sr.Reasons = reasons(reg)
+	learned(&sr, rt)
 	sr.OpenThroughput = float64(len(ttfts)) / sentFor.Seconds()
 	for _, sim := range sims {
 		sim.Stop()

@@ -207,6 +207,12 @@ type StrategyResult struct {
 	// ByReplica is each router replica's decisions, when there are several.
 	ByReplica   []float64 `json:"decisions_by_replica,omitempty"`
 	WallSeconds float64   `json:"wall_seconds"`
+	// PrefillOverlap and PrefillSlowdown are what the (first) router
+	// learned of its engines' prefill at the end of the open loop: the
+	// share of queued prefill a prompt did not wait for and the stretch
+	// of its prefill per request beside it (router.State).
+	PrefillOverlap  float64 `json:"prefill_overlap"`
+	PrefillSlowdown float64 `json:"prefill_slowdown"`
 	// With llm-d-inference-sim: each backend's share of the work and its
 	// TTFTs; the 99th percentile of how late a request left its
 	// scheduled arrival (open loop); and the CPU the bench process (router
@@ -553,6 +559,7 @@ func runStrategy(ctx context.Context, o *Options, w, sat *Workload, st balance.S
 	}
 	sr.HitRate, sr.BusiestShare, sr.BusiestWork = stats.hitRate(), o.fairBusiest(stats.requests), o.fairBusiest(stats.computed())
 	sr.Reasons, sr.ByReplica = f.reasons()
+	learned(&sr, f.routers[0].rt)
 	f.stop()
 	if sat != nil {
 		clock := llmsim.NewVirtualClock(time.Unix(0, 0))
@@ -577,4 +584,10 @@ func runStrategy(ctx context.Context, o *Options, w, sat *Workload, st balance.S
 	}
 	sr.WallSeconds = time.Since(began).Seconds()
 	return sr, nil
+}
+
+// learned records in sr what rt learned of its engines' prefill.
+func learned(sr *StrategyResult, rt *router.Router) {
+	st := rt.Snapshot()
+	sr.PrefillOverlap, sr.PrefillSlowdown = st.PrefillOverlap, st.PrefillSlowdown
 }
