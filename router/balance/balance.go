@@ -198,7 +198,7 @@ type Input struct {
 	// learned them from first bytes (router/slotclock.go). 0 and 0, the
 	// default, are an engine that prefills one prompt after another
 	// (vLLM); prefix-aware prices an engine with Overlap of at least
-	// OverlapAt as one that prefills prompts side by side (see cost).
+	// OverlapAt as one that prefills prompts side by side (sideBySideCost).
 	Overlap, Slowdown float64
 }
 
@@ -487,17 +487,18 @@ func tierBetter(t int8, a, b *Candidate, pa, pb *prefixView) bool {
 // then holds it like every other: priced at that first recompute, it lost
 // every comparison with a backend holding the prefix and sat idle while
 // the rest of the fleet took its share (seconds of the multi-turn workload).
-//
-// On an engine that prefills prompts side by side (Input.overlaps) a
-// prompt waits for little of the prefill queued there (1 - Overlap of it)
-// and its own prefill stretches by Slowdown for each request running
-// beside it, so the backend with the fewest requests in flight is the
-// quickest for a prompt nobody holds, whatever they have left to prefill.
-func (in *Input) cost(c *Candidate, blocks int) int {
+func cost(c *Candidate, blocks, common int) int {
+	return max(c.Pending, 0) + max(blocks-max(c.Matched, common), 0)
+}
+
+// sideBySideCost is cost on an engine that prefills prompts side by side
+// (Input.overlaps): a prompt waits for little of the prefill queued there
+// (1 - Overlap of it) and its own prefill stretches by Slowdown for each
+// request running beside it, so the backend with the fewest requests in
+// flight is the quickest for a prompt nobody holds, whatever they have
+// left to prefill. Apart from cost, which stays small enough to inline.
+func (in *Input) sideBySideCost(c *Candidate, blocks int) int {
 	own := max(blocks-max(c.Matched, in.Common), 0)
-	if !in.overlaps() {
-		return max(c.Pending, 0) + own
-	}
 	others := max(c.Inflight, 0)
 	if c.Slots > 0 {
 		others = min(others, int(c.Slots)-1) // past them it waits for a slot (SlotWait) and starts beside the rest
@@ -627,11 +628,16 @@ func decidePrefix(in Input) Decision {
 	saturated := slack >= 0
 	anyBusy := false    // some backend has every sequence slot taken
 	top, next := -1, -1 // the two longest matches
+	side := in.overlaps()
 	for i := range in.Candidates {
 		c := &in.Candidates[i]
 		p := &v[i]
 		p.slot = min(max(c.SlotWait, 0), maxSlotWait)
-		p.w, p.load, p.cost, p.h = weight(c), load(c, dw), inTime(c, in.cost(c, n))+p.slot, mix(key^mix(c.ID))
+		wait := cost(c, n, in.Common)
+		if side {
+			wait = in.sideBySideCost(c, n)
+		}
+		p.w, p.load, p.cost, p.h = weight(c), load(c, dw), inTime(c, wait)+p.slot, mix(key^mix(c.ID))
 		p.slotsBusy = !slotFree(c)
 		anyBusy = anyBusy || p.slotsBusy
 		p.rs = p.w * speed(c)
