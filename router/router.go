@@ -796,8 +796,8 @@ func (rt *Router) pickLocked(req *routeRequest) (routed, error) {
 	rt.countLocked(b)
 	// A request that starts at once teaches the slot clock; only a
 	// streamed one's first byte marks the end of its prefill.
-	atOnce := b.slots > 0 && cands[d.Pick].Inflight < int(b.slots) && cands[d.Pick].Prefilling == 0
 	slotFree := b.slots <= 0 || cands[d.Pick].Inflight < int(b.slots)
+	atOnce := b.slots > 0 && slotFree && cands[d.Pick].Prefilling == 0
 	b.inflight++
 	b.startedLocked(now)
 	uncached := max(len(req.keys)-d.Matched, 0)

@@ -483,7 +483,6 @@ func TestRunSideBySide(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.Sim.LoadFactor = 2
 	capacity, err := slotCapacity(&o, &w, func(r *Request) (int, error) { return r.PromptTokens, nil })
 	if err != nil || wr.EngineCapacity != capacity || math.Abs(wr.EngineRate-0.8*capacity) > 1e-9 {
 		t.Errorf("capacity %v, offered %v; want %v (%v) and 0.8 of it", wr.EngineCapacity, wr.EngineRate, capacity, err)
