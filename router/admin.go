@@ -65,7 +65,9 @@ type State struct {
 	// that a new prompt was seen not to wait for (0: the engines prefill
 	// one prompt after another; 1: side by side), and PrefillSlowdown
 	// how much each request running beside a prompt stretches its
-	// prefill, as prefix-aware prices them (0 and 0 until learned).
+	// prefill as far as the fit is sure of it (its estimate less two
+	// standard errors), as prefix-aware prices them (0 and 0 until
+	// learned).
 	PrefillOverlap  float64        `json:"prefill_overlap"`
 	PrefillSlowdown float64        `json:"prefill_slowdown"`
 	Backends        []BackendState `json:"backends"`

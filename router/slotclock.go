@@ -143,6 +143,10 @@ type contention struct {
 	absErr float64 // decayed mean absolute residual, for the stall bound
 	stalls float64 // decayed count of first bytes left out as stalls
 	fit    [contentionFeatures]float64
+	// gVar is g's variance per unit of residual variance, the diagonal
+	// element of the inverse of the (ridged) sums: its standard error is
+	// sqrt(gVar) times the residuals' spread.
+	gVar   float64
 	solved bool
 }
 
@@ -215,11 +219,14 @@ func (c *contention) predict(x *[contentionFeatures]float64) float64 {
 // (a ridge on them alone), by Gaussian elimination with partial pivoting.
 func (c *contention) solve() {
 	const n = contentionFeatures
-	var m [n][n + 1]float64
+	// Two right-hand sides: the sums of x y for the fit, and the unit
+	// vector of g for its variance.
+	var m [n][n + 2]float64
 	for i := range n {
 		copy(m[i][:n], c.xx[i][:])
 		m[i][n] = c.xy[i]
 	}
+	m[3][n+1] = 1
 	m[2][2] += contentionPrior
 	m[3][3] += contentionPrior
 	for i := range n {
@@ -239,37 +246,45 @@ func (c *contention) solve() {
 		m[col], m[p] = m[p], m[col]
 		for r := col + 1; r < n; r++ {
 			f := m[r][col] / m[col][col]
-			for k := col; k <= n; k++ {
+			for k := col; k < n+2; k++ {
 				m[r][k] -= f * m[col][k]
 			}
 		}
 	}
-	var fit [n]float64
+	var fit, inv [n]float64
 	for i := n - 1; i >= 0; i-- {
-		s := m[i][n]
+		s, v := m[i][n], m[i][n+1]
 		for k := i + 1; k < n; k++ {
 			s -= m[i][k] * fit[k]
+			v -= m[i][k] * inv[k]
 		}
-		fit[i] = s / m[i][i]
+		fit[i], inv[i] = s/m[i][i], v/m[i][i]
 	}
-	for _, f := range fit {
+	for _, f := range [...]float64{fit[0], fit[1], fit[2], fit[3], fit[4], inv[3]} {
 		if math.IsNaN(f) || math.IsInf(f, 0) {
 			c.solved = false
 			return
 		}
 	}
-	c.fit, c.solved = fit, true
+	c.fit, c.gVar, c.solved = fit, max(inv[3], 0), true
 }
 
 // shares returns what prefix-aware prices (balance.Input.Overlap and
 // Slowdown): the share of the prefill ahead a prompt does not wait for
 // (0..1) and how much one more request in flight slows its own prefill
-// (0..maxSlowdown). 0 and 0, the queue, until the fit has enough prompts
-// and prices an uncached block above nothing.
+// (0..maxSlowdown), the latter only as far as the fit is sure of it: less
+// two standard errors. An engine that queues prefill reads a little
+// slowdown from prompts its queue held longer than the router counted,
+// and a backend's slots multiply whatever is read (a hundredth with 64 in
+// flight is most of a prompt's prefill again). 0 and 0, the queue, until
+// the fit has enough prompts and prices an uncached block above nothing.
 func (c *contention) shares() (overlap, slowdown float64) {
 	b := c.fit[1]
 	if c.n < contentionMin || !c.solved || !(b > 0) {
 		return 0, 0
 	}
-	return min(max(-c.fit[2]/b, 0), 1), min(max(c.fit[3]/b, 0), maxSlowdown)
+	// absErr is a mean absolute residual; sqrt(pi/2) of it is the spread
+	// of normal residuals.
+	se := math.Sqrt(math.Pi/2) * c.absErr * math.Sqrt(c.gVar)
+	return min(max(-c.fit[2]/b, 0), 1), min(max((c.fit[3]-2*se)/b, 0), maxSlowdown)
 }

@@ -268,3 +268,37 @@ func TestContention(t *testing.T) {
 		t.Fatalf("learned from %d observations with nothing to learn from", c.n)
 	}
 }
+
+// TestContentionPricesSureSlowdown: an engine that queues prefill, whose
+// queue the router overstates (ahead counts blocks the engine found
+// cached), read over 64 slots. Its fit reads a slowdown that is not there,
+// now and then past SlowdownAt; what prefix-aware is given, the slowdown
+// less two standard errors, stays under it.
+func TestContentionPricesSureSlowdown(t *testing.T) {
+	const base, perBlock = 0.010, 0.002 // seconds
+	point := 0.0                        // the most the bare estimate read, over every seed
+	for seed := range uint64(5) {
+		rng := rand.New(rand.NewPCG(seed+1, 2))
+		var c contention
+		for i := range 2000 {
+			u, ahead, others := 1+rng.IntN(300), rng.IntN(600), rng.IntN(64)
+			if rng.IntN(4) > 0 {
+				u = 1 + rng.IntN(8)
+			}
+			y := (base + perBlock*(float64(u)+float64(ahead)*rng.Float64())) * (0.8 + 0.4*rng.Float64())
+			c.observe(u, ahead, others, time.Duration(y*float64(time.Second)))
+			if i < contentionMin {
+				continue
+			}
+			if c.fit[1] > 0 {
+				point = max(point, c.fit[3]/c.fit[1])
+			}
+			if _, s := c.shares(); s >= balance.SlowdownAt {
+				t.Fatalf("seed %d, prompt %d: slowdown %.3f priced (fit %v)", seed, i, s, c.fit)
+			}
+		}
+	}
+	if point < balance.SlowdownAt {
+		t.Fatalf("the bare estimate read at most %.3f: this engine no longer tests the bound", point)
+	}
+}

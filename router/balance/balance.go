@@ -195,10 +195,13 @@ type Input struct {
 	// Overlap is the share (0..1) of a backend's queued prefill that a
 	// new prompt does not wait for, and Slowdown how much each request
 	// running beside it stretches its own prefill (0..1), as the router
-	// learned them from first bytes (router/slotclock.go). 0 and 0, the
+	// learned them from first bytes (router/slotclock.go; the slowdown as
+	// far as it is sure of it). 0 and 0, the
 	// default, are an engine that prefills one prompt after another
 	// (vLLM); prefix-aware prices an engine with Overlap of at least
-	// OverlapAt as one that prefills prompts side by side (sideBySideCost).
+	// OverlapAt as one that prefills prompts side by side (sideBySideCost),
+	// and one with Slowdown of at least SlowdownAt as one whose prompts
+	// prefill slower beside running requests, whichever Overlap it reads.
 	Overlap, Slowdown float64
 }
 
@@ -210,6 +213,20 @@ type Input struct {
 // reads as prefill not waited for (0.3-0.7 on the Mooncake traces against
 // 0.97-1 for prompts prefilled side by side, on llmsim's two models).
 const OverlapAt = 0.85
+
+// SlowdownAt is the Slowdown from which prefix-aware counts, on an engine
+// it takes to queue prefill, how much the requests running on a backend
+// stretch a prompt's own prefill (stretch). The fit tells a slowdown from
+// a queue's wait on most traffic, where prompt sizes and running counts
+// vary, but tells prefill side by side from queued only where prompts
+// nobody holds find prefill queued ahead of them, which prefix-aware's own
+// placements make rare: an engine that prefills side by side and slows
+// under load (llm-d-inference-sim) often reads as a queue that slows.
+// Slowdown is what the router is sure of (router/slotclock.go), and this
+// is a margin above it still: one that does not slow reads a few
+// thousandths at times (llmsim's one prefill stream, 64 slots), and a
+// backend's slots multiply whatever is read.
+const SlowdownAt = 0.05
 
 // overlaps reports whether prefix-aware prices prefill as side by side.
 func (in *Input) overlaps() bool { return in.Overlap >= OverlapAt && in.Overlap <= 1 }
@@ -498,13 +515,30 @@ func cost(c *Candidate, blocks, common int) int {
 // flight is the quickest for a prompt nobody holds, whatever they have
 // left to prefill. Apart from cost, which stays small enough to inline.
 func (in *Input) sideBySideCost(c *Candidate, blocks int) int {
-	own := max(blocks-max(c.Matched, in.Common), 0)
-	others := max(c.Inflight, 0)
-	if c.Slots > 0 {
-		others = min(others, int(c.Slots)-1) // past them it waits for a slot (SlotWait) and starts beside the rest
-	}
+	own, others := in.beside(c, blocks)
 	slow := min(max(in.Slowdown, 0), 1)
-	return int(math.Round((1-in.Overlap)*float64(max(c.Pending, 0)) + float64(own)*(1+slow*float64(others))))
+	return int(math.Round((1-in.Overlap)*float64(max(c.Pending, 0)) + own*(1+slow*others)))
+}
+
+// stretch is how much longer than its uncached blocks a prompt's own
+// prefill takes on c, in blocks, for the requests running there: cost's
+// addition on an engine that queues prefill but slows under load
+// (SlowdownAt).
+func (in *Input) stretch(c *Candidate, blocks int) int {
+	own, others := in.beside(c, blocks)
+	return int(math.Round(own * min(in.Slowdown, 1) * others))
+}
+
+// beside is a prompt's own uncached blocks on c and how many requests run
+// beside its prefill there: those in flight, up to its slots less one
+// (past them it waits for a slot, which SlotWait prices, and then starts
+// beside the rest).
+func (in *Input) beside(c *Candidate, blocks int) (own, others float64) {
+	n := max(c.Inflight, 0)
+	if c.Slots > 0 {
+		n = min(n, int(c.Slots)-1)
+	}
+	return float64(max(blocks-max(c.Matched, in.Common), 0)), float64(n)
 }
 
 // queues reports whether c's engine is taken to queue prefill: more than
@@ -636,6 +670,8 @@ func decidePrefix(in Input) Decision {
 		wait := cost(c, n, in.Common)
 		if side {
 			wait = in.sideBySideCost(c, n)
+		} else if in.Slowdown >= SlowdownAt {
+			wait += in.stretch(c, n)
 		}
 		p.w, p.load, p.cost, p.h = weight(c), load(c, dw), inTime(c, wait)+p.slot, mix(key^mix(c.ID))
 		p.slotsBusy = !slotFree(c)

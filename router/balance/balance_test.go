@@ -865,23 +865,34 @@ func TestPrefixAwareOverlap(t *testing.T) {
 		overlap, slowdown float64
 		cands             []Candidate
 		want              int
+		minBound          int
 	}{
 		{"queue: least pending", 0, 0, []Candidate{
-			{ID: 1, Inflight: 3, Pending: 0, Slots: 4}, {ID: 2, Inflight: 1, Pending: 40, Prefilling: 1, Slots: 4}}, 0},
+			{ID: 1, Inflight: 3, Pending: 0, Slots: 4}, {ID: 2, Inflight: 1, Pending: 40, Prefilling: 1, Slots: 4}}, 0, 0},
 		{"side by side: fewest running", 0.95, 0.33, []Candidate{
-			{ID: 1, Inflight: 3, Pending: 0, Slots: 4}, {ID: 2, Inflight: 1, Pending: 40, Prefilling: 1, Slots: 4}}, 1},
+			{ID: 1, Inflight: 3, Pending: 0, Slots: 4}, {ID: 2, Inflight: 1, Pending: 40, Prefilling: 1, Slots: 4}}, 1, 0},
 		{"side by side, no slowdown: prefill queued ahead is not waited for", 0.95, 0, []Candidate{
-			{ID: 1, Inflight: 2, Pending: 30, Prefilling: 2, Slots: 4, Recent: 1}, {ID: 2, Inflight: 1, Pending: 0, Slots: 4, Recent: 2}}, 0},
+			{ID: 1, Inflight: 2, Pending: 30, Prefilling: 2, Slots: 4, Recent: 1}, {ID: 2, Inflight: 1, Pending: 0, Slots: 4, Recent: 2}}, 0, 0},
 		{"queue: slots full everywhere free has prefill queued, rule off", 0, 0, []Candidate{
-			{ID: 1, Inflight: 4, Pending: 0, Slots: 4, SlotWait: 500}, {ID: 2, Inflight: 3, Pending: 900, Prefilling: 2, Slots: 4}}, 0},
+			{ID: 1, Inflight: 4, Pending: 0, Slots: 4, SlotWait: 500}, {ID: 2, Inflight: 3, Pending: 900, Prefilling: 2, Slots: 4}}, 0, 0},
 		{"side by side: the free slot wins", 0.95, 0.33, []Candidate{
-			{ID: 1, Inflight: 4, Pending: 0, Slots: 4, SlotWait: 500}, {ID: 2, Inflight: 3, Pending: 900, Prefilling: 2, Slots: 4}}, 1},
+			{ID: 1, Inflight: 4, Pending: 0, Slots: 4, SlotWait: 500}, {ID: 2, Inflight: 3, Pending: 900, Prefilling: 2, Slots: 4}}, 1, 0},
+		// Read as a queue that slows down (what the fit often learns of
+		// side-by-side engines): nothing queued, both under a load bound.
+		{"queue, no slowdown: the rendezvous pick, busy or not", 0, 0, []Candidate{
+			{ID: 1, Inflight: 0, Slots: 4}, {ID: 2, Inflight: 3, Slots: 4}}, 1, 4},
+		{"queue, slowdown under SlowdownAt: as none", 0, SlowdownAt - 0.01, []Candidate{
+			{ID: 1, Inflight: 0, Slots: 4}, {ID: 2, Inflight: 3, Slots: 4}}, 1, 4},
+		{"queue that slows down: fewest running", 0.2, 0.3, []Candidate{
+			{ID: 1, Inflight: 0, Slots: 4}, {ID: 2, Inflight: 3, Slots: 4}}, 0, 4},
+		{"queue that slows down: the queue still counts", 0.2, 0.3, []Candidate{
+			{ID: 1, Inflight: 1, Pending: 40, Prefilling: 1, Slots: 4}, {ID: 2, Inflight: 3, Slots: 4}}, 1, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for i := range tc.cands {
 				tc.cands[i].Weight = 1
 			}
-			d := Decide(Input{Strategy: PrefixAware, Candidates: tc.cands, Keys: keys(1, 10), Overlap: tc.overlap, Slowdown: tc.slowdown})
+			d := Decide(Input{Strategy: PrefixAware, Candidates: tc.cands, Keys: keys(1, 10), Overlap: tc.overlap, Slowdown: tc.slowdown, MinBound: tc.minBound})
 			if d.Pick != tc.want {
 				t.Fatalf("picked %d (%s), want %d", d.Pick, d.Reason, tc.want)
 			}
