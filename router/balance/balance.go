@@ -196,12 +196,12 @@ type Input struct {
 	// new prompt does not wait for, and Slowdown how much each request
 	// running beside it stretches its own prefill (0..1), as the router
 	// learned them from first bytes (router/slotclock.go; the slowdown as
-	// far as it is sure of it). 0 and 0, the
-	// default, are an engine that prefills one prompt after another
-	// (vLLM); prefix-aware prices an engine with Overlap of at least
-	// OverlapAt as one that prefills prompts side by side (sideBySideCost),
-	// and one with Slowdown of at least SlowdownAt as one whose prompts
-	// prefill slower beside running requests, whichever Overlap it reads.
+	// far as it is sure of it). 0 and 0, the default, are an engine that
+	// prefills one prompt after another (vLLM); prefix-aware prices an
+	// engine with Overlap of at least OverlapAt as one that prefills
+	// prompts side by side (sideBySideCost), and one with Slowdown of at
+	// least SlowdownAt as one whose prompts prefill slower beside running
+	// requests, whichever Overlap it reads (stretch).
 	Overlap, Slowdown float64
 }
 
