@@ -148,6 +148,9 @@ type contention struct {
 	// sqrt(gVar) times the residuals' spread.
 	gVar   float64
 	solved bool
+	// overlap and slowdown are shares' answer, worked out once per
+	// prompt learned rather than at every decision that reads it.
+	overlap, slowdown float64
 }
 
 const (
@@ -205,6 +208,7 @@ func (c *contention) observe(uncached, ahead, others int, d time.Duration) {
 	}
 	c.n++
 	c.solve()
+	c.overlap, c.slowdown = c.priced()
 }
 
 func (c *contention) predict(x *[contentionFeatures]float64) float64 {
@@ -278,7 +282,10 @@ func (c *contention) solve() {
 // and a backend's slots multiply whatever is read (a hundredth with 64 in
 // flight is most of a prompt's prefill again). 0 and 0, the queue, until
 // the fit has enough prompts and prices an uncached block above nothing.
-func (c *contention) shares() (overlap, slowdown float64) {
+func (c *contention) shares() (overlap, slowdown float64) { return c.overlap, c.slowdown }
+
+// priced works out what shares returns from the fit.
+func (c *contention) priced() (overlap, slowdown float64) {
 	b := c.fit[1]
 	if c.n < contentionMin || !c.solved || !(b > 0) {
 		return 0, 0

@@ -223,9 +223,9 @@ const OverlapAt = 0.85
 // placements make rare: an engine that prefills side by side and slows
 // under load (llm-d-inference-sim) often reads as a queue that slows.
 // Slowdown is what the router is sure of (router/slotclock.go), and this
-// is a margin above it still: one that does not slow reads a few
-// thousandths at times (llmsim's one prefill stream, 64 slots), and a
-// backend's slots multiply whatever is read.
+// is a margin above it still: one that does not slow reads a little at
+// times (llmsim's one prefill stream, 64 slots), and a backend's slots
+// multiply whatever is read.
 const SlowdownAt = 0.05
 
 // overlaps reports whether prefix-aware prices prefill as side by side.
