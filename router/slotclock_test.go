@@ -154,6 +154,8 @@ func TestSlotWait(t *testing.T) {
 		{"one waits already: the second oldest", 4, ago(700*ms, 500*ms, 100*ms, 0, 0), 0, 50},
 		{"a whole round waits", 4, ago(700*ms, 500*ms, 100*ms, 0, 0, 0, 0, 0), 0, 130},
 		{"past its turn: a small part of one", 4, ago(2*time.Second, 500*ms, 100*ms, 0), 0, 12},
+		{"past their turns, one waits already: a later end", 4, ago(3*time.Second, 2*time.Second, 2*time.Second, 2*time.Second, 0), 0, 25},
+		{"past their turns, three wait already", 4, ago(3*time.Second, 2*time.Second, 2*time.Second, 2*time.Second, 0, 0, 0), 0, 50},
 		{"peers' requests wait a gap each", 4, ago(700*ms, 500*ms), 4, 75},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -163,6 +165,21 @@ func TestSlotWait(t *testing.T) {
 				t.Fatalf("slot wait %d blocks, want %d", got, tc.want)
 			}
 		})
+	}
+	// Each request queued makes a backend look later free, whatever the
+	// ages of those running there.
+	for _, run := range [][]int64{ago(3*time.Second, 2*time.Second, 2*time.Second, 2*time.Second),
+		ago(2*time.Second, 900*ms, 300*ms, 0), ago(800*ms, 700*ms, 600*ms, 500*ms)} {
+		last := 0
+		for queued := range 9 {
+			starts := append(slices.Clone(run), ago(make([]time.Duration, queued)...)...)
+			b := &backend{slots: 4, inflight: len(starts), starts: starts}
+			got := c.wait(b, now)
+			if queued > 0 && got <= last {
+				t.Fatalf("%d queued: slot wait %d blocks, not above %d with one fewer", queued, got, last)
+			}
+			last = got
+		}
 	}
 	var unknown slotClock
 	b := &backend{slots: 1, inflight: 1, starts: ago(0)}
