@@ -70,11 +70,11 @@ func (c *slotClock) blockSec() float64 { return c.prefillSec / c.prefillBlocks }
 // request starts when the q-th oldest ends: the q-th oldest's remaining
 // turn, plus a whole turn for each time q goes round the slots. A request
 // older than the mean turn has an unknown rest, taken as a small part of
-// a turn, and the i-th oldest (from 0) as i+1 such parts at least: their
-// ends come one after another, and priced alike, a backend whose running
-// requests had all outlived the mean (long answers) looked as soon free
-// with requests already queued for its slots as with none. Requests of
-// peer replicas, whose ages this router does not know, wait a mean gap
+// a turn, and one more such part for each older request that outlived the
+// mean too: they end one after another, and priced alike, a backend whose
+// running requests had all outlived the mean (long answers) looked as soon
+// free with requests already queued for its slots as with none. Requests
+// of peer replicas, whose ages this router does not know, wait a mean gap
 // between ends each (a turn over the slots).
 func (c *slotClock) wait(b *backend, now time.Time) int {
 	s := int(b.slots)
@@ -85,8 +85,12 @@ func (c *slotClock) wait(b *backend, now time.Time) int {
 	turn, k := c.turn(), n-s // k: ends before the one the request waits for
 	var wait float64
 	if i := k % s; i < len(b.starts) {
+		past := 0 // requests older than the i-th that have outlived the mean turn
+		for past < i && float64(now.UnixNano()-b.starts[past])/1e9 > turn {
+			past++
+		}
 		age := float64(now.UnixNano()-b.starts[i]) / 1e9
-		wait = max(turn-age, float64(i+1)*turn/float64(2*s)) + float64(k/s)*turn
+		wait = max(turn-age, float64(past+1)*turn/float64(2*s)) + float64(k/s)*turn
 	} else {
 		wait = float64(k+1) * turn / float64(s)
 	}
