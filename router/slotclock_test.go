@@ -156,6 +156,7 @@ func TestSlotWait(t *testing.T) {
 		{"past its turn: a small part of one", 4, ago(2*time.Second, 500*ms, 100*ms, 0), 0, 12},
 		{"past their turns, one waits already: a later end", 4, ago(3*time.Second, 2*time.Second, 2*time.Second, 2*time.Second, 0), 0, 25},
 		{"past their turns, three wait already", 4, ago(3*time.Second, 2*time.Second, 2*time.Second, 2*time.Second, 0, 0, 0), 0, 50},
+		{"only those past their turns add a part", 4, ago(3*time.Second, 950*ms, 900*ms, 850*ms, 0, 0), 0, 25},
 		{"peers' requests wait a gap each", 4, ago(700*ms, 500*ms), 4, 75},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
