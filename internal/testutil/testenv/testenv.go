@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 )
@@ -76,8 +77,9 @@ func FreeAddr(tb testing.TB) string {
 func PickFreeAddr() (string, error) {
 	if lo, _, err := ephemeralPorts(); err == nil && lo-freePortMin >= 1000 {
 		for range 100 {
-			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePortMin+rand.IntN(lo-freePortMin)))
-			if bindable(addr) {
+			port := freePortMin + rand.IntN(lo-freePortMin)
+			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			if bindable(addr) && handOut(port) {
 				return addr, nil
 			}
 		}
@@ -91,6 +93,28 @@ func PickFreeAddr() (string, error) {
 		return "", fmt.Errorf("free port: %w", err)
 	}
 	return addr, nil
+}
+
+// handedOut holds the ports PickFreeAddr has returned in this process:
+// two picks in a row, before either is bound, could otherwise draw the
+// same port (a VM's two forwarded ports did, and qemu refused the second).
+var handedOut struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
+// handOut reports whether port was not handed out before, and marks it.
+func handOut(port int) bool {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.ports[port] {
+		return false
+	}
+	if handedOut.ports == nil {
+		handedOut.ports = make(map[int]bool)
+	}
+	handedOut.ports[port] = true
+	return true
 }
 
 // freePortMin keeps FreeAddr above the ports well-known services and

@@ -44,3 +44,22 @@ func TestFreeAddrAvoidsEphemeralPorts(t *testing.T) {
 		}
 	}
 }
+
+// Picks made one after another, before any is bound, never repeat: a
+// caller that needs two ports (a VM's two forwards) binds them only later.
+func TestPickFreeAddrNeverRepeats(t *testing.T) {
+	if lo, _, err := ephemeralPorts(); err != nil || lo-freePortMin < 1000 {
+		Missing(t, "no room below the ephemeral range (%v): the kernel picks, and may repeat", err)
+	}
+	seen := make(map[string]bool)
+	for range 2000 {
+		addr, err := PickFreeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[addr] {
+			t.Fatalf("PickFreeAddr handed out %s twice in %d picks", addr, len(seen)+1)
+		}
+		seen[addr] = true
+	}
+}
