@@ -85,12 +85,12 @@ func (c *slotClock) wait(b *backend, now time.Time) int {
 	turn, k := c.turn(), n-s // k: ends before the one the request waits for
 	var wait float64
 	if i := k % s; i < len(b.starts) {
+		age := func(j int) float64 { return float64(now.UnixNano()-b.starts[j]) / 1e9 }
 		past := 0 // requests older than the i-th that have outlived the mean turn
-		for past < i && float64(now.UnixNano()-b.starts[past])/1e9 > turn {
+		for past < i && age(past) > turn {
 			past++
 		}
-		age := float64(now.UnixNano()-b.starts[i]) / 1e9
-		wait = max(turn-age, float64(past+1)*turn/float64(2*s)) + float64(k/s)*turn
+		wait = max(turn-age(i), float64(past+1)*turn/float64(2*s)) + float64(k/s)*turn
 	} else {
 		wait = float64(k+1) * turn / float64(s)
 	}

@@ -6,6 +6,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -84,15 +85,20 @@ func PickFreeAddr() (string, error) {
 			}
 		}
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("free port: %w", err)
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", fmt.Errorf("free port: %w", err)
+		}
+		addr := l.Addr().(*net.TCPAddr)
+		if err := l.Close(); err != nil {
+			return "", fmt.Errorf("free port: %w", err)
+		}
+		if handOut(addr.Port) {
+			return addr.String(), nil
+		}
 	}
-	addr := l.Addr().String()
-	if err := l.Close(); err != nil {
-		return "", fmt.Errorf("free port: %w", err)
-	}
-	return addr, nil
+	return "", errors.New("free port: the kernel offered only ports handed out before")
 }
 
 // handedOut holds the ports PickFreeAddr has returned in this process:
