@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/warmfleet/warmfleet/daemon/api"
 	"github.com/warmfleet/warmfleet/internal/cli"
+	"github.com/warmfleet/warmfleet/internal/testutil/testenv"
 	"github.com/warmfleet/warmfleet/router"
 	"github.com/warmfleet/warmfleet/router/llmsim"
 )
@@ -125,7 +126,9 @@ func (r *demoRouter) stop() error {
 // the backends (it learns them, and that their nodes hold the model, from
 // gossip).
 func startRouter(ctx context.Context, strategy, join, keyFile, configFile string, backends int, logOut io.Writer) (*demoRouter, error) {
-	admin, err := freeLoopbackAddr()
+	// The router reports only its API listener's address: pick the admin
+	// listener's.
+	admin, err := testenv.PickFreeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -189,18 +192,6 @@ func readyBackends(ctx context.Context, client *http.Client, admin string) (int,
 		}
 	}
 	return ready, nil
-}
-
-// freeLoopbackAddr returns a loopback address with a port free a moment
-// ago, for the router's admin listener (the router reports only its API
-// listener's address).
-func freeLoopbackAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	addr := l.Addr().String()
-	return addr, l.Close()
 }
 
 // runStrategy sends the demo's requests through the router at base, one

@@ -102,7 +102,7 @@ func launchInferenceSim(ctx context.Context, bin string, o InferenceSimOptions) 
 }
 
 func startInferenceSim(ctx context.Context, bin string, o InferenceSimOptions) (*InferenceSim, error) {
-	addr, err := freeLoopbackAddr()
+	addr, err := PickFreeAddr()
 	if err != nil {
 		return nil, err
 	}

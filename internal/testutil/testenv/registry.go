@@ -110,7 +110,7 @@ func StartRegistryProcess(ctx context.Context, dir string, opts RegistryOptions)
 	// fresh one if somebody else took it meanwhile.
 	var lastErr error
 	for range 3 {
-		addr, err := freeLoopbackAddr()
+		addr, err := PickFreeAddr()
 		if err != nil {
 			return nil, nil, err
 		}

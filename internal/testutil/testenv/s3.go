@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -89,7 +88,7 @@ func StartVersitygw(ctx context.Context, bin, dir, addr string) (*S3, func() err
 	for range attempts {
 		a := addr
 		if a == "" {
-			if a, err = freeLoopbackAddr(); err != nil {
+			if a, err = PickFreeAddr(); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -135,15 +134,6 @@ func startVersitygw(ctx context.Context, bin, dir, addr string) (*S3, func() err
 		return nil, nil, svc.startFailed("versitygw on "+addr, err)
 	}
 	return s, stop, nil
-}
-
-func freeLoopbackAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("free port: %w", err)
-	}
-	addr := l.Addr().String()
-	return addr, l.Close()
 }
 
 func filteredEnv(env []string, dropPrefixes ...string) []string {
