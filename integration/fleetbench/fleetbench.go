@@ -31,11 +31,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"slices"
 	"time"
 
 	"github.com/warmfleet/warmfleet/integration/netlab"
+	"github.com/warmfleet/warmfleet/integration/netlab/s3fault"
 	"github.com/warmfleet/warmfleet/internal/testutil/hubserver"
 )
 
@@ -56,6 +58,12 @@ type Options struct {
 	// Origin is where the model comes from: "s3" (the default) or "hf", a
 	// Hub on the S3 host (see the package doc).
 	Origin string
+	// S3KeepAlive puts a keep-alive HTTP front (s3fault's proxy, no fault
+	// armed) before versitygw, which ends every response with Connection:
+	// close: the daemons then open one connection per ranged GET, where
+	// against S3 (and the Hub's CDN) a connection serves many. Origin s3
+	// only.
+	S3KeepAlive bool
 	// DaemonArgs go to every daemon in every mode.
 	DaemonArgs []string
 	// DaemonEnv is added to every daemon's environment (a lab hook's
@@ -96,8 +104,8 @@ type Options struct {
 	// the pause than back to back (0); why is not established (a guess:
 	// the VM reclaims the page cache the last run freed).
 	Settle time.Duration
-	// Dir keeps data and logs; default a temporary directory removed at the
-	// end.
+	// Dir keeps data and logs (made if missing); default a temporary
+	// directory removed at the end.
 	Dir    string
 	Logger *slog.Logger
 }
@@ -164,10 +172,12 @@ type Result struct {
 	MTU           int     `json:"mtu,omitempty"`
 	S3Link        string  `json:"s3_link"`
 	// Origin is Options.Origin: s3 or hf.
-	Origin     string `json:"origin"`
-	ModelBytes int64  `json:"model_bytes"`
-	Files      int    `json:"files"`
-	Runs       int    `json:"runs"`
+	Origin string `json:"origin"`
+	// S3KeepAlive is Options.S3KeepAlive.
+	S3KeepAlive bool  `json:"s3_keep_alive,omitempty"`
+	ModelBytes  int64 `json:"model_bytes"`
+	Files       int   `json:"files"`
+	Runs        int   `json:"runs"`
 
 	WarmSeconds       *float64 `json:"warm_seconds"`
 	LowerBoundSeconds float64  `json:"lower_bound_seconds"`
@@ -241,6 +251,15 @@ func seedModel(ctx context.Context, lab *netlab.Lab, opts *Options) (netlab.Mode
 	return m, hub.Close, nil
 }
 
+// s3Front is the lab's S3Front for o: a proxy that keeps connections
+// alive, or nil.
+func (o *Options) s3Front() func(string) (http.Handler, error) {
+	if !o.S3KeepAlive {
+		return nil
+	}
+	return func(target string) (http.Handler, error) { return s3fault.New(target) }
+}
+
 // originBytesMetric is the daemon's counter of bytes read from the origin.
 func (o *Options) originBytesMetric() string {
 	if o.Origin == originHub {
@@ -265,6 +284,10 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		}
 		defer os.RemoveAll(d)
 		dir = d
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		// A --dir that does not exist yet is made rather than refused: the
+		// page cache probe and netlab write inside it.
+		return Result{}, fmt.Errorf("bench fleet: keep data in %s: %w", dir, err)
 	}
 	pc, err := measurePageCache(ctx, dir, min(pageCacheProbe, opts.ModelSize), opts.Settle)
 	if err != nil {
@@ -272,7 +295,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	}
 	lab, err := netlab.New(ctx, netlab.Options{
 		Hosts: opts.Hosts, Link: opts.Link, S3: true, S3Link: opts.S3Link, MTU: opts.MTU,
-		Versitygw: opts.Versitygw, Dir: dir, Logger: log,
+		Versitygw: opts.Versitygw, Dir: dir, Logger: log, S3Front: opts.s3Front(),
 	})
 	if err != nil {
 		return Result{}, err
@@ -288,7 +311,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 
 	swarmLB, naiveLB := LowerBounds(opts.Hosts, opts.ModelSize, opts.Link, opts.S3Link)
 	res := Result{
-		Hosts: opts.Hosts, HostProcs: opts.HostProcs, SettleSeconds: opts.Settle.Seconds(), Link: opts.Link.String(), S3Link: opts.S3Link.String(), MTU: opts.MTU, Origin: opts.Origin,
+		Hosts: opts.Hosts, HostProcs: opts.HostProcs, SettleSeconds: opts.Settle.Seconds(), Link: opts.Link.String(), S3Link: opts.S3Link.String(), MTU: opts.MTU, Origin: opts.Origin, S3KeepAlive: opts.S3KeepAlive,
 		ModelBytes: opts.ModelSize, Files: opts.Files, Runs: opts.Runs,
 		LowerBoundSeconds: swarmLB.Seconds(), NaiveLowerBoundSeconds: naiveLB.Seconds(), PageCache: &pc,
 	}
@@ -378,6 +401,9 @@ func (o *Options) defaults() error {
 	case originS3, originHub:
 	default:
 		return fmt.Errorf("bench fleet: origin %q: want %s or %s", o.Origin, originS3, originHub)
+	}
+	if o.S3KeepAlive && o.Origin != originS3 {
+		return fmt.Errorf("bench fleet: keeping S3 connections alive applies to origin %s, not %s (the Hub's CDN keeps them alive)", originS3, o.Origin)
 	}
 	if o.Runs == 0 {
 		o.Runs = 1

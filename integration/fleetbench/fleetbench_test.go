@@ -2,9 +2,16 @@ package fleetbench
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"encoding/xml"
+	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -164,6 +171,7 @@ func TestOptionsDefaults(t *testing.T) {
 		"negative runs":  {Hosts: 1, Link: netlab.Mbit, ModelSize: 1, Files: 1, Runs: -1, Bin: "x"},
 		"no binary":      {Hosts: 1, Link: netlab.Mbit, ModelSize: 1, Files: 1},
 		"too many hosts": {Hosts: 201, Link: netlab.Mbit, ModelSize: 1, Files: 1, Bin: "x"},
+		"hub kept alive": {Hosts: 1, Link: netlab.Mbit, ModelSize: 1, Files: 1, Bin: "x", Origin: originHub, S3KeepAlive: true},
 	} {
 		if err := o.defaults(); err == nil {
 			t.Errorf("%s: defaults() accepted %+v", name, o)
@@ -226,5 +234,74 @@ func TestOptionsOrigin(t *testing.T) {
 	o.Origin = "ftp"
 	if err := o.defaults(); err == nil {
 		t.Error("origin ftp accepted")
+	}
+}
+
+// TestRunMakesOrRefusesDir: --dir may name a directory that does not exist
+// yet; one that cannot be made is refused before any lab is built.
+func TestRunMakesOrRefusesDir(t *testing.T) {
+	opts := Options{Hosts: 1, Link: netlab.Mbit, ModelSize: 1 << 20, Files: 1, Bin: "x", Settle: time.Hour}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // stops Run in the page cache probe's pause, after the directory is made
+	opts.Dir = filepath.Join(t.TempDir(), "new", "bench")
+	if _, err := Run(ctx, opts); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run with a new --dir = %v, want it to reach the probe's pause", err)
+	}
+	if fi, err := os.Stat(opts.Dir); err != nil || !fi.IsDir() {
+		t.Fatalf("--dir %s not made: %v", opts.Dir, err)
+	}
+
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts.Dir = filepath.Join(file, "bench")
+	if _, err := Run(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "keep data in "+opts.Dir) {
+		t.Fatalf("Run with --dir under a file = %v, want the directory refused", err)
+	}
+}
+
+// TestS3FrontKeepsConnectionsAlive: behind the front, a server that closes
+// every connection after one response (as versitygw does) still serves a
+// client's requests over one connection.
+func TestS3FrontKeepsConnectionsAlive(t *testing.T) {
+	if (&Options{}).s3Front() != nil {
+		t.Fatal("a front without S3KeepAlive")
+	}
+	closing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		_, _ = io.WriteString(w, "bytes")
+	}))
+	defer closing.Close()
+	h, err := (&Options{S3KeepAlive: true}).s3Front()(closing.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(h)
+	defer front.Close()
+	for _, srv := range []*httptest.Server{closing, front} {
+		reused := 0
+		for range 3 {
+			ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+				GotConn: func(c httptrace.GotConnInfo) {
+					if c.Reused {
+						reused++
+					}
+				},
+			})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || string(b) != "bytes" {
+				t.Fatalf("GET %s = %q, %v", srv.URL, b, err)
+			}
+		}
+		if want := map[bool]int{false: 0, true: 2}[srv == front]; reused != want {
+			t.Errorf("through %s: %d of 3 requests on a reused connection, want %d", srv.URL, reused, want)
+		}
 	}
 }

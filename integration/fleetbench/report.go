@@ -25,6 +25,9 @@ func (r Result) WriteTable(w io.Writer) error {
 		procs = fmt.Sprintf("GOMAXPROCS %d", r.HostProcs)
 	}
 	origin := "S3"
+	if r.S3KeepAlive {
+		origin = "S3 behind a keep-alive front"
+	}
 	if r.Origin == originHub {
 		origin = "origin: a Hub on the S3 host; S3 figures are the Hub's"
 	}

@@ -32,6 +32,7 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"fleet", "--settle", "-1s"}, "--settle -1s"},
 		{[]string{"fleet", "--settle", "soon"}, "settle"},
 		{[]string{"fleet", "--mtu", "100"}, "--mtu 100"},
+		{[]string{"fleet", "--origin", "hf", "--s3-keep-alive"}, "--s3-keep-alive applies to --origin s3"},
 		{[]string{"fleet", "-o", "yaml"}, `-o "yaml"`},
 		{[]string{"chaos", "-o", "yaml"}, `-o "yaml"`},
 		{[]string{"chaos", "--scenario", "meteor-strike"}, `no scenario "meteor-strike"`},

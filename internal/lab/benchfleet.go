@@ -47,6 +47,7 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	swarmOnly := fs.Bool("swarm-only", false, "measure only the swarm (the baseline takes hosts times longer)")
 	scaleOut := fs.Bool("scale-out", false, "also time the last host joining the others once they are warm (swarm)")
 	origin := fs.String("origin", "s3", "where the model comes from: s3 (versitygw) or hf (a Hugging Face Hub and its CDN, in memory, on the S3 host's link: the S3 figures are then the Hub's)")
+	keepAlive := fs.Bool("s3-keep-alive", false, "put a keep-alive HTTP front before versitygw, which closes every connection after one response where S3 keeps it open (origin s3)")
 	if err := cli.ParseFlags(fs, e, args); err != nil {
 		return err
 	}
@@ -67,6 +68,9 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	}
 	if *origin != "s3" && *origin != "hf" {
 		return cli.UsageError("--origin %q: want s3 or hf", *origin)
+	}
+	if *keepAlive && *origin != "s3" {
+		return cli.UsageError("--s3-keep-alive applies to --origin s3 (the Hub's CDN keeps connections alive)")
 	}
 	if *output != "table" && *output != "json" {
 		return cli.UsageError("-o %q: want table or json", *output)
@@ -89,7 +93,7 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	}
 	opts := fleetbench.Options{
 		Hosts: *hosts, Link: link, S3Link: s3Link, MTU: *mtu, ModelSize: int64(modelSize), Files: *files, Runs: *runs,
-		Bin: bin, Versitygw: *versitygw, Origin: *origin, DaemonArgs: append([]string{"--containerd", "off"}, daemonArgs...), Dir: *dir,
+		Bin: bin, Versitygw: *versitygw, Origin: *origin, S3KeepAlive: *keepAlive, DaemonArgs: append([]string{"--containerd", "off"}, daemonArgs...), Dir: *dir,
 		HostProcs: *hostProcs, Settle: *settle, RunTimeout: *runTimeout, SampleEvery: sampleEvery, PeerBytesMetric: `warmfleet_peer_bytes_total{direction="in"}`,
 		Logger: slog.New(slog.NewTextHandler(e.Stderr, &slog.HandlerOptions{Level: level})),
 	}
