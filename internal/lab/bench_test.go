@@ -33,6 +33,8 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"fleet", "--settle", "soon"}, "settle"},
 		{[]string{"fleet", "--mtu", "100"}, "--mtu 100"},
 		{[]string{"fleet", "--origin", "hf", "--s3-keep-alive"}, "--s3-keep-alive applies to --origin s3"},
+		{[]string{"fleet", "--plot", "/nonexistent-dir/fleet.svg"}, "directory does not exist"},
+		{[]string{"fleet", "--plot", "fleet.png"}, "must end in .svg"},
 		{[]string{"fleet", "-o", "yaml"}, `-o "yaml"`},
 		{[]string{"chaos", "-o", "yaml"}, `-o "yaml"`},
 		{[]string{"chaos", "--scenario", "meteor-strike"}, `no scenario "meteor-strike"`},

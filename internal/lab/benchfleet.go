@@ -75,6 +75,9 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	if *output != "table" && *output != "json" {
 		return cli.UsageError("-o %q: want table or json", *output)
 	}
+	if err := checkOutput("plot", *plot, true); err != nil {
+		return err
+	}
 	if warn := uploadOverLink(daemonArgs, link); warn != "" {
 		fmt.Fprintln(e.Stderr, "bench fleet: warning:", warn)
 	}
@@ -131,15 +134,34 @@ func runBenchFleet(ctx context.Context, e *cli.Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *plot != "" {
-		if err := writeSVGFile(*plot, res); err != nil {
-			return err
-		}
-	}
+	// The figures first: a plot that cannot be written loses only itself.
+	write := res.WriteTable
 	if *output == "json" {
-		return res.WriteJSON(e.Stdout)
+		write = res.WriteJSON
 	}
-	return res.WriteTable(e.Stdout)
+	if err := write(e.Stdout); err != nil {
+		return err
+	}
+	if *plot != "" {
+		return writeSVGFile(*plot, res)
+	}
+	return nil
+}
+
+// checkOutput refuses, before a run of minutes, a file a bench writes
+// only at its end: one whose directory does not exist, or a plot (svg)
+// whose name does not end in .svg. An empty path is no file.
+func checkOutput(flag, path string, svg bool) error {
+	if path == "" {
+		return nil
+	}
+	if svg && !strings.HasSuffix(strings.ToLower(path), ".svg") {
+		return cli.UsageError("--%s writes SVG: the file name must end in .svg", flag)
+	}
+	if st, err := os.Stat(filepath.Dir(path)); err != nil || !st.IsDir() {
+		return cli.UsageError("--%s %s: its directory does not exist", flag, path)
+	}
+	return nil
 }
 
 // uploadOverLink says what is wrong when the daemons' --p2p-upload-limit

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -63,17 +62,11 @@ func runBenchRouter(ctx context.Context, e *cli.Env, args []string) error {
 	if err := cli.ParseFlags(fs, e, args); err != nil {
 		return err
 	}
-	if *plot != "" && !strings.HasSuffix(strings.ToLower(*plot), ".svg") {
-		return cli.UsageError("--plot writes SVG: the file name must end in .svg")
+	if err := checkOutput("plot", *plot, true); err != nil {
+		return err
 	}
-	for flag, path := range map[string]string{"plot": *plot, "requests-out": *requestsOut} {
-		if path == "" {
-			continue
-		}
-		// Checked now, not after a run of several minutes.
-		if st, err := os.Stat(filepath.Dir(path)); err != nil || !st.IsDir() {
-			return cli.UsageError("--%s %s: its directory does not exist", flag, path)
-		}
+	if err := checkOutput("requests-out", *requestsOut, false); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return cli.UsageError("unexpected arguments %q", fs.Args())
