@@ -53,6 +53,61 @@ func (a *admission) done(src string) {
 	}
 }
 
+// dialGate is the dialing side of admission: it keeps this node's
+// handshakes in progress towards one member within what that member admits
+// from one address. Fetches start together (a shard per fetch slot, each
+// dialing every peer), so a burst of dials to one member is ordinary; past
+// the member's MaxHandshakesPerSource it would refuse the extra ones as it
+// refuses a stranger's flood (held, reset, dialed again after
+// redialBackoff), where waiting here costs a handshake's round trips.
+// The share is half the member's cap, taken from this node's own
+// MaxHandshakesPerSource (members run the same settings): the member
+// counts a handshake until our last message reaches it, after this side
+// is done with it.
+type dialGate struct {
+	per    int
+	mu     sync.Mutex
+	byAddr map[string]*dialSlots
+}
+
+// dialSlots are one address's handshake slots and how many dials hold or
+// wait for one (the entry goes when none does).
+type dialSlots struct {
+	sem   chan struct{}
+	users int
+}
+
+func newDialGate(perSource int) *dialGate {
+	return &dialGate{per: max(1, perSource/2), byAddr: map[string]*dialSlots{}}
+}
+
+// acquire waits for a handshake slot towards addr; release gives it back.
+func (g *dialGate) acquire(ctx context.Context, addr string) (release func(), err error) {
+	g.mu.Lock()
+	s := g.byAddr[addr]
+	if s == nil {
+		s = &dialSlots{sem: make(chan struct{}, g.per)}
+		g.byAddr[addr] = s
+	}
+	s.users++
+	g.mu.Unlock()
+	select {
+	case s.sem <- struct{}{}:
+		return func() { <-s.sem; g.leave(addr, s) }, nil
+	case <-ctx.Done():
+		g.leave(addr, s)
+		return nil, context.Cause(ctx)
+	}
+}
+
+func (g *dialGate) leave(addr string, s *dialSlots) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if s.users--; s.users == 0 {
+		delete(g.byAddr, addr)
+	}
+}
+
 // sourceOf is the address a connection comes from, without its port.
 func sourceOf(c net.Conn) string {
 	addr := c.RemoteAddr()

@@ -270,3 +270,84 @@ func TestHandshakeOfABusyMemberCompletes(t *testing.T) {
 		t.Fatalf("%d failed handshakes", n)
 	}
 }
+
+// A member's burst of dials to one member (fetches start together) waits
+// its turn on the dialing side instead of being refused as a stranger's
+// flood would be.
+func TestBurstOfDialsToAMemberIsNotRefused(t *testing.T) {
+	perSource := func(c *Config) { c.MaxHandshakesPerSource = 2 }
+	a := startNode(t, "a", perSource)
+	b := startNode(t, "b", perSource)
+	const burst = 16
+	var wg sync.WaitGroup
+	errs := make(chan error, burst)
+	for range burst {
+		wg.Go(func() {
+			mc, _, err := b.connect(context.Background(), a.addr, "a", 4<<10)
+			if err != nil {
+				errs <- err
+				return
+			}
+			mc.c.Close()
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("connect: %v", err)
+	}
+	if n := a.c.refused.Load(); n != 0 {
+		t.Errorf("a refused %d of b's %d connections", n, burst)
+	}
+	if n := b.c.dialed.Load(); n != burst {
+		t.Errorf("b completed %d handshakes, want %d", n, burst)
+	}
+}
+
+func TestDialGate(t *testing.T) {
+	g := newDialGate(4) // two at a time
+	ctx := context.Background()
+	r1, err1 := g.acquire(ctx, "x:1")
+	r2, err2 := g.acquire(ctx, "x:1")
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	other, err := g.acquire(ctx, "y:1") // another member has slots of its own
+	if err != nil {
+		t.Fatal(err)
+	}
+	other()
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := g.acquire(cctx, "x:1"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("third acquire with a canceled context = %v, want it to give up", err)
+	}
+	got := make(chan func(), 1)
+	go func() {
+		r, err := g.acquire(ctx, "x:1")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- r
+	}()
+	// Waiting: registered, and both slots taken.
+	wait.For(t, "the third dial to wait", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.byAddr["x:1"].users == 3
+	})
+	select {
+	case <-got:
+		t.Fatal("a third handshake towards x:1 while two are in progress")
+	default:
+	}
+	r1()
+	r3 := <-got
+	r2()
+	r3()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.byAddr) != 0 {
+		t.Fatalf("entries left after every release: %v", g.byAddr)
+	}
+}

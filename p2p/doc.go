@@ -26,7 +26,10 @@
 // The peer port is open to anyone who reaches it: a connection holds one of
 // a few handshake slots (Config.MaxHandshakes, a share per source address)
 // until its handshake proves the cluster key or HandshakeTimeout cuts it,
-// and only then one of the members' slots (MaxConns).
+// and only then one of the members' slots (MaxConns). A node dialing keeps
+// its own handshakes towards each member within half that per-address
+// share (see dialGate): fetches starting together would otherwise be
+// refused by the member as a stranger's flood is.
 //
 // Every member holds the cluster key, so the key proves membership, not
 // which member. Each node also has an ed25519 identity key of its own

@@ -101,6 +101,11 @@ func peerTargets(src PeerSource) map[string]string {
 
 // dial connects to the member at addr, expected to be node want ("": any).
 func (f *fetch) dial(ctx context.Context, addr, want string) (net.Conn, peerIdentity, error) {
+	release, err := f.n.dials.acquire(ctx, addr)
+	if err != nil {
+		return nil, peerIdentity{}, err
+	}
+	defer release()
 	d := net.Dialer{Deadline: f.n.cfg.Now().Add(f.n.cfg.DialTimeout)}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {

@@ -136,6 +136,7 @@ type Node struct {
 	downLim *rate.Limiter
 	conns   chan struct{}
 	hello   *admission
+	dials   *dialGate // this node's handshakes towards each member (see admit.go)
 	// held are the refused connections waiting to be reset (see refuse),
 	// each with the timer that resets it.
 	heldMu sync.Mutex
@@ -232,6 +233,7 @@ func NewNode(cfg Config) (*Node, error) {
 		cfg:        cfg,
 		log:        log,
 		hello:      newAdmission(cfg.MaxHandshakes, cfg.MaxHandshakesPerSource),
+		dials:      newDialGate(cfg.MaxHandshakesPerSource),
 		refusedLog: throttled(slog.LevelWarn, "p2p: refusing connections"),
 		failedLog:  throttled(slog.LevelInfo, "p2p: refused connection"),
 		auth:       a,
