@@ -317,7 +317,7 @@ func (a *auth) client(c net.Conn, deadline time.Time, want string) (net.Conn, pe
 	ans, err := readAnswer(conn)
 	if err != nil {
 		if peerHungUp(err) {
-			err = fmt.Errorf("%w: the peer hung up without answering (a node older than handshake version %q, or one that refused our key or name): %w", ErrUnauthenticated, handshakeVersion, err)
+			err = fmt.Errorf("%w: the peer hung up without answering (a node older than handshake version %q, one that refused our key or name, or one whose handshake slots were all taken): %w", ErrUnauthenticated, handshakeVersion, err)
 		}
 		return nil, peerIdentity{}, fmt.Errorf("p2p: handshake: %w", err)
 	}
