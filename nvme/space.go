@@ -25,9 +25,20 @@ func statFS(path string) (Space, error) {
 // Space reports the data directory's file system.
 func (s *Store) Space() (Space, error) { return s.statFS(s.dir) }
 
+// The daemon's default reserve: the larger of these is left free.
+const (
+	DefaultReserveBytes    = 1 << 30
+	DefaultReserveFraction = 0.05
+)
+
 // Reserve is the number of bytes the store leaves free on a file system.
 func (s *Store) Reserve(sp Space) int64 {
-	return max(s.opts.ReserveBytes, int64(float64(sp.Total)*s.opts.ReserveFraction))
+	return ReserveOf(sp, s.opts.ReserveBytes, s.opts.ReserveFraction)
+}
+
+// ReserveOf is what a store with those reserve options leaves free on sp.
+func ReserveOf(sp Space, bytes int64, fraction float64) int64 {
+	return max(bytes, int64(float64(sp.Total)*fraction))
 }
 
 // Available is what the cache may still use: free space less the reserve.

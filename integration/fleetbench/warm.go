@@ -53,6 +53,9 @@ func warmHosts(ctx context.Context, lab *netlab.Lab, hosts []*netlab.Host, model
 			return runResult{}, err
 		}
 	}
+	if err := checkRoom(hosts, model.Size(), args); err != nil {
+		return runResult{}, err
+	}
 	select {
 	case <-ctx.Done():
 		return runResult{}, ctx.Err()

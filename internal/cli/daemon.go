@@ -23,6 +23,7 @@ import (
 	"github.com/warmfleet/warmfleet/health"
 	"github.com/warmfleet/warmfleet/internal/s3origin"
 	"github.com/warmfleet/warmfleet/internal/sdnotify"
+	"github.com/warmfleet/warmfleet/nvme"
 	"github.com/warmfleet/warmfleet/p2p"
 	"github.com/warmfleet/warmfleet/spec"
 )
@@ -93,9 +94,9 @@ func (f *daemonFlags) register(fs *flagSet) {
 	fs.StringVar(&f.apiTokenFile, "api-token-file", "", "file holding the bearer token the API requires (needed for a non-loopback TCP address)")
 	fs.StringVar(&f.metricsListen, "metrics-listen", "", "read-only listener for /metrics, /healthz, /readyz and the /ui status page without a token, e.g. :9464 (empty: off; the API serves them too)")
 	fs.Var(&f.labels, "label", "node label k=v (repeatable)")
-	f.reserve = 1 << 30
+	f.reserve = nvme.DefaultReserveBytes
 	fs.Var(&f.reserve, "reserve", "space left free on the data dir's file system, e.g. 10GiB")
-	fs.Float64Var(&f.reserveFraction, "reserve-fraction", 0.05, "fraction of the file system left free (the larger reserve applies)")
+	fs.Float64Var(&f.reserveFraction, "reserve-fraction", nvme.DefaultReserveFraction, "fraction of the file system left free (the larger reserve applies)")
 	f.partSize = s3origin.DefaultPartSize
 	fs.Var(&f.partSize, "part-size", "S3 ranged-GET part size, the unit of resume (1MiB..1GiB)")
 	fs.IntVar(&f.s3Concurrency, "s3-concurrency", s3origin.DefaultConcurrency, "parallel ranged GETs per file")
