@@ -174,6 +174,9 @@ func scaleOutOnce(ctx context.Context, lab *netlab.Lab, model netlab.Model, opts
 		if err := os.MkdirAll(h.DataDir, 0o755); err != nil {
 			return err
 		}
+		if err := checkRoom([]*netlab.Host{h}, model.Size(), args); err != nil {
+			return err
+		}
 		d, err := h.StartDaemon(ctx, netlab.DaemonSpec{Bin: opts.Bin, Env: daemonEnv(lab, opts), Args: hostArgs(args, h, hosts[0], opts)})
 		if err != nil {
 			return err
