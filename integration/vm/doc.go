@@ -32,7 +32,11 @@
 // in any order, each kept whole or torn at 512-byte sectors (KeepSome, as
 // a disk that wrote part of its cache back in its own order leaves it,
 // CrashMonkey and ALICE style), or everything (KeepAll). A flushed write
-// always survives.
+// always survives. A torn write can leave ext4's journal with a commit the
+// guest's kernel finds corrupt and refuses to mount; the host then runs
+// e2fsck -fy on the image and boots again, as a node's boot-time fsck
+// would, and counts it (PowerCutResult.Fscks). Only unflushed writes tear,
+// so nothing a returned fsync depended on is in what it discards.
 //
 // # The run (RunPowerCuts)
 //
