@@ -16,11 +16,11 @@ import (
 func TestFsckRepairsTheDataDisk(t *testing.T) {
 	mkfs, err := testenv.ToolPath("mkfs.ext4", "Debian package e2fsprogs")
 	if err != nil {
-		t.Skip(err)
+		testenv.Missing(t, "%v", err)
 	}
 	fsck, err := testenv.ToolPath("e2fsck", "Debian package e2fsprogs")
 	if err != nil {
-		t.Skip(err)
+		testenv.Missing(t, "%v", err)
 	}
 	img := t.TempDir() + "/data.img"
 	if err := MakeImage(t.Context(), mkfs, img, 16<<20); err != nil {
